@@ -1,0 +1,40 @@
+# Two commands: `make demo` (quick start) and `make test` (whole suite).
+# Both create .venv and install everything they need into it.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+EXTRAS ?= dali,mpich,pfs,test
+STAMP  := $(VENV)/.installed-$(shell echo $(EXTRAS) | tr ',' '-')
+# Let mpiexec find MPICH from the venv, and keep BLAS from oversubscribing.
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: demo test lint venv system-deps clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $@
+
+# Optional OS packages: fio (for `iobench probe`) and FUSE (for the emulated
+# parallel filesystem). Installed only where we are root with apt; the tests
+# that need them skip with a reason otherwise.
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+demo: venv system-deps
+	bash scripts/demo.sh
+
+test: venv system-deps
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) *.egg-info demo-work

@@ -1,0 +1,95 @@
+"""The synthetic datasets iobench can generate, and the on-disk formats.
+
+This table is the contract between `iobench.generators` (which writes) and
+`iobench.loaders` (which reads): sample and label shapes and dtypes, default
+sizes, and the real-world dataset each one imitates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iobench.errors import ConfigError
+
+FORMATS: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files")
+COMPRESSIONS: tuple[str, ...] = ("none", "gzip", "lzf")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Shape of one synthetic dataset.
+
+    `sample_shape` is None for variable-size encoded samples (JPEG), whose
+    decoded shape differs per sample. Labels are class ids (`num_classes > 0`)
+    or a float vector of regression targets (`num_classes == 0`).
+    """
+
+    name: str
+    sample_kind: str  # "jpeg" (encoded bytes) or "array" (raw ndarray)
+    sample_shape: tuple[int, ...] | None
+    sample_dtype: str
+    label_shape: tuple[int, ...]
+    label_dtype: str
+    num_classes: int
+    default_samples: int
+    full_samples: int
+    default_samples_per_file: int
+    files_extension: str  # extension of one sample in the `files` format
+    imitates: str
+
+    @property
+    def sample_nbytes(self) -> int | None:
+        """Bytes of one raw sample, or None when samples vary in size."""
+        if self.sample_shape is None:
+            return None
+        import numpy as np
+
+        return int(np.prod(self.sample_shape)) * np.dtype(self.sample_dtype).itemsize
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec(
+            name="imagenet", sample_kind="jpeg", sample_shape=None, sample_dtype="uint8",
+            label_shape=(), label_dtype="int64", num_classes=1000,
+            default_samples=1000, full_samples=1_281_167, default_samples_per_file=1024,
+            files_extension=".JPEG",
+            imitates="ILSVRC-2012 train: 1,281,167 JPEGs, ~138 GB, mean ~110 KB",
+        ),
+        DatasetSpec(
+            name="cifar10", sample_kind="array", sample_shape=(32, 32, 3), sample_dtype="uint8",
+            label_shape=(), label_dtype="int64", num_classes=10,
+            default_samples=10_000, full_samples=50_000, default_samples_per_file=16_384,
+            files_extension=".png",
+            imitates="CIFAR-10 train: 50,000 32x32x3 images",
+        ),
+        DatasetSpec(
+            name="cosmoflow", sample_kind="array", sample_shape=(128, 128, 128, 4),
+            sample_dtype="int16", label_shape=(4,), label_dtype="float32", num_classes=0,
+            default_samples=32, full_samples=524_288, default_samples_per_file=16,
+            files_extension=".npy",
+            imitates="MLPerf HPC CosmoFlow: 128^3 x 4 redshift dark-matter volumes, 4 parameters",
+        ),
+    )
+}
+
+
+def parse_dataset(name: str) -> DatasetSpec:
+    """Return the spec for dataset `name`, or a ConfigError naming the choices."""
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
+
+
+def parse_format(name: str) -> str:
+    """Validate an on-disk format name."""
+    if name not in FORMATS:
+        raise ConfigError(f"unknown format {name!r}; choose one of: {', '.join(FORMATS)}")
+    return name
+
+
+def dataset_dirname(dataset: str, fmt: str) -> str:
+    """Directory name of a dataset under a storage root: `<dataset>-<format>`."""
+    return f"{dataset}-{fmt}"

@@ -1,0 +1,67 @@
+"""Versioned JSON documents written atomically (temporary name, fsync, rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from iobench.errors import DatasetError, StorageError
+
+
+def write_json_atomic(path: str | Path, doc: dict[str, Any], *, exclusive: bool = False) -> Path:
+    """Write `doc` to `path` so readers see the old file or the whole new one.
+
+    With `exclusive=True` an existing file is never replaced (result files
+    must not overwrite an earlier run): `FileExistsError` is raised instead.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=False, default=_default)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if exclusive:
+            os.link(tmp, path)  # fails with FileExistsError, never replaces
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(e, FileExistsError):
+            raise
+        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
+    return path
+
+
+def read_json(path: str | Path, *, schema: str, max_version: int) -> dict[str, Any]:
+    """Read a document written by iobench, checking its `schema` and version."""
+    path = Path(path)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); "
+                           "it was damaged or not written by iobench") from e
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise DatasetError(f"{path} is not an iobench {schema!r} document "
+                           f"(schema={doc.get('schema') if isinstance(doc, dict) else None!r})")
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or version > max_version:
+        raise DatasetError(f"{path} has schema_version={version!r}; this iobench reads up to "
+                           f"{max_version}: upgrade iobench")
+    return doc
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy scalars and arrays
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"cannot serialise {type(o).__name__} to JSON")

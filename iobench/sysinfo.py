@@ -1,0 +1,203 @@
+"""What machine, libraries and filesystem a run had (provenance and `iobench info`)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from iobench.errors import StorageError
+
+# Filesystem type (as /proc/self/mountinfo names it) -> the kind of storage tier.
+FS_KINDS: dict[str, str] = {
+    "lustre": "parallel", "gpfs": "parallel", "beegfs": "parallel", "wekafs": "parallel",
+    "pvfs2": "parallel", "orangefs": "parallel", "cephfs": "parallel", "ceph": "parallel",
+    "nfs": "network", "nfs4": "network", "cifs": "network", "smb3": "network",
+    "ext4": "local", "ext3": "local", "xfs": "local", "btrfs": "local", "zfs": "local",
+    "f2fs": "local", "tmpfs": "memory", "ramfs": "memory", "overlay": "overlay",
+}
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """The mount that holds a path, as the kernel reports it."""
+
+    path: str
+    mount_point: str
+    fstype: str
+    source: str
+    options: str  # per-mount and superblock options, like `findmnt -no OPTIONS`
+    kind: str  # parallel | network | local | memory | fuse | overlay | other
+    free_bytes: int
+    total_bytes: int
+
+
+def fs_kind(fstype: str) -> str:
+    """Classify a filesystem type: parallel, network, local, memory, fuse, overlay or other."""
+    if fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk")):
+        return "fuse"
+    return FS_KINDS.get(fstype, "other")
+
+
+def _unescape(s: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...)
+    return s.encode().decode("unicode_escape") if "\\" in s else s
+
+
+def mount_of(path: str | Path, mountinfo: str = "/proc/self/mountinfo") -> MountInfo:
+    """Find the mount holding `path` (which must exist)."""
+    p = Path(path)
+    if not p.exists():
+        raise StorageError(f"path {str(path)!r} does not exist; give an existing directory")
+    real = os.path.realpath(p)
+    best: tuple[int, list[str]] | None = None
+    with open(mountinfo) as f:
+        for line in f:
+            left, _, right = line.rstrip("\n").partition(" - ")
+            fields = left.split()
+            mnt = _unescape(fields[4])
+            inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+            # Later lines are mounted on top of earlier ones: >= keeps the last.
+            if inside and (best is None or len(mnt) >= best[0]):
+                best = (len(mnt), fields + ["-"] + right.split())
+    if best is None:
+        raise StorageError(f"no mount found for {real} in {mountinfo}")
+    fields = best[1]
+    sep = fields.index("-")
+    mnt_opts = fields[5].split(",")
+    fstype, source = fields[sep + 1], _unescape(fields[sep + 2])
+    super_opts = fields[sep + 3].split(",") if len(fields) > sep + 3 else []
+    opts = mnt_opts + [o for o in super_opts if o not in mnt_opts and o not in ("rw", "ro")]
+    usage = shutil.disk_usage(real)
+    return MountInfo(path=real, mount_point=_unescape(fields[4]), fstype=fstype, source=source,
+                     options=",".join(opts), kind=fs_kind(fstype), free_bytes=usage.free,
+                     total_bytes=usage.total)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def gpus() -> list[dict[str, Any]]:
+    """GPUs visible to this process (via torch when CUDA is usable, else nvidia-smi)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return [{"index": i, "name": torch.cuda.get_device_name(i),
+                     "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+                    for i in range(torch.cuda.device_count())]
+    except Exception:  # a broken CUDA install must not break provenance
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=10, check=True).stdout
+            return [{"index": int(i), "name": n.strip(), "memory_bytes": int(m) * 2**20}
+                    for i, n, m in (ln.split(",") for ln in out.strip().splitlines())]
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    return []
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of Python and of every library whose behaviour shapes the figures."""
+    v: dict[str, str | None] = {"python": platform.python_version(), "iobench": None}
+    from iobench import __version__
+
+    v["iobench"] = __version__
+    v["numpy"] = _dist_version("numpy")
+    v["torch"] = _dist_version("torch")
+    try:
+        import h5py
+
+        v["h5py"], v["hdf5"] = h5py.__version__, h5py.version.hdf5_version
+    except ImportError:
+        v["h5py"] = v["hdf5"] = None
+    try:
+        import netCDF4
+
+        v["netCDF4"], v["netcdf-c"] = netCDF4.__version__, netCDF4.__netcdf4libversion__
+        v["netCDF4-hdf5"] = netCDF4.__hdf5libversion__
+    except ImportError:
+        v["netCDF4"] = v["netcdf-c"] = None
+    try:
+        import lmdb
+
+        v["lmdb"], v["liblmdb"] = lmdb.__version__, ".".join(map(str, lmdb.version()))
+    except ImportError:
+        v["lmdb"] = v["liblmdb"] = None
+    v["nvidia-dali"] = next((x for x in (_dist_version("nvidia-dali-cuda130"),
+                                         _dist_version("nvidia-dali-cuda120"),
+                                         _dist_version("nvidia-dali-cuda110")) if x), None)
+    v["mpi4py"] = _dist_version("mpi4py")
+    v["mpi"] = mpi_library_version()
+    v["simplejpeg"] = _dist_version("simplejpeg")
+    return v
+
+
+def mpi_library_version() -> str | None:
+    """First line of the MPI library's version string, without initialising MPI."""
+    try:
+        import mpi4py
+
+        from iobench.world import launched_by_mpi
+
+        if "mpi4py.MPI" not in sys.modules and not launched_by_mpi():
+            mpi4py.rc.initialize = False  # a plain run must not start MPI just to ask
+        from mpi4py import MPI
+
+        return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    except Exception:  # mpi4py absent, or no MPI library it can load
+        return None
+
+
+def provenance(storage: str | Path | None = None) -> dict[str, Any]:
+    """Everything a result file records about where it was measured."""
+    doc: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "os": f"{platform.system()} {platform.release()}",
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_bytes": memory_bytes(),
+        "gpus": gpus(),
+        "versions": library_versions(),
+        "argv": sys.argv,
+    }
+    if storage is not None:
+        doc["storage"] = asdict(mount_of(storage))
+    return doc

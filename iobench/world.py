@@ -1,0 +1,117 @@
+"""Who am I among the ranks: rank, world size, node, with collectives.
+
+Works the same with one plain process, under `mpiexec`/`srun` (mpi4py), and
+under `torchrun` (environment variables; collectives through
+torch.distributed once the training loop has initialised it). MPI is only
+imported when a launcher says it started us, so plain runs never pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
+            "HYDRA_CONTROL_FD", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+@dataclass
+class World:
+    """This process's place in the job; `launcher` is "single", "mpi" or "torchrun"."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    node: int = 0  # index of this host among the job's hosts
+    num_nodes: int = 1
+    launcher: str = "single"
+    hostname: str = field(default_factory=socket.gethostname)
+    _comm: Any = field(default=None, repr=False)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def comm(self) -> Any:
+        """The mpi4py communicator, or None when not launched under MPI."""
+        return self._comm
+
+    def barrier(self) -> None:
+        if self.size == 1:
+            return
+        if self._comm is not None:
+            self._comm.Barrier()
+        else:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (picklable objects)."""
+        if self.size == 1:
+            return [obj]
+        if self._comm is not None:
+            return self._comm.allgather(obj)
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """`obj` from rank `root` on every rank."""
+        if self.size == 1:
+            return obj
+        if self._comm is not None:
+            return self._comm.bcast(obj, root=root)
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now (a failed rank must not leave others hanging)."""
+        if self._comm is not None and self.size > 1:
+            self._comm.Abort(code)
+
+
+def launched_by_mpi(env: dict[str, str] | None = None) -> bool:
+    """Whether an MPI launcher (mpiexec, srun with PMI) started this process."""
+    env = os.environ if env is None else env
+    return any(k in env for k in _MPI_ENV)
+
+
+def get_world() -> World:
+    """Detect the launcher and return this process's World."""
+    env = os.environ
+    host = socket.gethostname()
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env
+                                         and "LOCAL_RANK" in env and not launched_by_mpi()):
+        size = int(env["WORLD_SIZE"])
+        local_size = int(env.get("LOCAL_WORLD_SIZE", size))
+        rank = int(env["RANK"])
+        node = int(env.get("GROUP_RANK", rank // max(local_size, 1)))
+        return World(rank=rank, size=size, local_rank=int(env["LOCAL_RANK"]),
+                     local_size=local_size, node=node,
+                     num_nodes=max(1, size // max(local_size, 1)), launcher="torchrun",
+                     hostname=host)
+    if launched_by_mpi():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        if comm.Get_size() > 1:
+            local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            hosts = comm.allgather(host)
+            unique = sorted(set(hosts), key=hosts.index)
+            world = World(rank=comm.Get_rank(), size=comm.Get_size(),
+                          local_rank=local.Get_rank(), local_size=local.Get_size(),
+                          node=unique.index(host), num_nodes=len(unique), launcher="mpi",
+                          hostname=host, _comm=comm)
+            local.Free()
+            return world
+    return World(hostname=host)

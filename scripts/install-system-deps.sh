@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the optional OS tools iobench uses when they are present:
+# fio (iobench probe) and FUSE (iobench emulate-pfs). Needs root and apt;
+# anywhere else it says what it skipped and succeeds, and the features fall
+# back (probe uses its own measurement) or their tests skip with a reason.
+set -u
+need=()
+command -v fio >/dev/null 2>&1 || need+=(fio)
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+[ -e /usr/lib/x86_64-linux-gnu/libfuse.so.2 ] || [ -e /lib/x86_64-linux-gnu/libfuse.so.2 ] || need+=(libfuse2)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "iobench: optional system packages not installed (${need[*]}): need root and apt; related tests will skip." >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}"; } >/tmp/iobench-apt.log 2>&1; then
+  echo "iobench: apt-get install ${need[*]} failed (see /tmp/iobench-apt.log); related tests will skip." >&2
+fi
+exit 0
