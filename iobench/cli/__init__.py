@@ -18,6 +18,16 @@ from iobench.errors import IobenchError
 # name -> (module, one-line help). Adding a subcommand is one line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "info": ("iobench.cli.info", "versions, hardware, and the filesystem of a path"),
+    "generate": ("iobench.cli.generate", "write a synthetic dataset (HDF5, NetCDF4, LMDB or files) in parallel"),
+    "verify": ("iobench.cli.verify", "check a dataset against its manifest (sizes, checksums, opens)"),
+    "train": ("iobench.cli.train", "train a real model with a real loader; measure data stall per epoch"),
+    "bench-read": ("iobench.cli.bench_read", "pure-read benchmark of loaders x workers x shuffle, cold cache"),
+    "stage": ("iobench.cli.stage", "copy a dataset between storage tiers in parallel (replicate or shard)"),
+    "probe": ("iobench.cli.probe", "measure a storage tier: bandwidth, IOPS, metadata rates (cold cache)"),
+    "compare": ("iobench.cli.compare", "side-by-side table (and plot) of training results"),
+    "report": ("iobench.cli.report", "self-contained HTML/Markdown report of a results directory"),
+    "sweep": ("iobench.cli.sweep", "run a matrix of runs from a YAML file, then write the report"),
+    "emulate-pfs": ("iobench.cli.emulate_pfs", "mount an emulated parallel filesystem (FUSE) over a directory"),
 }
 
 
