@@ -13,6 +13,7 @@ a false 1.0.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -69,10 +70,8 @@ def evict(paths: Iterable[str | Path]) -> EvictResult:
             errors.append(f"{p}: {e.strerror}")
             continue
         try:
-            try:
+            with contextlib.suppress(OSError):  # read-only filesystems refuse; pages are clean
                 os.fdatasync(fd)
-            except OSError:
-                pass  # read-only filesystems refuse; their pages are clean anyway
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             nbytes += os.fstat(fd).st_size
             n += 1
