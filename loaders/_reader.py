@@ -1,0 +1,203 @@
+"""The per-format batch reader contract and the batch-level helpers every reader shares.
+
+A `BatchReader` turns one batch of global sample indices into the stored
+samples and labels, in batch order. Readers sort the indices, merge
+contiguous runs, read one request per run where the format allows, and
+restore batch order at the end. File handles are opened lazily in whichever
+process and thread reads (after a DataLoader fork, in each pool thread), and
+never cross a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from iobench.errors import DatasetError
+from iobench.manifest import FileEntry, Manifest
+
+
+class RawBatch(NamedTuple):
+    """Stored samples of one batch, in batch order.
+
+    samples: [B, *sample_shape] array, or for JPEG all images' bytes back to
+      back (uint8, 1-D) with `offsets` ([B+1] int64).
+    labels: [B, *label_shape] in the label dtype.
+    stored_bytes: int64 [B], bytes each sample took from storage (encoded or
+      compressed bytes where the format stores them so).
+    """
+
+    samples: np.ndarray
+    labels: np.ndarray
+    stored_bytes: np.ndarray
+    offsets: np.ndarray | None = None
+
+
+def contiguous_runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs [start, stop) of consecutive positions in a sorted index array.
+
+    Positions index into `sorted_idx`; a run covers sample indices
+    sorted_idx[start] .. sorted_idx[stop - 1], which are consecutive integers.
+    """
+    if len(sorted_idx) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(sorted_idx) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(sorted_idx)]))
+    return list(zip(starts.tolist(), stops.tolist(), strict=True))
+
+
+def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None) -> None:
+    """Each file exists and has the size the manifest records; else a DatasetError naming it."""
+    for f in manifest.files if entries is None else entries:
+        path = manifest.path_of(f)
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise DatasetError(f"{path} is missing: the dataset at {manifest.root} is incomplete; "
+                               "regenerate it (iobench generate) or re-stage it") from None
+        if size != f.bytes:
+            raise DatasetError(f"{path} has {size} bytes but the manifest records {f.bytes}: "
+                               "the file is truncated or was changed; regenerate or re-stage it")
+
+
+class BatchReader(ABC):
+    """Reads batches of one dataset; picklable, opens its files lazily per process and thread."""
+
+    format: str = ""
+
+    def __init__(self, manifest: Manifest) -> None:
+        if manifest.root is None:
+            raise DatasetError("manifest has no root directory; load it with Manifest.load()")
+        if manifest.format != self.format:
+            raise DatasetError(f"{manifest.root} is a {manifest.format!r} dataset; the "
+                               f"{self.format!r} reader cannot read it")
+        self.manifest = manifest
+        self.kind: str = manifest.sample["kind"]
+        shape = manifest.sample.get("shape")
+        self.sample_shape: tuple[int, ...] | None = tuple(shape) if shape is not None else None
+        self.sample_dtype = np.dtype(manifest.sample["dtype"])
+        self.label_shape: tuple[int, ...] = tuple(manifest.label["shape"])
+        self.label_dtype = np.dtype(manifest.label["dtype"])
+        data = manifest.data_files
+        self.files: tuple[FileEntry, ...] = data
+        self.paths: list[Path] = [manifest.path_of(f) for f in data]
+        self.starts = np.array([f.first_sample for f in data], dtype=np.int64)
+        self.counts = np.array([f.num_samples for f in data], dtype=np.int64)
+        self._local = threading.local()
+        self._pid = os.getpid()
+
+    # -- lazily opened per-process, per-thread state ---------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d.pop("_local")
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        self._local = threading.local()
+
+    def _state(self) -> dict[str, Any]:
+        """This thread's open handles; dropped (not reused) in a forked child."""
+        if self._pid != os.getpid():  # forked: inherited handles belong to the parent
+            self._local = threading.local()
+            self._pid = os.getpid()
+        st = getattr(self._local, "state", None)
+        if st is None:
+            st = self._local.state = {}
+        return st
+
+    def close(self) -> None:
+        """Close this thread's handles (other threads' close when they are collected)."""
+        st = getattr(self._local, "state", None)
+        if st and self._pid == os.getpid():
+            self._close_state(st)
+        self._local = threading.local()
+
+    def _close_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Close the handles in `state`."""
+
+    # -- reading -----------------------------------------------------------------------------
+    def file_of(self, sorted_idx: np.ndarray) -> np.ndarray:
+        """Position in `self.files` of the data file holding each index."""
+        pos = np.searchsorted(self.starts, sorted_idx, side="right") - 1
+        if len(sorted_idx) and (sorted_idx[0] < 0 or sorted_idx[-1] >= self.manifest.num_samples):
+            raise DatasetError(f"sample index out of range [0, {self.manifest.num_samples}) "
+                               f"for {self.manifest.root}")
+        return pos
+
+    def read(self, indices: np.ndarray) -> RawBatch:
+        """Stored samples and labels of `indices` (int64, any order), in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(indices, kind="stable")
+        sorted_idx = indices[order]
+        if self.kind == "jpeg":
+            parts, labels, nbytes = self._read_sorted_bytes(sorted_idx)
+            inv = np.empty_like(order)
+            inv[order] = np.arange(len(order))
+            ordered = [parts[i] for i in inv.tolist()]
+            lengths = np.array([len(p) for p in ordered], dtype=np.int64)
+            offsets = np.zeros(len(ordered) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            data = np.empty(int(offsets[-1]), dtype=np.uint8)
+            for k, p in enumerate(ordered):
+                data[offsets[k]:offsets[k + 1]] = np.frombuffer(p, dtype=np.uint8)
+            return RawBatch(data, labels[inv], nbytes[inv], offsets)
+        assert self.sample_shape is not None
+        out = np.empty((len(indices), *self.sample_shape), dtype=self.sample_dtype)
+        labels, nbytes = self._read_sorted_arrays(sorted_idx, order, out)
+        inv = np.empty_like(order)
+        inv[order] = np.arange(len(order))
+        return RawBatch(out, labels[inv], nbytes[inv])
+
+    @abstractmethod
+    def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
+                            out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Fill out[order[k]] with sample sorted_idx[k]; return (labels, stored_bytes) in sorted order."""
+
+    @abstractmethod
+    def _read_sorted_bytes(self, sorted_idx: np.ndarray
+                           ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+        """Encoded samples of sorted_idx as bytes, with labels and stored bytes, in sorted order."""
+
+    def fail(self, path: str | Path, what: str, err: BaseException | None = None) -> DatasetError:
+        """A DatasetError naming `path`, for a file that cannot be read as expected."""
+        detail = f" ({err})" if err is not None else ""
+        return DatasetError(f"cannot read {path}: {what}{detail}; the file is damaged or not a "
+                            f"{self.format} file written by iobench: regenerate or re-stage it")
+
+
+def scatter_runs(sorted_idx: np.ndarray, order: np.ndarray, out: np.ndarray,
+                 read_run: Any) -> None:
+    """For each contiguous run, read it (`read_run(first_index, count, dest)`) into `out`.
+
+    Reads straight into `out` when the run's batch positions are consecutive
+    (always with shuffle "none"; single samples under "global"), else into a
+    temporary that is scattered once.
+    """
+    for a, b in contiguous_runs(sorted_idx):
+        pos = order[a:b]
+        p0 = int(pos[0])
+        if b - a == 1 or np.all(np.diff(pos) == 1):
+            read_run(int(sorted_idx[a]), b - a, out[p0:p0 + (b - a)])
+        else:
+            tmp = np.empty((b - a, *out.shape[1:]), dtype=out.dtype)
+            read_run(int(sorted_idx[a]), b - a, tmp)
+            out[pos] = tmp
+
+
+def split_by_file(reader: BatchReader, sorted_idx: np.ndarray
+                  ) -> list[tuple[int, int, int]]:
+    """(file position, start, stop) slices of `sorted_idx` that fall in one data file each."""
+    files = reader.file_of(sorted_idx)
+    if len(files) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(files) != 0) + 1
+    starts = np.concatenate(([0], breaks)).tolist()
+    stops = np.concatenate((breaks, [len(files)])).tolist()
+    return [(int(files[s]), s, e) for s, e in zip(starts, stops, strict=True)]

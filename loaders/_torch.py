@@ -1,0 +1,174 @@
+"""PyTorch `DataLoader` plumbing shared by the hdf5, netcdf, lmdb and files loaders.
+
+The sampler hands each worker a whole batch of indices (`batch_size=None`,
+one key per batch), the worker reads it with the format's `BatchReader` and
+preprocesses it as one batch. Worker failures come back as values and are
+re-raised in the main process as the same `iobench` error, naming the file.
+`worker_type="thread"` uses a small prefetching thread pool instead
+(PyTorch has no thread workers), to show what HDF5's global lock and
+netCDF's lack of thread safety cost.
+"""
+
+from __future__ import annotations
+
+import collections
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from iobench import errors
+from iobench.errors import DatasetError
+from iobench.loaders._preprocess import to_batch
+from iobench.loaders._reader import BatchReader, check_files
+from iobench.loaders.base import Batch, Loader, LoaderConfig
+from iobench.manifest import Manifest
+
+
+class WorkerFailure:
+    """An exception raised in a worker, carried back as a value (picklable)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.type_name = type(exc).__name__
+        self.message = str(exc)
+        self.is_iobench = isinstance(exc, errors.IobenchError)
+        self.trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+    def reraise(self) -> None:
+        cls = getattr(errors, self.type_name, None) if self.is_iobench else None
+        if isinstance(cls, type) and issubclass(cls, errors.IobenchError):
+            raise cls(self.message)
+        raise RuntimeError(f"loader worker failed with {self.type_name}: {self.message}\n"
+                           f"worker traceback:\n{self.trace}")
+
+
+class BatchFetcher(Dataset):
+    """Map-style dataset whose key is (epoch, indices of one batch); returns a `Batch`."""
+
+    def __init__(self, reader: BatchReader, dataset: str, seed: int, decode: bool) -> None:
+        self.reader, self.dataset, self.seed, self.decode = reader, dataset, seed, decode
+
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch | WorkerFailure:
+        epoch, idx = key
+        try:
+            raw = self.reader.read(idx)
+            return to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode)
+        except Exception as e:  # surfaced in the main process by `unwrap`
+            return WorkerFailure(e)
+
+    def __len__(self) -> int:
+        return self.reader.manifest.num_samples
+
+
+class EpochBatches(Sampler):
+    """Yields (epoch, batch indices) keys of the epoch set before each `iter()`."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.loader = loader
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        idx = self.loader.indices(self.epoch)
+        bs = self.loader.config.batch_size
+        for s in range(0, len(idx), bs):
+            yield self.epoch, idx[s:s + bs]
+
+    def __len__(self) -> int:
+        return self.loader.steps_per_epoch()
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def unwrap(item: Batch | WorkerFailure) -> Batch:
+    if isinstance(item, WorkerFailure):
+        item.reraise()
+    return item  # type: ignore[return-value]
+
+
+def thread_prefetch(fetch: Callable[[Any], Any], keys: Iterator[Any], pool: ThreadPoolExecutor,
+                    depth: int) -> Iterator[Any]:
+    """Run `fetch` over `keys` on `pool`, at most `depth` in flight, results in key order."""
+    pending: collections.deque = collections.deque()
+    try:
+        for key in keys:
+            pending.append(pool.submit(fetch, key))
+            if len(pending) >= depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+
+
+class TorchLoader(Loader):
+    """A DataLoader (or thread pool) over one format's `BatchReader`."""
+
+    reader_cls: ClassVar[type[BatchReader]]
+
+    def __init__(self, dataset: Manifest | str | Path, config: LoaderConfig,
+                 rank: int = 0, world: int = 1) -> None:
+        super().__init__(dataset, config, rank, world)
+        m = self.manifest
+        if m.format != self.name:
+            raise DatasetError(f"loader {self.name!r} cannot read {m.root}: it is a "
+                               f"{m.format!r} dataset; use the {m.format!r} or 'dali' loader")
+        self.check()
+        self.reader = self.reader_cls(m)
+        self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode)
+        self.sampler = EpochBatches(self)
+        self._dl: DataLoader | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def check(self) -> None:
+        """Cheap pre-flight in the main process: every data file is there, at its size."""
+        check_files(self.manifest)
+
+    def _dataloader(self) -> DataLoader:
+        if self._dl is None:
+            c = self.config
+            kw: dict[str, Any] = {}
+            if c.workers > 0:
+                kw = {"prefetch_factor": c.prefetch, "persistent_workers": c.persistent_workers}
+            self._dl = DataLoader(self.fetcher, batch_size=None, sampler=self.sampler,
+                                  num_workers=c.workers, collate_fn=_identity,
+                                  pin_memory=c.pin_memory and torch.cuda.is_available(), **kw)
+        return self._dl
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        c = self.config
+        if c.workers > 0 and c.worker_type == "thread":
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(c.workers, thread_name_prefix=f"iobench-{self.name}")
+            self.sampler.epoch = epoch
+            pin = c.pin_memory and torch.cuda.is_available()
+            for item in thread_prefetch(self.fetcher.__getitem__, iter(self.sampler), self._pool,
+                                        c.workers * c.prefetch):
+                b = unwrap(item)
+                yield _pin(b) if pin else b
+            return
+        self.sampler.epoch = epoch
+        for item in self._dataloader():
+            yield unwrap(item)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._dl is not None:
+            it = getattr(self._dl, "_iterator", None)
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()
+            self._dl = None
+        self.reader.close()
+
+
+def _pin(b: Batch) -> Batch:
+    return b._replace(samples=b.samples.pin_memory(), labels=b.labels.pin_memory())

@@ -1,0 +1,167 @@
+"""HDF5 loader: h5py reads of whole batches (one H5Dread per file per batch), PyTorch DataLoader.
+
+Layout (docs/design.md): per file `samples` [n, ...] (or `jpeg` + `offsets`)
+and `labels` [n, ...]. A batch's indices are sorted and merged into runs; the
+runs in one file become one union-of-hyperslabs selection read by a single
+H5Dread, straight into the batch array when the batch order allows, else
+into a temporary scattered once. Labels and JPEG offsets are read once per
+file and worker. Files are opened with HDF5 file locking off (shared
+filesystems) and only in the process and thread that read.
+
+`payload_bytes`: uncompressed samples count their array bytes; compressed
+(chunked, one sample per chunk) count each chunk's stored size from the
+file's chunk index; JPEG counts the JPEG bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from iobench.loaders._reader import BatchReader, split_by_file
+from iobench.loaders._torch import TorchLoader
+
+
+def _h5py() -> Any:
+    import h5py
+
+    return h5py
+
+
+def stored_sizes(ds: Any, n: int) -> np.ndarray:
+    """Stored bytes of each of the n samples of h5py dataset `ds`: chunk sizes when filtered."""
+    raw = int(np.prod(ds.shape[1:])) * ds.dtype.itemsize
+    if ds.chunks is None or not (ds.compression or ds.id.get_create_plist().get_nfilters()):
+        return np.full(n, raw, dtype=np.int64)
+    sizes = np.zeros(n, dtype=np.int64)
+    rows = ds.chunks[0]
+
+    def visit(info: Any) -> None:
+        first = info.chunk_offset[0]
+        sizes[first:first + rows] += info.size // max(1, min(rows, n - first))
+
+    try:
+        ds.id.chunk_iter(visit)
+    except (AttributeError, RuntimeError):  # HDF5 < 1.14: one query per chunk
+        for i in range(ds.id.get_num_chunks()):
+            visit(ds.id.get_chunk_info(i))
+    return sizes
+
+
+class HDF5Reader(BatchReader):
+    """Reads batches from iobench HDF5 files."""
+
+    format = "hdf5"
+
+    def _open(self, pos: int) -> dict[str, Any]:
+        st = self._state()
+        f = st.get(pos)
+        if f is not None:
+            return f
+        h5py = _h5py()
+        path = self.paths[pos]
+        n = int(self.counts[pos])
+        try:
+            h = h5py.File(path, "r", locking=False)
+        except (OSError, ValueError) as e:
+            raise self.fail(path, "HDF5 cannot open it", e) from None
+        try:
+            labels = h["labels"][...]
+            if labels.shape != (n, *self.label_shape):
+                raise self.fail(path, f"labels have shape {labels.shape}, expected "
+                                      f"{(n, *self.label_shape)}")
+            entry: dict[str, Any] = {"h5": h, "labels": labels.astype(self.label_dtype, copy=False)}
+            if self.kind == "jpeg":
+                offsets = h["offsets"][...].astype(np.int64)
+                jpeg = h["jpeg"]
+                if offsets.shape != (n + 1,) or offsets[-1] != jpeg.shape[0]:
+                    raise self.fail(path, "JPEG offsets do not match the jpeg dataset")
+                entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets))
+            else:
+                ds = h["samples"]
+                if ds.shape != (n, *self.sample_shape) or ds.dtype != self.sample_dtype:
+                    raise self.fail(path, f"samples are {ds.dtype}{list(ds.shape)}, expected "
+                                          f"{self.sample_dtype}{[n, *self.sample_shape]}")
+                entry.update(samples=ds, stored=stored_sizes(ds, n))
+        except KeyError as e:
+            h.close()
+            raise self.fail(path, f"missing dataset {e}") from None
+        except OSError as e:
+            h.close()
+            raise self.fail(path, "HDF5 read failed", e) from None
+        except Exception:
+            h.close()
+            raise
+        st[pos] = entry
+        return entry
+
+    def _close_state(self, state: dict[str, Any]) -> None:
+        for entry in state.values():
+            entry["h5"].close()
+
+    def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
+                            out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h5s = _h5py().h5s
+        labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
+        stored = np.empty(len(sorted_idx), dtype=np.int64)
+        for pos, s, e in split_by_file(self, sorted_idx):
+            f = self._open(pos)
+            local = sorted_idx[s:e] - self.starts[pos]
+            labels[s:e] = f["labels"][local]
+            stored[s:e] = f["stored"][local]
+            ds = f["samples"]
+            dest_pos = order[s:e]
+            direct = bool(np.all(np.diff(dest_pos) == 1))
+            dest = out[int(dest_pos[0]):int(dest_pos[0]) + (e - s)] if direct else \
+                np.empty((e - s, *out.shape[1:]), dtype=out.dtype)
+            fspace = ds.id.get_space()
+            tail = tuple(ds.shape[1:])
+            zeros = (0,) * len(tail)
+            breaks = np.flatnonzero(np.diff(local) != 1) + 1
+            first = True
+            for a, b in zip(np.concatenate(([0], breaks)).tolist(),
+                            np.concatenate((breaks, [len(local)])).tolist(), strict=True):
+                fspace.select_hyperslab((int(local[a]), *zeros), (b - a, *tail),
+                                        op=h5s.SELECT_SET if first else h5s.SELECT_OR)
+                first = False
+            mspace = h5s.create_simple(dest.shape)
+            try:
+                ds.id.read(mspace, fspace, dest)
+            except OSError as err:
+                raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
+            if not direct:
+                out[dest_pos] = dest
+        return labels, stored
+
+    def _read_sorted_bytes(self, sorted_idx: np.ndarray
+                           ) -> tuple[list[Any], np.ndarray, np.ndarray]:
+        parts: list[Any] = []
+        labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
+        stored = np.empty(len(sorted_idx), dtype=np.int64)
+        for pos, s, e in split_by_file(self, sorted_idx):
+            f = self._open(pos)
+            local = sorted_idx[s:e] - self.starts[pos]
+            labels[s:e] = f["labels"][local]
+            stored[s:e] = f["stored"][local]
+            off = f["offsets"]
+            breaks = np.flatnonzero(np.diff(local) != 1) + 1
+            for a, b in zip(np.concatenate(([0], breaks)).tolist(),
+                            np.concatenate((breaks, [len(local)])).tolist(), strict=True):
+                lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
+                buf = np.empty(hi - lo, dtype=np.uint8)
+                try:
+                    f["jpeg"].read_direct(buf, np.s_[lo:hi])
+                except OSError as err:
+                    raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
+                mv = memoryview(buf)
+                rel = off[local[a]:local[b - 1] + 2] - lo
+                parts.extend(mv[int(rel[k]):int(rel[k + 1])] for k in range(b - a))
+        return parts, labels, stored
+
+
+class HDF5Loader(TorchLoader):
+    """PyTorch DataLoader over HDF5 files (h5py)."""
+
+    name = "hdf5"
+    reader_cls = HDF5Reader
