@@ -6,9 +6,13 @@ iobench evicts before every epoch and records the resident fraction it
 
 Residency is measured with `cachestat(2)` (Linux >= 6.5) or `mincore(2)` on a
 read-only mapping. Both only tell the truth to a process that may write the
-file (owner, writer or root): `mincore` then pretends every page is resident
-and `cachestat` refuses. In that case the answer is None ("unknown"), never
-a false 1.0.
+file (owner, writer, or holder of CAP_FOWNER / CAP_DAC_OVERRIDE): `mincore`
+then pretends every page is resident and `cachestat` refuses with EPERM. In
+that case the answer is None ("unknown"), never a false 1.0.
+
+`evict_for_node` is what the training loop calls before an epoch: every rank
+evicts its share of the files its node reads, then the job measures what is
+left, per node, and says loudly when eviction did not work.
 """
 
 from __future__ import annotations
@@ -19,9 +23,18 @@ import ctypes.util
 import errno
 import os
 import platform
-from collections.abc import Iterable
-from dataclasses import dataclass
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from iobench.errors import ConfigError, UnsupportedError
+
+if TYPE_CHECKING:
+    from iobench.manifest import FileEntry, Manifest
+    from iobench.world import World
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -32,7 +45,13 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
 _libc.syscall.restype = ctypes.c_long
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_CACHESTAT_NR = {"x86_64": 451, "aarch64": 451, "ppc64le": 451}.get(platform.machine())
+# cachestat(2) has the same number on every architecture that uses the generic table.
+_CACHESTAT_NR = {"x86_64": 451, "aarch64": 451, "ppc64le": 451, "riscv64": 451}.get(
+    platform.machine())
+_CAP_DAC_OVERRIDE, _CAP_FOWNER = 1, 3
+
+# After eviction, more than this fraction still resident means eviction failed.
+DEFAULT_WARN_ABOVE = 0.10
 
 
 class _CachestatRange(ctypes.Structure):
@@ -58,8 +77,8 @@ def evict(paths: Iterable[str | Path]) -> EvictResult:
     """Drop the cached pages of each file (`fdatasync` then `POSIX_FADV_DONTNEED`).
 
     Works without root. Dirty pages cannot be dropped, hence the sync first.
-    Some filesystems ignore the advice (e.g. FUSE without kernel caching has
-    nothing to drop; NFS may keep pages); callers measure residency afterwards.
+    Some filesystems ignore the advice (tmpfs holds its data in the page
+    cache; NFS may keep pages); callers measure residency afterwards.
     """
     n = nbytes = 0
     errors: list[str] = []
@@ -89,24 +108,44 @@ def drop_all_caches() -> None:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("1\n")
     except OSError as e:
-        from iobench.errors import UnsupportedError
-
         raise UnsupportedError(f"cannot write /proc/sys/vm/drop_caches ({e.strerror}): "
-                               "dropping all caches needs root; use per-file eviction") from e
+                               "dropping all caches needs root; leave out --drop-caches to "
+                               "use per-file eviction") from e
+
+
+def _effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _truthful(path: str | Path, st: os.stat_result) -> bool:
-    # mincore/cachestat only tell the truth to owner, writer or root.
-    return os.geteuid() == 0 or st.st_uid == os.geteuid() or os.access(path, os.W_OK)
+    """Whether mincore will tell this process the truth about `path` (kernel's can_do_mincore)."""
+    caps = _effective_caps()
+    if st.st_uid == os.geteuid() or caps & (1 << _CAP_FOWNER):
+        return True
+    try:
+        return os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+    except OSError:
+        return False
+
+
+_CACHESTAT_DENIED = -1
 
 
 def _cachestat_pages(fd: int) -> int | None:
+    """Pages cached, None when the kernel lacks cachestat, -1 when it refuses (EPERM)."""
     if _CACHESTAT_NR is None:
         return None
     rng, cs = _CachestatRange(0, 0), _Cachestat()
     r = _libc.syscall(_CACHESTAT_NR, fd, ctypes.byref(rng), ctypes.byref(cs), 0)
     if r != 0:
-        return None  # ENOSYS on older kernels, EPERM without write access
+        return _CACHESTAT_DENIED if ctypes.get_errno() == errno.EPERM else None
     return int(cs.nr_cache)
 
 
@@ -136,30 +175,236 @@ def resident_bytes(path: str | Path) -> int | None:
         st = os.fstat(fd)
         if st.st_size == 0:
             return 0
-        if not _truthful(path, st):
-            return None
         pages = _cachestat_pages(fd)
+        if pages == _CACHESTAT_DENIED:
+            return None  # mincore would answer "all resident" to this process: a lie
         if pages is None:
+            if not _truthful(path, st):
+                return None
             pages = _mincore_pages(fd, st.st_size)
         if pages is None:
             return None
         return min(pages * PAGE, st.st_size)
     except OSError as e:
-        if e.errno in (errno.ENODEV, errno.EACCES):
+        if e.errno in (errno.ENODEV, errno.EACCES, errno.EPERM):
             return None
         raise
     finally:
         os.close(fd)
 
 
-def resident_fraction(paths: Iterable[str | Path]) -> float | None:
-    """Fraction of the files' bytes that are cached now; None if any file is unknowable."""
-    total = cached = 0
+@dataclass(frozen=True)
+class Residency:
+    """Page-cache residency of a set of files; `fraction` is None when unknowable."""
+
+    resident_bytes: int
+    total_bytes: int
+    unknown_files: int
+
+    @property
+    def fraction(self) -> float | None:
+        if self.unknown_files:
+            return None
+        return self.resident_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    def __add__(self, other: Residency) -> Residency:
+        return Residency(self.resident_bytes + other.resident_bytes,
+                         self.total_bytes + other.total_bytes,
+                         self.unknown_files + other.unknown_files)
+
+
+def residency(paths: Iterable[str | Path]) -> Residency:
+    """Resident and total bytes of the files; files the OS will not report are counted apart."""
+    total = cached = unknown = 0
     for p in paths:
-        size = os.stat(p).st_size
+        try:
+            size = os.stat(p).st_size
+        except OSError:
+            unknown += 1
+            continue
         r = resident_bytes(p)
         if r is None and size > 0:
-            return None
+            unknown += 1
         total += size
         cached += r or 0
-    return cached / total if total else 0.0
+    return Residency(cached, total, unknown)
+
+
+def resident_fraction(paths: Iterable[str | Path]) -> float | None:
+    """Fraction of the files' bytes that are cached now; None if any file is unknowable."""
+    return residency(paths).fraction
+
+
+# ---------------------------------------------------------------- per node, per job
+
+def files_for_node(manifest: Manifest, node_ranks: Sequence[int], world_size: int,
+                   scope: str = "global") -> list[FileEntry]:
+    """The files the ranks `node_ranks` (global ranks on one node) read, in manifest order.
+
+    `global` scope: every file. `local` scope (a dataset sharded per node): the
+    data files `sampling.files_for_rank` gives those ranks, plus every
+    auxiliary file (labels, index).
+    """
+    from iobench.sampling import SCOPES, files_for_rank
+
+    if scope == "global":
+        return list(manifest.files)
+    if scope != "local":
+        raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")
+    data = manifest.data_files
+    mine = {k for r in node_ranks for k in files_for_rank(len(data), r, world_size)}
+    wanted = {data[k].path for k in mine}
+    return [f for f in manifest.files if f.role != "data" or f.path in wanted]
+
+
+def split_files(entries: Sequence[FileEntry], index: int, count: int) -> list[FileEntry]:
+    """This worker's share (`index` of `count`) of `entries`, balanced by bytes.
+
+    Largest file first to the least loaded worker; deterministic, so every
+    rank computes every rank's share without talking.
+    """
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"{index=} must be in [0, {count=})")
+    load = [0] * count
+    out: list[list[FileEntry]] = [[] for _ in range(count)]
+    order = sorted(range(len(entries)), key=lambda i: (-entries[i].bytes, i))
+    for i in order:
+        w = min(range(count), key=lambda k: (load[k], k))
+        load[w] += entries[i].bytes
+        out[w].append(entries[i])
+    pos = {e.path: i for i, e in enumerate(entries)}
+    return sorted(out[index], key=lambda e: pos[e.path])
+
+
+def node_ranks(world: World) -> list[int]:
+    """Global ranks that run on this rank's node (a collective: every rank must call it)."""
+    nodes = world.allgather(world.node)
+    return [r for r, n in enumerate(nodes) if n == world.node]
+
+
+@dataclass(frozen=True)
+class EvictReport:
+    """One eviction before an epoch, over the whole job; goes into result files as is.
+
+    `status`: "cold" (measured residency at or below `warn_above` on every
+    node), "warm" (eviction did not work somewhere: the figures that follow
+    read memory, not storage), or "unknown" (this process may not learn the
+    residency, see the module docstring).
+    """
+
+    method: str  # "fadvise" or "drop_caches+fadvise"
+    files: int  # files advised, all ranks
+    bytes: int  # bytes advised, all ranks (a replicated file counts once per node)
+    seconds: float  # wall time of eviction plus measurement on this rank
+    resident_fraction: float | None  # worst node; None when any node cannot tell
+    status: str
+    warn_above: float
+    storage_kind: str | None
+    per_node: tuple[dict[str, Any], ...]
+    errors: tuple[str, ...] = ()
+    warning: str | None = None
+    nodes_unknown: tuple[int, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["per_node"] = list(self.per_node)
+        d["errors"] = list(self.errors)
+        d["nodes_unknown"] = list(self.nodes_unknown)
+        return d
+
+
+def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
+                   drop_caches: bool = False, measure: bool = True, evict_pages: bool = True,
+                   warn_above: float = DEFAULT_WARN_ABOVE, loud: bool = True) -> EvictReport:
+    """Evict the dataset's pages on every node, then measure what stayed resident.
+
+    A collective: every rank calls it. The ranks of a node split the files the
+    node reads (`files_for_node`), evict their share, meet at a barrier, then
+    measure residency of their share; the per-node figures are gathered so
+    every rank returns the same report. With `drop_caches` (root only, never a
+    default), local rank 0 of each node also drops the whole page cache first.
+    With `loud`, rank 0 prints a warning to stderr when eviction did not work.
+    With `evict_pages=False` (a warm-cache run) it only measures residency.
+    """
+    if not 0.0 <= warn_above <= 1.0:
+        raise ConfigError(f"{warn_above=} must be a fraction in [0, 1]")
+    if drop_caches and not evict_pages:
+        raise ConfigError("drop_caches=True contradicts evict_pages=False (a warm-cache run)")
+    t0 = time.perf_counter_ns()
+    ranks = node_ranks(world)
+    local_index = ranks.index(world.rank)
+    entries = files_for_node(manifest, ranks, world.size, scope)
+    share = split_files(entries, local_index, len(ranks))
+    paths = [manifest.path_of(e) for e in share]
+    drop_error = None
+    if drop_caches and local_index == 0:
+        try:
+            drop_all_caches()
+        except UnsupportedError as e:
+            drop_error = str(e)
+    if drop_caches:  # a failure on one rank must fail every rank, not hang them
+        errs = [e for e in world.allgather(drop_error) if e]
+        if errs:
+            raise UnsupportedError(errs[0])
+    ev = evict(paths) if evict_pages else EvictResult(0, 0, ())
+    world.barrier()  # every share evicted before anyone measures
+    res = residency(paths) if measure else Residency(0, 0, 0)
+    seconds = (time.perf_counter_ns() - t0) / 1e9
+
+    kind = None
+    if manifest.root is not None:
+        from iobench.sysinfo import mount_of
+
+        with contextlib.suppress(OSError):
+            kind = mount_of(manifest.root).kind
+    mine = {"rank": world.rank, "node": world.node, "host": world.hostname, "files": ev.files,
+            "bytes": ev.bytes, "errors": list(ev.errors), "res": asdict(res)}
+    everyone = world.allgather(mine)
+    per_node: dict[int, dict[str, Any]] = {}
+    for m in everyone:
+        n = per_node.setdefault(m["node"], {"node": m["node"], "host": m["host"], "files": 0,
+                                            "bytes": 0, "res": Residency(0, 0, 0)})
+        n["files"] += m["files"]
+        n["bytes"] += m["bytes"]
+        n["res"] = n["res"] + Residency(**m["res"])
+    nodes = []
+    for k in sorted(per_node):
+        n = per_node[k]
+        r: Residency = n.pop("res")
+        n["resident_bytes"], n["total_bytes"] = r.resident_bytes, r.total_bytes
+        n["unknown_files"] = r.unknown_files
+        n["resident_fraction"] = r.fraction if measure else None
+        nodes.append(n)
+    errors = tuple(e for m in everyone for e in m["errors"])
+    unknown = tuple(n["node"] for n in nodes if n["resident_fraction"] is None)
+    known = [n["resident_fraction"] for n in nodes if n["resident_fraction"] is not None]
+    worst = None if unknown or not measure else max(known, default=0.0)
+    warning = None
+    if not measure:
+        status = "unknown"
+    elif not evict_pages:  # warm cache asked for: report what is resident, no alarm
+        status = "unknown" if unknown else ("warm" if worst and worst > warn_above else "cold")
+    elif unknown:
+        status = "unknown"
+        warning = (f"page-cache residency after eviction is unknown on node(s) "
+                   f"{list(unknown)}: this process may not ask the kernel about files it "
+                   "cannot write (run as the files' owner or root to measure it)")
+    elif worst is not None and worst > warn_above:
+        status = "warm"
+        why = ("the storage is tmpfs: its data lives in the page cache and cannot be evicted"
+               if kind == "memory" else "the filesystem ignored POSIX_FADV_DONTNEED")
+        warning = (f"COLD CACHE FAILED: {worst:.0%} of the dataset is still in the page cache "
+                   f"after eviction (threshold {warn_above:.0%}); {why}. Figures from this "
+                   "epoch measure memory, not storage")
+    else:
+        status = "cold"
+    if errors and warning is None:
+        warning = f"eviction failed for {len(errors)} file(s), first: {errors[0]}"
+    if loud and warning and world.rank == 0:
+        print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
+    method = ("drop_caches+fadvise" if drop_caches else "fadvise") if evict_pages else "none"
+    return EvictReport(method=method,
+                       files=sum(n["files"] for n in nodes), bytes=sum(n["bytes"] for n in nodes),
+                       seconds=seconds, resident_fraction=worst, status=status,
+                       warn_above=warn_above, storage_kind=kind, per_node=tuple(nodes),
+                       errors=errors, warning=warning, nodes_unknown=unknown)

@@ -75,3 +75,24 @@ def tree_io(pid: int | None = None) -> IoCounters:
         sc += io.get("syscr", 0)
         n += 1
     return IoCounters(rb, rc, sc, n)
+
+
+# Storage kinds (iobench.sysinfo.fs_kind) whose reads the kernel does not put in
+# `read_bytes`: tmpfs pages are memory, FUSE reads go through a userspace daemon.
+UNCOUNTED_KINDS: dict[str, str] = {
+    "memory": "tmpfs/ramfs data lives in memory: the kernel counts no storage reads",
+    "fuse": "FUSE reads are served by a userspace daemon: the kernel counts no read_bytes",
+}
+
+
+def read_bytes_unavailable(path: str | os.PathLike[str]) -> str | None:
+    """Why `read_bytes` cannot count storage reads under `path`, or None when it can."""
+    from iobench.sysinfo import mount_of
+
+    return UNCOUNTED_KINDS.get(mount_of(path).kind)
+
+
+def os_read_bytes(delta: IoCounters, path: str | os.PathLike[str]) -> int | None:
+    """`delta.read_bytes` for a read of data under `path`; None ("not available") where the
+    OS does not count (FUSE, tmpfs), never a misleading 0."""
+    return None if read_bytes_unavailable(path) else delta.read_bytes

@@ -1,0 +1,255 @@
+"""Cold caches: eviction, truthful residency, per-node eviction, /proc io over worker trees."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import mpiexec_path
+from iobench import cache, procio
+from iobench.manifest import FileEntry, Manifest
+from iobench.world import World
+
+MiB = 2**20
+
+
+def make_dataset(root: Path, sizes: list[int], *, seed: int = 0, aux: bool = True) -> Manifest:
+    """A tiny dataset of random data files (and a labels file) with a real manifest.
+
+    Staging, eviction and residency only look at files and the manifest, so the
+    bytes need not be decodable; each data file holds 4 samples.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    entries = []
+    for k, size in enumerate(sizes):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        name = f"part-{k:05d}.bin"
+        (root / name).write_bytes(data)
+        entries.append(FileEntry(name, size, hashlib.sha256(data).hexdigest(), 4 * k, 4))
+    if aux:
+        labels = rng.integers(0, 10, 4 * len(sizes), dtype=np.int64).tobytes()
+        (root / "labels.npy").write_bytes(labels)
+        entries.append(FileEntry("labels.npy", len(labels), hashlib.sha256(labels).hexdigest(),
+                                 -1, 0, role="labels"))
+    m = Manifest(dataset="cifar10", format="files", num_samples=4 * len(sizes), num_classes=10,
+                 sample={"kind": "array", "shape": [32, 32, 3], "dtype": "uint8"},
+                 label={"shape": [], "dtype": "int64"}, layout={"samples_per_file": 4},
+                 files=tuple(entries), seed=seed, iobench_version="test",
+                 created="2026-01-01T00:00:00Z")
+    m.write(root)
+    return Manifest.load(root)
+
+
+def _read_all(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(4 * MiB):
+            pass
+
+
+def test_residency_near_zero_after_evict_and_one_after_read(tmp_path):
+    p = tmp_path / "big.bin"
+    p.write_bytes(os.urandom(8 * MiB))
+    ev = cache.evict([p])
+    assert ev.files == 1 and ev.bytes == 8 * MiB and not ev.errors
+    cold = cache.resident_fraction([p])
+    assert cold is not None and cold < 0.05
+    _read_all(p)
+    warm = cache.resident_fraction([p])
+    assert warm is not None and warm > 0.95
+    cache.evict([p])
+    assert cache.resident_fraction([p]) < 0.05
+    # half the file read, readahead off: about half resident
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        assert len(os.pread(fd, 4 * MiB, 0)) == 4 * MiB
+    finally:
+        os.close(fd)
+    half = cache.resident_fraction([p])
+    assert 0.45 < half < 0.6
+
+
+def test_evict_reports_missing_files(tmp_path):
+    ev = cache.evict([tmp_path / "nope"])
+    assert ev.files == 0 and len(ev.errors) == 1 and "nope" in ev.errors[0]
+    r = cache.residency([tmp_path / "nope"])
+    assert r.unknown_files == 1 and r.fraction is None
+
+
+def test_residency_unknown_rather_than_a_false_one(tmp_path):
+    """A process that may not write a file gets lies from mincore: iobench says "unknown"."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run a process without capabilities")
+    d = Path(tempfile.mkdtemp(prefix="iobench-cache-", dir=tmp_path))
+    p = d / "other-users.bin"
+    p.write_bytes(os.urandom(2 * MiB))
+    os.chown(p, 65534, 65534)  # owned by nobody, world-readable, not writable
+    os.chmod(p, 0o444)
+    cache.evict([p])
+    code = textwrap.dedent(f"""
+        import os
+        from iobench import cache
+        fd = os.open({str(p)!r}, os.O_RDONLY)
+        lie = cache._mincore_pages(fd, os.fstat(fd).st_size)
+        print(lie, cache.resident_bytes({str(p)!r}), cache.resident_fraction([{str(p)!r}]))
+    """)
+    # root with every capability dropped: not the owner, no CAP_FOWNER, cannot write
+    r = subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable,
+                        "-c", code], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 and "setpriv" in r.stderr:
+        pytest.skip(f"setpriv cannot drop capabilities here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    lie, rb, frac = r.stdout.split()
+    assert int(lie) == 512  # mincore claims all 2 MiB resident although it was just evicted
+    assert rb == "None" and frac == "None"
+    assert cache.resident_fraction([p]) < 0.05  # the truth, as root
+
+
+def test_files_for_node_and_split_cover_everything_once(tmp_path):
+    m = make_dataset(tmp_path / "d", [1000, 3000, 2000, 500, 700, 100, 4000])
+    world_size, nodes = 4, [[0, 1], [2, 3]]
+    seen: list[str] = []
+    for ranks in nodes:
+        node_files = cache.files_for_node(m, ranks, world_size, "local")
+        assert "labels.npy" in {f.path for f in node_files}  # auxiliary files on every node
+        shares = [cache.split_files(node_files, i, len(ranks)) for i in range(len(ranks))]
+        flat = [f.path for s in shares for f in s]
+        assert sorted(flat) == sorted(f.path for f in node_files)  # a partition
+        seen += [f.path for f in node_files if f.role == "data"]
+    assert sorted(seen) == sorted(f.path for f in m.data_files)  # each data file on one node
+    assert cache.files_for_node(m, [0], 4, "global") == list(m.files)
+    loads = [sum(f.bytes for f in cache.split_files(m.files, i, 3)) for i in range(3)]
+    assert max(loads) - min(loads) <= 4000  # balanced within one file
+    with pytest.raises(ValueError, match="scope"):
+        cache.files_for_node(m, [0], 1, "nodes")
+
+
+def test_evict_for_node_single_process(tmp_path):
+    m = make_dataset(tmp_path / "d", [MiB, 2 * MiB])
+    for f in m.files:
+        _read_all(m.path_of(f))
+    warm = cache.evict_for_node(m, World(), evict_pages=False)
+    assert warm.method == "none" and warm.status == "warm" and warm.resident_fraction > 0.9
+    rep = cache.evict_for_node(m, World())
+    assert rep.status == "cold" and rep.resident_fraction < 0.05 and rep.warning is None
+    assert rep.files == 3 and rep.bytes == m.total_bytes and rep.storage_kind == "local"
+    assert rep.to_dict()["per_node"][0]["total_bytes"] == m.total_bytes
+
+
+def test_evict_for_node_on_tmpfs_warns_loudly(capsys):
+    if not os.path.isdir("/dev/shm") or procio.read_bytes_unavailable("/dev/shm") is None:
+        pytest.skip("no tmpfs at /dev/shm")
+    d = Path(tempfile.mkdtemp(prefix="iobench-test-", dir="/dev/shm"))
+    try:
+        m = make_dataset(d, [MiB])
+        rep = cache.evict_for_node(m, World())
+        assert rep.status == "warm" and rep.resident_fraction > 0.9
+        assert rep.storage_kind == "memory" and "tmpfs" in rep.warning
+        assert "COLD CACHE FAILED" in capsys.readouterr().err
+    finally:
+        shutil.rmtree(d)
+
+
+def test_drop_caches_needs_root_and_is_never_silent(tmp_path):
+    m = make_dataset(tmp_path / "d", [MiB])
+    with pytest.raises(ValueError, match="warm-cache"):
+        cache.evict_for_node(m, World(), drop_caches=True, evict_pages=False)
+    if os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        rep = cache.evict_for_node(m, World(), drop_caches=True)
+        assert rep.method == "drop_caches+fadvise" and rep.status == "cold"
+
+
+@pytest.mark.mpi
+def test_evict_for_node_under_mpi(tmp_path):
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.skip("mpiexec not found (install the `mpich` extra)")
+    m = make_dataset(tmp_path / "d", [MiB, MiB, 2 * MiB, MiB])
+    for f in m.files:
+        _read_all(m.path_of(f))
+    code = textwrap.dedent(f"""
+        import json
+        from iobench import cache
+        from iobench.manifest import Manifest
+        from iobench.world import get_world
+        w = get_world()
+        rep = cache.evict_for_node(Manifest.load({str(m.root)!r}), w, scope="local")
+        print(json.dumps([w.rank, w.size, rep.to_dict()]))
+    """)
+    r = subprocess.run([exe, "-n", "2", sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    import json
+
+    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert sorted(d[0] for d in docs) == [0, 1] and all(d[1] == 2 for d in docs)
+    for _, _, rep in docs:
+        # both ranks on one node, local scope: the node reads every file, each evicted once
+        assert rep["files"] == len(m.files) and rep["bytes"] == m.total_bytes
+        assert rep["status"] == "cold" and rep["resident_fraction"] < 0.05
+    assert cache.resident_fraction([m.path_of(f) for f in m.files]) < 0.05
+
+
+class _FileChunks:
+    """A map-style dataset reading 1 MiB chunks of one file (a real DataLoader workload)."""
+
+    def __init__(self, path: Path, chunks: int) -> None:
+        self.path, self.chunks = path, chunks
+
+    def __len__(self) -> int:
+        return self.chunks
+
+    def __getitem__(self, i: int) -> int:
+        with open(self.path, "rb") as f:
+            f.seek(i * MiB)
+            return len(f.read(MiB))
+
+
+def test_tree_io_counts_live_dataloader_workers(tmp_path):
+    import torch.utils.data as tud
+
+    if procio.read_bytes_unavailable(tmp_path) is not None:
+        pytest.skip("the kernel does not count read_bytes on this filesystem")
+    warmup = tmp_path / "warmup.bin"  # first use imports worker machinery: not our data
+    warmup.write_bytes(os.urandom(MiB))
+    assert sum(int(b.sum()) for b in tud.DataLoader(_FileChunks(warmup, 1), num_workers=1)) == MiB
+    size = 32 * MiB
+    p = tmp_path / "data.bin"
+    p.write_bytes(os.urandom(size))
+    cache.evict([p])
+    assert cache.resident_fraction([p]) < 0.05
+    loader = tud.DataLoader(_FileChunks(p, 32), batch_size=2, num_workers=2,
+                            persistent_workers=True)
+    before_tree, before_self = procio.tree_io(), procio.read_io(os.getpid())
+    it = iter(loader)
+    total = sum(int(b.sum()) for b in it)
+    after_tree, after_self = procio.tree_io(), procio.read_io(os.getpid())
+    assert total == size
+    delta = after_tree - before_tree
+    assert delta.processes >= 3  # this process and two live workers
+    assert delta.read_bytes >= 0.9 * size  # workers' own counters, summed
+    # the parent alone saw little of it: its workers are alive, not reaped
+    assert after_self["read_bytes"] - before_self["read_bytes"] < 0.25 * size
+    assert procio.os_read_bytes(delta, tmp_path) == delta.read_bytes
+    del it, loader
+
+
+def test_read_bytes_not_available_on_tmpfs():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    from iobench.sysinfo import mount_of
+
+    if mount_of("/dev/shm").kind != "memory":
+        pytest.skip("/dev/shm is not tmpfs here")
+    assert "tmpfs" in procio.read_bytes_unavailable("/dev/shm")
+    assert procio.os_read_bytes(procio.IoCounters(0, 10, 1, 1), "/dev/shm") is None
