@@ -1,15 +1,188 @@
-"""PLACEHOLDER: `iobench train` is being built; its owner replaces this whole file."""
+"""Train a real model (or emulate one) with a real loader and measure data stall per epoch.
+
+Reads STORAGE/<dataset>-<format>/ (as `iobench generate --storage STORAGE`
+writes it), evicts the dataset from the page cache before every epoch
+(unless --warm-cache), and writes one result JSON to --results. Launch
+plainly, or with `mpiexec -n R`, `srun` or `torchrun`; rank 0 prints.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
-from iobench.errors import UnsupportedError
+from iobench.errors import ConfigError, IobenchError
+
+_COMPUTE_WORDS = {
+    "model": "real model {model} ({params:,} parameters), forward + backward + all-reduce + SGD",
+    "emulated": "emulated accelerator: {t} s per step (no model)",
+    "none": "none: pure ingest, no compute",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    from iobench.datasets import DATASETS, FORMATS
+    from iobench.models import MODELS
+    from iobench.train import LOADER_NAMES
+
+    p.add_argument("--loader", required=True, choices=LOADER_NAMES, help="reader to use")
+    p.add_argument("--storage", required=True, metavar="DIR",
+                   help="directory holding <dataset>-<format>/ (from `iobench generate`)")
+    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS))
+    p.add_argument("--format", default=None, choices=FORMATS,
+                   help="on-disk format, for --loader dali (default: the one found)")
+    p.add_argument("--model", default="auto", metavar="NAME",
+                   help=f"auto (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
+                   f"(pure ingest), or one of: {', '.join(MODELS)}")
+    p.add_argument("--compute-time", type=float, default=None, metavar="SECONDS",
+                   help="emulate an accelerator that computes SECONDS per step (no model)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64, help="samples per step per rank")
+    p.add_argument("--workers", type=int, default=2, help="loader workers per rank")
+    p.add_argument("--worker-type", default="process", choices=("process", "thread"))
+    p.add_argument("--shuffle", default="global", choices=("global", "block", "none"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="steps per epoch at most")
+    p.add_argument("--no-decode", action="store_true",
+                   help="read stored bytes only, no decoding (needs --model none or --compute-time)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="do not evict the dataset from the page cache before each epoch")
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: per model)")
+    p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only)")
+    p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="fail a collective that waits longer than this (a dead rank)")
+    p.add_argument("--results", default="iobench-results", metavar="DIR",
+                   help="where the result JSON goes (default: ./iobench-results)")
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from iobench.train import TrainConfig
+
+    return TrainConfig(loader=args.loader, storage=args.storage, dataset=args.dataset,
+                       format=args.format, model=args.model, compute_time_s=args.compute_time,
+                       epochs=args.epochs, batch_size=args.batch_size, workers=args.workers,
+                       worker_type=args.worker_type, shuffle=args.shuffle, seed=args.seed,
+                       max_steps=args.max_steps, decode=not args.no_decode,
+                       warm_cache=args.warm_cache, lr=args.lr, amp=args.amp,
+                       channels_last=args.channels_last, timeout_s=args.timeout,
+                       results=args.results)
 
 
 def main(args: argparse.Namespace) -> int:
-    raise UnsupportedError("`iobench train` is not built yet")
+    from iobench.world import get_world
+
+    world = get_world()
+    try:
+        return _main(args, world)
+    except IobenchError as e:
+        if getattr(e, "iobench_agreed", False) or world.size == 1:
+            if world.is_root:
+                raise  # the CLI prints it once
+            return e.exit_code
+        _die(world, f"rank {world.rank} failed: {e}")
+    except Exception as e:  # a rank failing mid-run must take the job down, not hang it
+        if world.size == 1:
+            raise
+        _die(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
+    return 3
+
+
+def _die(world: Any, message: str) -> None:
+    print(f"iobench: error: {message}; ending all {world.size} ranks", file=sys.stderr, flush=True)
+    world.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
+    sys.exit(3)
+
+
+def _main(args: argparse.Namespace, world: Any) -> int:
+    import torch
+
+    from iobench import distributed, results, train
+    from iobench.loaders import make_loader
+
+    try:
+        config = build_config(args)
+        if args.amp and not torch.cuda.is_available():
+            raise ConfigError("--amp needs a CUDA GPU and none is visible; drop --amp")
+    except IobenchError as e:
+        e.iobench_agreed = True  # type: ignore[attr-defined]  # same on every rank
+        raise
+    distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s)
+    try:
+        out = _Output(world, config)
+        doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m, c, r, w), world,
+                        progress=out.epoch)
+        if doc is None:
+            return 0
+        path = results.write_result(doc, config.results)
+        out.finish(doc, path)
+        return 0
+    finally:
+        distributed.destroy_process_group()
+
+
+class _Output:
+    """Rank 0's console output: a header, a line per epoch, a table at the end."""
+
+    def __init__(self, world: Any, config: Any) -> None:
+        from rich.console import Console
+
+        self.config = config
+        self.on = world.is_root
+        self.console = Console(stderr=False, highlight=False)
+        self.world = world
+        self.shown: set[str] = set()
+        self.header_done = False
+
+    def _header(self, rec: dict[str, Any]) -> None:
+        c = self.config
+        cache = "WARM (--warm-cache: no eviction)" if c.warm_cache else "cold (evicted before every epoch)"
+        self.console.print(f"[bold]iobench train[/] {c.dataset} via {c.loader} from {c.storage}: "
+                           f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
+                           f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}, cache {cache}")
+        self.header_done = True
+
+    def epoch(self, rec: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if not self.header_done:
+            self._header(rec)
+        for w in rec["warnings"]:
+            if w not in self.shown:
+                self.shown.add(w)
+                self.console.print(f"[bold red]WARNING:[/] {w}")
+        s, t = rec["summary"], rec["training"]
+        line = (f"epoch {rec['epoch'] + 1}/{self.config.epochs}: {s['steps']} steps, "
+                f"{s['samples_per_s']:.0f} samples/s, {s['read_MBps']:.1f} MB/s, "
+                f"stall {s['stall_fraction_max']:.1%} (max {s['stall_s_max']:.2f} s of "
+                f"{s['wall_s']:.2f} s), AU {s['au_mean']:.2f}")
+        if t and t["accuracy"] is not None:
+            line += f", train acc {t['accuracy']:.3f}, loss {t['loss']:.3f}"
+        elif t:
+            line += f", train loss {t['loss']:.4f}"
+        self.console.print(line)
+
+    def finish(self, doc: dict[str, Any], path: Any) -> None:
+        from rich.table import Table
+
+        comp = doc["compute"]
+        words = _COMPUTE_WORDS[comp["kind"]].format(model=comp["model"], params=comp["parameters"] or 0,
+                                                    t=comp["compute_time_s"])
+        table = Table(title=f"run {doc['run_id']}  ·  compute: {words}")
+        for col in ("epoch", "wall s", "stall s (max)", "stall %", "AU", "samples/s", "MB/s",
+                    "OS read MB", "cached at start", "loss", "acc"):
+            table.add_column(col, justify="right")
+        for e in doc["epochs"]:
+            s, t = e["summary"], e["training"] or {}
+            res = e["cache"]["resident_fraction_max"]
+            table.add_row(str(e["epoch"] + 1), f"{s['wall_s']:.2f}", f"{s['stall_s_max']:.2f}",
+                          f"{s['stall_fraction_max']:.1%}", f"{s['au_mean']:.2f}",
+                          f"{s['samples_per_s']:.0f}", f"{s['read_MBps']:.1f}",
+                          "n/a" if s["os_read_bytes"] is None else f"{s['os_read_bytes'] / 1e6:.1f}",
+                          "unknown" if res is None else f"{res:.0%}",
+                          "" if t.get("loss") is None else f"{t['loss']:.3f}",
+                          "" if t.get("accuracy") is None else f"{t['accuracy']:.3f}")
+        self.console.print(table)
+        self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}")
+        self.console.print(f"result: {path}")

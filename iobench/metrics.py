@@ -1,0 +1,142 @@
+"""Step and epoch figures exactly as /work/shared/METRICS.md (docs/results-schema.md) defines them.
+
+`EpochClock` records one rank's epoch from `perf_counter_ns` reads that tile
+the epoch without gaps: step k's wait runs from the end of step k-1's compute
+(or the epoch start) to the moment its batch is usable, its compute from
+there to the end of its compute. So `stall_s + sum(compute_s) == wall_s`
+holds by construction, to the nanosecond. `rank_figures` turns one rank's
+record into its per-epoch figures; `epoch_summary` combines all ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+MB = 1_000_000  # METRICS.md: MB = 10^6 bytes
+
+
+class EpochClock:
+    """One rank's per-step clock for one epoch (all times in integer nanoseconds)."""
+
+    __slots__ = ("_last", "batch_bytes", "compute_ns", "samples", "start_ns", "wait_ns")
+
+    def __init__(self) -> None:
+        self.start_ns: int | None = None
+        self._last = 0
+        self.wait_ns: list[int] = []  # per step, the first one is first_batch
+        self.compute_ns: list[int] = []
+        self.samples = 0
+        self.batch_bytes = 0
+
+    def start(self) -> int:
+        """Mark the epoch start: call right before the first `next(iterator)`."""
+        self.start_ns = self._last = time.perf_counter_ns()
+        return self.start_ns
+
+    def batch_ready(self) -> int:
+        """The batch is usable on the device: closes this step's wait; returns the time."""
+        now = time.perf_counter_ns()
+        self.wait_ns.append(now - self._last)
+        self._last = now
+        return now
+
+    def compute_done(self, samples: int, batch_bytes: int, now: int | None = None) -> None:
+        """End of this step's compute (after a device synchronise on a GPU)."""
+        if now is None:
+            now = time.perf_counter_ns()
+        self.compute_ns.append(now - self._last)
+        self._last = now
+        self.samples += samples
+        self.batch_bytes += batch_bytes
+
+    @property
+    def end_ns(self) -> int:
+        """End of the last step's compute (the epoch's end), or its start if no step ran."""
+        return self._last
+
+    @property
+    def steps(self) -> int:
+        return len(self.compute_ns)
+
+
+def _pct(a: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(a, q)) if a.size else None
+
+
+def rank_figures(clock: EpochClock) -> dict[str, Any]:
+    """Per-rank epoch figures (seconds, bytes, samples) with METRICS.md names.
+
+    `wait_*` percentiles are over steps 2..N (the first step's wait is
+    `first_batch_s`); `None` when there is no such step. `stall_s` includes
+    `first_batch_s`. Rates here are this rank's own (`rank_` prefix); the
+    METRICS.md `samples_per_s`/`read_MBps` are global, see `epoch_summary`.
+    """
+    if clock.start_ns is None:
+        raise RuntimeError("EpochClock.start() was never called")
+    waits = np.asarray(clock.wait_ns[1:], dtype=np.int64) / 1e9
+    steps = clock.steps
+    wall = (clock.end_ns - clock.start_ns) / 1e9
+    stall = sum(clock.wait_ns[:steps]) / 1e9
+    compute = sum(clock.compute_ns) / 1e9
+    return {
+        "steps": steps,
+        "samples": clock.samples,
+        "batch_bytes": clock.batch_bytes,
+        "wall_s": wall,
+        "stall_s": stall,
+        "compute_s": compute,
+        "compute_mean_s": compute / steps if steps else None,
+        "first_batch_s": clock.wait_ns[0] / 1e9 if clock.wait_ns else None,
+        "stall_fraction": stall / wall if wall > 0 else None,
+        "au": compute / wall if wall > 0 else None,
+        "wait_p50_s": _pct(waits, 50),
+        "wait_p95_s": _pct(waits, 95),
+        "wait_p99_s": _pct(waits, 99),
+        "wait_max_s": float(waits.max()) if waits.size else None,
+        "rank_samples_per_s": clock.samples / wall if wall > 0 else None,
+        "rank_read_MBps": clock.batch_bytes / MB / wall if wall > 0 else None,
+    }
+
+
+def _opt_sum(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def epoch_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Across-rank figures of one epoch from every rank's `rank_figures` (plus extras).
+
+    `wall_s` is the slowest rank's; `samples_per_s` and `read_MBps` are global
+    samples and bytes over it (METRICS.md). Stall: mean and max over ranks
+    (max is the headline: the slowest rank sets the pace).
+    """
+    walls = [r["wall_s"] for r in ranks]
+    stalls = [r["stall_s"] for r in ranks]
+    wall = max(walls)
+    samples = sum(r["samples"] for r in ranks)
+    nbytes = sum(r["batch_bytes"] for r in ranks)
+    fracs = [r["stall_fraction"] for r in ranks if r["stall_fraction"] is not None]
+    aus = [r["au"] for r in ranks if r["au"] is not None]
+    firsts = [r["first_batch_s"] for r in ranks if r["first_batch_s"] is not None]
+    waits_max = [r["wait_max_s"] for r in ranks if r["wait_max_s"] is not None]
+    return {
+        "ranks": len(ranks),
+        "steps": max(r["steps"] for r in ranks),
+        "samples": samples,
+        "batch_bytes": nbytes,
+        "wall_s": wall,
+        "wall_s_mean": float(np.mean(walls)),
+        "stall_s_mean": float(np.mean(stalls)),
+        "stall_s_max": max(stalls),
+        "stall_fraction_mean": float(np.mean(fracs)) if fracs else None,
+        "stall_fraction_max": max(fracs) if fracs else None,
+        "au_mean": float(np.mean(aus)) if aus else None,
+        "au_min": min(aus) if aus else None,
+        "first_batch_s_max": max(firsts) if firsts else None,
+        "wait_max_s": max(waits_max) if waits_max else None,
+        "samples_per_s": samples / wall if wall > 0 else None,
+        "read_MBps": nbytes / MB / wall if wall > 0 else None,
+        "os_read_bytes": _opt_sum([r.get("os_read_bytes") for r in ranks]),
+    }

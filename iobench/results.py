@@ -1,0 +1,126 @@
+"""Result documents (`iobench.result` v1): validate, write atomically under a fresh run id, load.
+
+One JSON file per run, `RESULTS/<run id>.json`, never overwriting an earlier
+run (docs/results-schema.md documents every field).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from iobench.errors import IobenchError
+from iobench.jsonio import read_json, write_json_atomic
+
+SCHEMA = "iobench.result"
+SCHEMA_VERSION = 1
+
+# top-level keys every result has (values may be null where the schema says so)
+REQUIRED: tuple[str, ...] = ("schema", "schema_version", "run_id", "created", "kind", "config",
+                             "world", "compute", "cache", "dataset", "provenance", "epochs",
+                             "summary", "warnings")
+OPTIONAL: tuple[str, ...] = ("staging",)  # filled by `iobench train --stage-to`
+EPOCH_REQUIRED: tuple[str, ...] = ("epoch", "summary", "ranks", "cache", "training")
+RANK_REQUIRED: tuple[str, ...] = ("rank", "host", "steps", "samples", "batch_bytes", "wall_s",
+                                  "stall_s", "compute_s", "first_batch_s", "stall_fraction", "au",
+                                  "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s",
+                                  "os_read_bytes", "cache_resident_fraction_at_start")
+
+
+class ResultError(IobenchError, ValueError):
+    """A result document is malformed or cannot be found."""
+
+
+def new_run_id(host: str | None = None) -> str:
+    """`YYYYmmddTHHMMSSZ-<host>-<6 hex>`: sortable by time, unique across hosts and runs."""
+    host = re.sub(r"[^A-Za-z0-9.-]+", "-", host or socket.gethostname()).strip("-") or "host"
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host[:40]}-{secrets.token_hex(3)}"
+
+
+def validate(doc: Any, where: str = "result") -> dict[str, Any]:
+    """Check a result document's structure; raise ResultError naming the first problem."""
+    if not isinstance(doc, dict):
+        raise ResultError(f"{where}: not a JSON object")
+    missing = [k for k in REQUIRED if k not in doc]
+    unknown = sorted(set(doc) - set(REQUIRED) - set(OPTIONAL))
+    if missing or unknown:
+        raise ResultError(f"{where}: missing keys {missing}, unknown keys {unknown}")
+    if doc["schema"] != SCHEMA or doc["schema_version"] != SCHEMA_VERSION:
+        raise ResultError(f"{where}: schema {doc['schema']!r} v{doc['schema_version']!r}, "
+                          f"expected {SCHEMA!r} v{SCHEMA_VERSION}")
+    if not isinstance(doc["epochs"], list):
+        raise ResultError(f"{where}: 'epochs' must be a list")
+    for i, ep in enumerate(doc["epochs"]):
+        miss = [k for k in EPOCH_REQUIRED if k not in ep]
+        if miss:
+            raise ResultError(f"{where}: epochs[{i}] lacks {miss}")
+        if not ep["ranks"]:
+            raise ResultError(f"{where}: epochs[{i}] has no ranks")
+        for r in ep["ranks"]:
+            miss = [k for k in RANK_REQUIRED if k not in r]
+            if miss:
+                raise ResultError(f"{where}: epochs[{i}] rank {r.get('rank')} lacks {miss}")
+    if doc["compute"].get("kind") not in ("model", "emulated", "none"):
+        raise ResultError(f"{where}: compute.kind={doc['compute'].get('kind')!r}, expected "
+                          "model, emulated or none")
+    return doc
+
+
+def write_result(doc: dict[str, Any], results_dir: str | Path) -> Path:
+    """Validate and write `doc` as `results_dir/<run_id>.json`; never overwrites a file.
+
+    If the name is taken (a clash of the random suffix), a fresh run id is
+    drawn and `doc["run_id"]` updated. Returns the path written.
+    """
+    validate(doc)
+    for _ in range(5):
+        path = Path(results_dir) / f"{doc['run_id']}.json"
+        try:
+            return write_json_atomic(path, doc, exclusive=True)
+        except FileExistsError:
+            doc["run_id"] = new_run_id()
+    raise ResultError(f"cannot find a free result name in {results_dir}")
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """Read and validate one result file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ResultError(f"no result file {path}; pass result .json files or directories "
+                          "holding them (default: ./iobench-results)")
+    return validate(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION), str(path))
+
+
+def is_result_file(path: Path) -> bool:
+    """Whether `path` holds an `iobench.result` document (cheap check of the schema key)."""
+    try:
+        with open(path) as f:
+            head = f.read(200)
+    except OSError:
+        return False
+    return f'"schema": "{SCHEMA}"' in head
+
+
+def find_results(paths: Iterable[str | Path]) -> list[Path]:
+    """Result files named by `paths`: files as given, directories expanded (sorted by name).
+
+    Files in a directory that are not iobench results are skipped; a
+    directory without any result is an error.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.glob("*.json") if is_result_file(f))
+            if not found:
+                raise ResultError(f"directory {p} holds no iobench result files (*.json)")
+            out += found
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ResultError(f"no result file or directory {p}")
+    return out

@@ -1,0 +1,496 @@
+"""The training loop of `iobench train`: real (or emulated) compute, data stall measured per step.
+
+`run(config, loader_factory, world)` trains on one rank of a job and returns
+the result document (on rank 0; None elsewhere). The loader comes from
+`loader_factory`, so other tiers and wrappers (staging, emulated parallel
+filesystems) plug in without touching the loop; `counters` lets such a tier
+report its own byte counts per epoch.
+
+Clock reads (METRICS.md): per step, `wait` runs from the end of the previous
+step's compute (or the epoch start, just before the iterator is created) to
+the batch being usable on the device (host-to-device copy included, then
+synchronised); `compute` from there to the end of the optimizer step (after
+`torch.cuda.synchronize()` on a GPU). The reads tile the epoch, so
+`stall_s + sum(compute_s) == wall_s` by construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from iobench import cache, procio, sysinfo
+from iobench.datasets import DATASETS, FORMATS, dataset_dirname, parse_dataset
+from iobench.errors import ConfigError, DatasetNotFoundError, DistributedError, IobenchError
+from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
+from iobench.manifest import Manifest
+from iobench.metrics import EpochClock, epoch_summary, rank_figures
+from iobench.models import MODELS, build_model, count_parameters, parse_model, resolve_model
+from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
+from iobench.sampling import parse_shuffle
+from iobench.world import World
+
+LOADER_NAMES: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files", "dali")
+COMPUTE_KINDS: tuple[str, ...] = ("model", "emulated", "none")
+# residency above this after eviction means eviction did not take
+RESIDENT_WARN_FRACTION = 0.10
+# Test hook (only tests set it): "rank=R,epoch=E,step=S,action=raise|kill".
+FAULT_ENV = "IOBENCH_TEST_FAULT"
+
+LoaderFactory = Callable[[Manifest, LoaderConfig, int, int], Loader]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one `iobench train` run needs; validated when built."""
+
+    loader: str
+    storage: str  # directory holding <dataset>-<format>/
+    dataset: str = "cifar10"
+    format: str | None = None  # on-disk format; only for dali (others read their own)
+    model: str = "auto"  # auto | none | a name in iobench.models.MODELS
+    compute_time_s: float | None = None  # emulated accelerator: seconds per step
+    epochs: int = 3
+    batch_size: int = 64  # samples per step per rank
+    workers: int = 2  # loader workers per rank
+    worker_type: str = "process"
+    shuffle: str = "global"
+    seed: int = 0
+    max_steps: int | None = None  # per epoch
+    decode: bool = True
+    warm_cache: bool = False
+    lr: float | None = None  # None: the model's default
+    amp: bool = False  # CUDA only: bfloat16 autocast
+    channels_last: bool = False
+    timeout_s: float = 300.0  # bound on any collective (dead rank detection)
+    results: str = "iobench-results"
+
+    def __post_init__(self) -> None:
+        if self.loader not in LOADER_NAMES:
+            raise ConfigError(f"unknown loader {self.loader!r}; choose one of: "
+                              f"{', '.join(LOADER_NAMES)}")
+        parse_dataset(self.dataset)
+        if self.format is not None:
+            if self.format not in FORMATS:
+                raise ConfigError(f"unknown format {self.format!r}; choose one of: "
+                                  f"{', '.join(FORMATS)}")
+            if self.loader != "dali" and self.format != self.loader:
+                raise ConfigError(f"--format {self.format} does not fit --loader {self.loader} "
+                                  f"(it reads {self.loader} datasets); --format is for "
+                                  "--loader dali only")
+        if self.model not in ("auto", "none"):
+            resolve_model(self.model, self.dataset)
+        if self.compute_time_s is not None:
+            if not (self.compute_time_s >= 0 and math.isfinite(self.compute_time_s)):
+                raise ConfigError(f"--compute-time {self.compute_time_s} must be a finite "
+                                  "number of seconds >= 0")
+            if self.model not in ("auto", "none"):
+                raise ConfigError(f"--compute-time emulates the compute, --model "
+                                  f"{self.model} runs a real one: give one of them")
+        if not self.decode and self.compute_kind == "model":
+            raise ConfigError("--no-decode leaves samples undecoded, which no model can train "
+                              "on: add --model none (pure ingest) or --compute-time SECONDS")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
+        if self.workers < 0:
+            raise ConfigError(f"--workers {self.workers} must be >= 0")
+        if self.worker_type not in WORKER_TYPES:
+            raise ConfigError(f"--worker-type {self.worker_type!r}; choose one of {WORKER_TYPES}")
+        parse_shuffle(self.shuffle)
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max-steps {self.max_steps} must be >= 1")
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"--lr {self.lr} must be a positive number")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
+        if self.amp and self.compute_kind != "model":
+            raise ConfigError("--amp only applies to a real model; drop it or pick --model")
+
+    @property
+    def compute_kind(self) -> str:
+        """`model` (real training), `emulated` (--compute-time) or `none` (pure ingest)."""
+        if self.compute_time_s is not None:
+            return "emulated"
+        return "none" if self.model == "none" else "model"
+
+    @property
+    def model_name(self) -> str | None:
+        """The concrete model trained, or None when there is no real model."""
+        return resolve_model(self.model, self.dataset) if self.compute_kind == "model" else None
+
+    def loader_config(self, device: str = "cpu") -> LoaderConfig:
+        return LoaderConfig(batch_size=self.batch_size, workers=self.workers,
+                            worker_type=self.worker_type, shuffle=self.shuffle, seed=self.seed,
+                            decode=self.decode, pin_memory=device == "gpu",
+                            persistent_workers=True, device=device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_dataset(config: TrainConfig) -> Path:
+    """The dataset root `STORAGE/<dataset>-<format>`; a clear error naming `iobench generate`."""
+    storage = Path(config.storage)
+    if not storage.is_dir():
+        raise DatasetNotFoundError(f"--storage {storage} is not a directory; give the directory "
+                                   "you generated into (iobench generate --storage DIR)")
+    if config.format is not None or config.loader != "dali":
+        fmt = config.format or config.loader
+    else:  # dali: whichever format exists
+        found = [f for f in FORMATS
+                 if (storage / dataset_dirname(config.dataset, f) / "iobench.json").is_file()]
+        if len(found) > 1:
+            raise ConfigError(f"{storage} holds {config.dataset} in several formats "
+                              f"({', '.join(found)}); pick one with --format")
+        fmt = found[0] if found else "hdf5"
+    root = storage / dataset_dirname(config.dataset, fmt)
+    if not (root / "iobench.json").is_file():
+        raise DatasetNotFoundError(
+            f"no {config.dataset} dataset in {fmt} format at {root}; create it with: "
+            f"iobench generate --dataset {config.dataset} --format {fmt} --storage {storage}")
+    return root
+
+
+def _agree(world: World, err: IobenchError | None) -> None:
+    """Raise on every rank if any rank failed; rank 0's message names the failing rank.
+
+    The raised error carries `iobench_agreed = True`: every rank knows, so
+    the CLI lets rank 0 print one line and exits without aborting the job.
+    """
+    errs = world.allgather(None if err is None else str(err))
+    bad = [(r, m) for r, m in enumerate(errs) if m is not None]
+    if not bad:
+        return
+    if err is None or len({m for _, m in bad}) > 1 or len(bad) < world.size:
+        msg = f"rank {bad[0][0]}: {bad[0][1]}"
+        err = type(err)(msg) if err is not None else DistributedError(msg)
+    err.iobench_agreed = True  # type: ignore[attr-defined]
+    raise err
+
+
+def _torch_threads(world: World, config: TrainConfig) -> int:
+    """Intra-op threads per rank: the rank's share of cores minus what its workers need."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()  # the user (or launcher) decided
+    total = os.cpu_count() or 1
+    avail = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    per_rank = avail if avail < total else max(1, avail // max(world.local_size, 1))
+    return max(1, per_rank - config.workers)
+
+
+def _fault() -> dict[str, Any] | None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    kv = dict(p.split("=", 1) for p in spec.split(","))
+    return {"rank": int(kv["rank"]), "epoch": int(kv.get("epoch", 0)),
+            "step": int(kv.get("step", 0)), "action": kv.get("action", "raise")}
+
+
+def _maybe_fault(fault: dict[str, Any] | None, rank: int, epoch: int, step: int) -> None:
+    if fault and (fault["rank"], fault["epoch"], fault["step"]) == (rank, epoch, step):
+        if fault["action"] == "kill":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault ({FAULT_ENV}) at epoch {epoch} step {step}")
+
+
+def emulate_compute(seconds: float, start_ns: int) -> int:
+    """Busy the host until `start_ns + seconds` (sleep, then spin the last ms); return the end."""
+    target = start_ns + int(seconds * 1e9)
+    remaining = target - time.perf_counter_ns()
+    if remaining > 2_000_000:
+        time.sleep((remaining - 1_000_000) / 1e9)
+    now = time.perf_counter_ns()
+    while now < target:
+        now = time.perf_counter_ns()
+    return now
+
+
+class _Cache:
+    """Before each epoch: evict this node's share of the dataset's files, then measure."""
+
+    def __init__(self, manifest: Manifest, world: World, warm: bool, mount_kind: str) -> None:
+        paths = [str(manifest.path_of(f)) for f in manifest.files]
+        self.mine = paths[world.local_rank::max(world.local_size, 1)]
+        self.world, self.warm, self.mount_kind = world, warm, mount_kind
+
+    def prepare(self) -> dict[str, Any]:
+        errors: list[str] = []
+        if not self.warm:
+            errors = list(cache.evict(self.mine).errors)
+        self.world.barrier()  # every share evicted before anyone measures or reads
+        resident = total = 0
+        unknown = False
+        for p in self.mine:
+            size = os.stat(p).st_size
+            r = cache.resident_bytes(p)
+            if r is None and size > 0:
+                unknown = True
+            total += size
+            resident += r or 0
+        mine = (self.world.node, resident, total, unknown, errors[:3], len(errors))
+        node = [x for x in self.world.allgather(mine) if x[0] == self.world.node]
+        tot = sum(x[2] for x in node)
+        frac = None if any(x[3] for x in node) else (sum(x[1] for x in node) / tot if tot else 0.0)
+        return {"evicted": not self.warm, "resident_fraction": frac,
+                "evict_errors": sum(x[5] for x in node),
+                "evict_error_examples": [e for x in node for e in x[4]][:3]}
+
+
+def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if device.type != "cuda":
+        return batch.samples, batch.labels
+    x = batch.samples.to(device, non_blocking=True)
+    y = batch.labels.to(device, non_blocking=True)
+    torch.cuda.synchronize(device)  # the copy is usable (its non-overlapped part is wait)
+    return x, y
+
+
+def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        counters: Callable[[], dict[str, int]] | None = None) -> dict[str, Any] | None:
+    """Train for `config.epochs` on this rank; return the result document on rank 0.
+
+    torch.distributed must already be initialised when `world.size > 1`
+    (`iobench.distributed.init_process_group`). `progress(epoch_record)` is
+    called on rank 0 after each epoch. `counters()`, if given, returns byte
+    counters of a storage tier; their per-epoch deltas (rank 0's) are stored
+    as `tier_bytes`.
+    """
+    use_cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{world.local_rank}" if use_cuda else "cpu")
+    kind = config.compute_kind
+    loader: Loader | None = None
+    err: IobenchError | None = None
+    try:
+        root = resolve_dataset(config)
+        manifest = Manifest.load(root)
+        if manifest.dataset != config.dataset:
+            raise ConfigError(f"{root} holds {manifest.dataset!r}, not {config.dataset!r}")
+        mount = sysinfo.mount_of(root)
+        loader = loader_factory(manifest, config.loader_config("gpu" if use_cuda else "cpu"),
+                                world.rank, world.size)
+    except IobenchError as e:
+        err = e
+    _agree(world, err)
+    assert loader is not None
+    try:
+        return _train(config, loader, manifest, mount, world, device, kind, progress, counters)
+    finally:
+        loader.close()
+
+
+def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysinfo.MountInfo,
+           world: World, device: torch.device, kind: str,
+           progress: Callable[[dict[str, Any]], None] | None,
+           counters: Callable[[], dict[str, int]] | None) -> dict[str, Any] | None:
+    spec = DATASETS[config.dataset]
+    threads = _torch_threads(world, config)
+    torch.set_num_threads(threads)
+    use_cuda = device.type == "cuda"
+    model = opt = None
+    task = None
+    model_name = config.model_name
+    params = None
+    if kind == "model":
+        mspec = parse_model(model_name)
+        task = mspec.task
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = build_model(model_name, spec.num_classes or int(math.prod(spec.label_shape)))
+        params = count_parameters(model)
+        model = model.to(device)
+        if config.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if world.size > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = DDP(model, device_ids=[device.index] if use_cuda else None)
+        lr = config.lr or mspec.default_lr
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
+                              weight_decay=5e-4 if task == "classification" else 0.0)
+        loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else torch.nn.MSELoss()
+        model.train()
+
+    count_io = mount.kind not in ("memory", "fuse")
+    io_note = None if count_io else (f"{mount.fstype} ({mount.kind}) does not count read_bytes "
+                                     "in /proc/<pid>/io; os_read_bytes is null")
+    cache_ctl = _Cache(manifest, world, config.warm_cache, mount.kind)
+    fault = _fault()
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if config.amp and use_cuda
+                else contextlib.nullcontext())
+    epochs: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    t_run = time.perf_counter()
+
+    for epoch in range(config.epochs):
+        cache_info = cache_ctl.prepare()
+        world.barrier()  # ranks start the epoch together
+        tier0 = counters() if counters and world.is_root else None
+        io0 = procio.tree_io() if count_io else None
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        seen = 0
+        clock = EpochClock()
+        clock.start()
+        it: Iterator[Any] = iter(loader.epoch(epoch))
+        step = 0
+        try:
+            while config.max_steps is None or step < config.max_steps:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                x, y = _to_device(batch, device)
+                t_ready = clock.batch_ready()
+                _maybe_fault(fault, world.rank, epoch, step)
+                end = None
+                if kind == "model":
+                    if not x.is_floating_point():
+                        x = x.float()
+                    if config.channels_last and x.dim() == 4:
+                        x = x.contiguous(memory_format=torch.channels_last)
+                    with autocast:
+                        out = model(x)
+                        loss = loss_fn(out.float(), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    n = y.shape[0]
+                    loss_sum += loss.detach().double() * n
+                    if task == "classification":
+                        correct += (out.detach().argmax(1) == y).sum()
+                    seen += n
+                    if use_cuda:
+                        torch.cuda.synchronize(device)
+                elif kind == "emulated":
+                    end = emulate_compute(config.compute_time_s, t_ready)
+                clock.compute_done(len(batch.indices), batch.payload_bytes, end)
+                step += 1
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # stop a generator left early (--max-steps) so workers settle
+        io = procio.tree_io() - io0 if io0 is not None else None
+        tier = None
+        if tier0 is not None and counters is not None:
+            tier1 = counters()
+            tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
+
+        fig = rank_figures(clock)
+        fig = {"rank": world.rank, "host": world.hostname, "node": world.node, **fig,
+               "os_read_bytes": io.read_bytes if io is not None else None,
+               "os_rchar": io.rchar if io is not None else None,
+               "os_processes": io.processes if io is not None else None,
+               "cache_resident_fraction_at_start": cache_info["resident_fraction"]}
+        train_stats = (float(loss_sum.item()), int(correct.item()), seen)
+        gathered = world.allgather((fig, train_stats, cache_info))
+        if not world.is_root:
+            continue
+        ranks = [g[0] for g in gathered]
+        tot_loss = sum(g[1][0] for g in gathered)
+        tot_correct = sum(g[1][1] for g in gathered)
+        tot_seen = sum(g[1][2] for g in gathered)
+        training = {"samples": tot_seen,
+                    "loss": tot_loss / tot_seen if tot_seen else None,
+                    "accuracy": tot_correct / tot_seen if tot_seen and task == "classification"
+                    else None} if kind == "model" else None
+        fracs = [g[2]["resident_fraction"] for g in gathered]
+        evict_errors = sum(g[2]["evict_errors"] for g in gathered)
+        rec = {"epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
+               "cache": {"evicted": not config.warm_cache, "evict_errors": evict_errors,
+                         "resident_fraction_max": (None if any(f is None for f in fracs)
+                                                   else max(fracs))},
+               "training": training, "tier_bytes": tier}
+        new_warnings = _cache_warnings(config, mount, manifest, rec["cache"], gathered)
+        rec["warnings"] = new_warnings
+        for w in new_warnings:
+            if w not in warnings:
+                warnings.append(w)
+        epochs.append(rec)
+        if progress is not None:
+            progress(rec)
+
+    if not world.is_root:
+        return None
+    if io_note:
+        warnings.append(io_note)
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "run_id": new_run_id(world.hostname),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "kind": "train",
+        "config": config.to_dict(),
+        "world": {"size": world.size, "num_nodes": world.num_nodes,
+                  "local_size": world.local_size, "launcher": world.launcher,
+                  "backend": ("nccl" if use_cuda else "gloo") if world.size > 1 else None,
+                  "device": device.type},
+        "compute": {"kind": kind, "model": model_name, "parameters": params, "task": task,
+                    "compute_time_s": config.compute_time_s,
+                    "lr": (config.lr or MODELS[model_name].default_lr) if model_name else None,
+                    "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
+                    "amp": config.amp and use_cuda, "channels_last": config.channels_last,
+                    "decode": config.decode, "torch_threads": threads},
+        "cache": {"mode": "warm" if config.warm_cache else "cold",
+                  "method": None if config.warm_cache else "posix_fadvise(DONTNEED) per file, "
+                  "spread over the local ranks of each node",
+                  "os_read_bytes_available": count_io, "os_read_bytes_note": io_note},
+        "dataset": manifest.identity(),
+        "provenance": sysinfo.provenance(manifest.root),
+        "epochs": epochs,
+        "summary": _run_summary(epochs, time.perf_counter() - t_run),
+        "warnings": warnings,
+        "staging": None,
+    }
+
+
+def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Manifest,
+                    cache_rec: dict[str, Any], gathered: list[Any]) -> list[str]:
+    out = []
+    if mount.kind == "memory":
+        out.append(f"dataset is on {mount.fstype} (memory): every read comes from RAM, eviction "
+                   "is impossible; these figures do not measure storage")
+    if config.warm_cache:
+        if manifest.total_bytes < sysinfo.memory_bytes():
+            out.append("warm cache (--warm-cache): the dataset fits in RAM, so epochs after "
+                       "the first may read from the page cache and measure memory, not storage")
+        return out
+    if cache_rec["evict_errors"]:
+        examples = [e for g in gathered for e in g[2]["evict_error_examples"]][:2]
+        out.append(f"COLD CACHE NOT ASSURED: eviction failed for {cache_rec['evict_errors']} "
+                   f"file(s), e.g. {'; '.join(examples)}")
+    frac = cache_rec["resident_fraction_max"]
+    if frac is None:
+        out.append("page-cache residency after eviction is unknown (the OS will not say for "
+                   "files this user cannot write); cold cache not verified")
+    elif frac > RESIDENT_WARN_FRACTION and mount.kind != "memory":
+        out.append(f"COLD CACHE NOT ACHIEVED: {frac:.0%} of the dataset stayed in the page "
+                   f"cache after eviction ({mount.fstype} may ignore POSIX_FADV_DONTNEED)")
+    return out
+
+
+def _run_summary(epochs: list[dict[str, Any]], elapsed_s: float) -> dict[str, Any]:
+    last = epochs[-1] if epochs else None
+    sums = [e["summary"] for e in epochs]
+    return {
+        "epochs": len(epochs),
+        "elapsed_s": elapsed_s,
+        "wall_s": sum(s["wall_s"] for s in sums),
+        "stall_s_max": sum(s["stall_s_max"] for s in sums),
+        "stall_s_mean": sum(s["stall_s_mean"] for s in sums),
+        "samples": sum(s["samples"] for s in sums),
+        "batch_bytes": sum(s["batch_bytes"] for s in sums),
+        "final_loss": last["training"]["loss"] if last and last["training"] else None,
+        "final_accuracy": last["training"]["accuracy"] if last and last["training"] else None,
+    }

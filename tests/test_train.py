@@ -1,0 +1,239 @@
+"""Training loop, metrics and result files, in-process over a small in-test loader.
+
+The loader here (`NpyLoader`) reads a real .npy dataset from tmp_path per
+batch, optionally sleeping to inject a data stall, so the metric invariants
+are checked fast and exactly. The real loaders on real generated data are
+exercised in tests/test_train_mpi.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import cli
+from iobench import metrics, results
+from iobench.errors import ConfigError, DatasetNotFoundError
+from iobench.loaders.base import Batch, Loader
+from iobench.manifest import FileEntry, Manifest
+from iobench.train import TrainConfig, emulate_compute, run
+from iobench.world import World
+
+N = 256
+
+
+class NpyLoader(Loader):
+    """Reads batches of a [N,32,32,3] uint8 .npy file; `delay_s` sleeps per batch (a stall)."""
+
+    name = "npy"
+    delay_s = 0.0
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        data = np.load(self.manifest.path_of(self.manifest.files[0]), mmap_mode="r")
+        labels = np.load(self.manifest.path_of(self.manifest.files[1]))
+        idx = self.indices(epoch)
+        b = self.config.batch_size
+        for i in range(0, len(idx), b):
+            sel = np.sort(idx[i:i + b])
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            raw = np.ascontiguousarray(data[sel])
+            x = torch.from_numpy(raw)
+            if self.config.decode:
+                x = x.permute(0, 3, 1, 2).float().div_(255)
+            yield Batch(x, torch.from_numpy(labels[sel]), torch.from_numpy(sel), raw.nbytes)
+
+
+def make_npy_dataset(storage: Path, n: int = N) -> Manifest:
+    """cifar10-like data with a learnable signal (class colour), as `cifar10-hdf5/` under storage."""
+    from iobench.datasets import DATASETS
+    from iobench.generators.synth import make_sample
+
+    spec = DATASETS["cifar10"]
+    root = storage / "cifar10-hdf5"
+    root.mkdir(parents=True)
+    pairs = [make_sample(spec, 0, i) for i in range(n)]
+    np.save(root / "data.npy", np.stack([p[0] for p in pairs]))
+    np.save(root / "labels.npy", np.array([p[1] for p in pairs], dtype=np.int64))
+    files = tuple(FileEntry(f, (root / f).stat().st_size, "0" * 64, 0 if f == "data.npy" else -1,
+                            n if f == "data.npy" else 0, "data" if f == "data.npy" else "labels")
+                  for f in ("data.npy", "labels.npy"))
+    m = Manifest(dataset="cifar10", format="hdf5", num_samples=n, num_classes=10,
+                 sample={"kind": "array", "shape": [32, 32, 3], "dtype": "uint8"},
+                 label={"shape": [], "dtype": "int64"}, layout={}, files=files, seed=0,
+                 iobench_version="test", created="2026-01-01T00:00:00Z")
+    m.write(root)
+    return Manifest.load(root)
+
+
+def factory(delay_s: float = 0.0):
+    def make(manifest, config, rank, world):
+        loader = NpyLoader(manifest, config, rank, world)
+        loader.delay_s = delay_s
+        return loader
+    return make
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory) -> Path:
+    s = tmp_path_factory.mktemp("storage")
+    make_npy_dataset(s)
+    return s
+
+
+def _cfg(storage: Path, **kw) -> TrainConfig:
+    base = {"loader": "hdf5", "storage": str(storage), "epochs": 2, "batch_size": 32,
+            "workers": 0}
+    return TrainConfig(**{**base, **kw})
+
+
+def _assert_invariant(doc: dict) -> None:
+    for ep in doc["epochs"]:
+        for r in ep["ranks"]:
+            total = r["stall_s"] + r["compute_s"]
+            assert abs(total - r["wall_s"]) <= 0.02 * r["wall_s"], (ep["epoch"], r)
+            assert r["stall_fraction"] == pytest.approx(r["stall_s"] / r["wall_s"])
+            assert r["au"] == pytest.approx(r["compute_s"] / r["wall_s"])
+
+
+def test_model_run_invariant_and_result(storage: Path, tmp_path: Path) -> None:
+    doc = run(_cfg(storage, model="cnn"), factory(0.01), World())
+    results.validate(doc)
+    assert doc["compute"]["kind"] == "model" and doc["compute"]["model"] == "cnn"
+    assert len(doc["epochs"]) == 2
+    _assert_invariant(doc)
+    ep = doc["epochs"][0]
+    assert ep["summary"]["samples"] == N and ep["summary"]["steps"] == N // 32
+    assert ep["summary"]["batch_bytes"] == N * 32 * 32 * 3
+    # injected 10 ms per batch: the stall covers at least that
+    assert ep["ranks"][0]["stall_s"] >= 0.01 * (N // 32)
+    assert 0 <= ep["training"]["accuracy"] <= 1 and ep["training"]["loss"] > 0
+    assert doc["cache"]["mode"] == "cold" and ep["cache"]["evicted"] is True
+    assert doc["dataset"]["num_samples"] == N and doc["provenance"]["storage"]["fstype"]
+    path = results.write_result(doc, tmp_path / "res")
+    assert path.name == f"{doc['run_id']}.json"
+    assert results.load_result(path)["run_id"] == doc["run_id"]
+
+
+def test_stall_measured_with_emulated_compute(storage: Path) -> None:
+    doc = run(_cfg(storage, compute_time_s=0.05, epochs=1, max_steps=5), factory(0.03), World())
+    assert doc["compute"]["kind"] == "emulated" and doc["compute"]["model"] is None
+    r = doc["epochs"][0]["ranks"][0]
+    assert r["steps"] == 5
+    # emulated accelerator: 0.05 s per step within 5 %
+    assert r["compute_mean_s"] == pytest.approx(0.05, rel=0.05)
+    # every step waited for the injected 30 ms read (generous upper bound for a busy host)
+    assert r["wait_p50_s"] >= 0.03
+    assert doc["epochs"][0]["training"] is None
+    _assert_invariant(doc)
+
+
+def test_pure_ingest_all_stall(storage: Path) -> None:
+    doc = run(_cfg(storage, model="none", decode=False, epochs=1), factory(), World())
+    assert doc["compute"]["kind"] == "none" and doc["compute"]["decode"] is False
+    r = doc["epochs"][0]["ranks"][0]
+    assert r["compute_s"] < 0.05 * r["wall_s"] + 0.01
+    _assert_invariant(doc)
+
+
+def test_emulate_compute_precise() -> None:
+    for s in (0.0, 0.003, 0.02):
+        t0 = time.perf_counter_ns()
+        end = emulate_compute(s, t0)
+        assert end - t0 >= s * 1e9
+        assert (end - t0) / 1e9 < s + 0.02
+
+
+def test_epoch_clock_tiles_the_epoch() -> None:
+    clock = metrics.EpochClock()
+    clock.start()
+    for i in range(4):
+        time.sleep(0.002 * i)
+        clock.batch_ready()
+        time.sleep(0.001)
+        clock.compute_done(10, 100)
+    f = metrics.rank_figures(clock)
+    assert f["steps"] == 4 and f["samples"] == 40 and f["batch_bytes"] == 400
+    assert f["stall_s"] + f["compute_s"] == pytest.approx(f["wall_s"], rel=1e-9)
+    assert f["stall_s"] == pytest.approx(f["first_batch_s"] + sum(clock.wait_ns[1:]) / 1e9)
+    assert f["wait_max_s"] >= f["wait_p99_s"] >= f["wait_p50_s"] >= 0.004
+
+
+def test_epoch_summary_across_ranks() -> None:
+    def rank(stall: float, wall: float, samples: int, nbytes: int) -> dict:
+        return {"steps": 2, "samples": samples, "batch_bytes": nbytes, "wall_s": wall,
+                "stall_s": stall, "stall_fraction": stall / wall, "au": 1 - stall / wall,
+                "first_batch_s": 0.1, "wait_max_s": 0.2, "os_read_bytes": 5}
+    s = metrics.epoch_summary([rank(1.0, 4.0, 100, 10**6), rank(3.0, 5.0, 100, 10**6)])
+    assert s["stall_s_max"] == 3.0 and s["stall_s_mean"] == 2.0 and s["wall_s"] == 5.0
+    assert s["samples_per_s"] == pytest.approx(200 / 5.0)
+    assert s["read_MBps"] == pytest.approx(2.0 / 5.0)
+    assert s["os_read_bytes"] == 10 and s["au_min"] == pytest.approx(0.4)
+    r2 = rank(1.0, 4.0, 100, 1)
+    r2["os_read_bytes"] = None
+    assert metrics.epoch_summary([rank(1.0, 4.0, 100, 1), r2])["os_read_bytes"] is None
+
+
+def test_results_never_overwrite(storage: Path, tmp_path: Path) -> None:
+    doc = run(_cfg(storage, model="none", epochs=1, max_steps=1), factory(), World())
+    p1 = results.write_result(dict(doc), tmp_path)
+    p2 = results.write_result(dict(doc), tmp_path)  # same run id: a fresh one is drawn
+    assert p1 != p2 and p1.exists() and p2.exists()
+    assert json.loads(p1.read_text())["run_id"] != json.loads(p2.read_text())["run_id"]
+    assert results.find_results([tmp_path]) == sorted([p1, p2])
+    (tmp_path / "other.json").write_text('{"schema": "something.else"}')
+    assert len(results.find_results([tmp_path])) == 2
+    bad = dict(doc)
+    del bad["epochs"]
+    with pytest.raises(results.ResultError, match="missing keys"):
+        results.write_result(bad, tmp_path)
+
+
+def test_config_errors(storage: Path) -> None:
+    with pytest.raises(ConfigError, match="--no-decode"):
+        _cfg(storage, decode=False)
+    with pytest.raises(ConfigError, match="give one of them"):
+        _cfg(storage, model="resnet18", compute_time_s=0.1)
+    with pytest.raises(ConfigError, match="--format is for --loader dali"):
+        _cfg(storage, loader="lmdb", format="hdf5")
+    with pytest.raises(ConfigError, match="not 'cifar10'"):
+        _cfg(storage, model="resnet50")
+    with pytest.raises(ConfigError, match="unknown model"):
+        _cfg(storage, model="vgg")
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        _cfg(storage, epochs=0)
+    with pytest.raises(ConfigError, match="compute-time"):
+        _cfg(storage, compute_time_s=-1.0)
+    with pytest.raises(DatasetNotFoundError,
+                       match="iobench generate --dataset cifar10 --format lmdb --storage"):
+        run(_cfg(storage, loader="lmdb"), factory(), World())
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--loader", "hdf5", "--storage", "{s}", "--no-decode"], "--no-decode"),
+    (["--loader", "hdf5", "--storage", "{s}/nope"], "is not a directory"),
+    (["--loader", "netcdf", "--storage", "{s}"], "iobench generate --dataset cifar10 --format netcdf"),
+    (["--loader", "hdf5", "--storage", "{s}", "--batch-size", "0"], "--batch-size 0"),
+    (["--loader", "hdf5", "--storage", "{s}", "--amp"], "--amp"),
+    (["--loader", "tar", "--storage", "{s}"], "invalid choice"),
+])
+def test_cli_bad_options_one_line(storage: Path, capsys, argv, needle) -> None:
+    code = cli("train", *[a.format(s=storage) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert len(err.splitlines()) == 1 and err.startswith("iobench: error:") and needle in err
+
+
+def test_learns_above_chance(storage: Path) -> None:
+    """On cifar10-like data the small CNN's training accuracy rises well above 10 %."""
+    doc = run(_cfg(storage, model="cnn", epochs=4, compute_time_s=None, warm_cache=True),
+              factory(), World())
+    acc = [e["training"]["accuracy"] for e in doc["epochs"]]
+    assert acc[-1] > 0.3, acc
+    assert doc["cache"]["mode"] == "warm"
