@@ -217,37 +217,6 @@ def emulate_compute(seconds: float, start_ns: int) -> int:
     return now
 
 
-class _Cache:
-    """Before each epoch: evict this node's share of the dataset's files, then measure."""
-
-    def __init__(self, manifest: Manifest, world: World, warm: bool, mount_kind: str) -> None:
-        paths = [str(manifest.path_of(f)) for f in manifest.files]
-        self.mine = paths[world.local_rank::max(world.local_size, 1)]
-        self.world, self.warm, self.mount_kind = world, warm, mount_kind
-
-    def prepare(self) -> dict[str, Any]:
-        errors: list[str] = []
-        if not self.warm:
-            errors = list(cache.evict(self.mine).errors)
-        self.world.barrier()  # every share evicted before anyone measures or reads
-        resident = total = 0
-        unknown = False
-        for p in self.mine:
-            size = os.stat(p).st_size
-            r = cache.resident_bytes(p)
-            if r is None and size > 0:
-                unknown = True
-            total += size
-            resident += r or 0
-        mine = (self.world.node, resident, total, unknown, errors[:3], len(errors))
-        node = [x for x in self.world.allgather(mine) if x[0] == self.world.node]
-        tot = sum(x[2] for x in node)
-        frac = None if any(x[3] for x in node) else (sum(x[1] for x in node) / tot if tot else 0.0)
-        return {"evicted": not self.warm, "resident_fraction": frac,
-                "evict_errors": sum(x[5] for x in node),
-                "evict_error_examples": [e for x in node for e in x[4]][:3]}
-
-
 def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     if device.type != "cuda":
         return batch.samples, batch.labels
@@ -323,10 +292,10 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
         loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else torch.nn.MSELoss()
         model.train()
 
-    count_io = mount.kind not in ("memory", "fuse")
-    io_note = None if count_io else (f"{mount.fstype} ({mount.kind}) does not count read_bytes "
-                                     "in /proc/<pid>/io; os_read_bytes is null")
-    cache_ctl = _Cache(manifest, world, config.warm_cache, mount.kind)
+    io_note = procio.read_bytes_unavailable(manifest.root)
+    count_io = io_note is None
+    if io_note:
+        io_note = f"os_read_bytes is null: {io_note}"
     fault = _fault()
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if config.amp and use_cuda
                 else contextlib.nullcontext())
@@ -335,7 +304,9 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
     t_run = time.perf_counter()
 
     for epoch in range(config.epochs):
-        cache_info = cache_ctl.prepare()
+        report = cache.evict_for_node(manifest, world, evict_pages=not config.warm_cache,
+                                      warn_above=RESIDENT_WARN_FRACTION, loud=False)
+        node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         world.barrier()  # ranks start the epoch together
         tier0 = counters() if counters and world.is_root else None
         io0 = procio.tree_io() if count_io else None
@@ -393,9 +364,9 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
                "os_read_bytes": io.read_bytes if io is not None else None,
                "os_rchar": io.rchar if io is not None else None,
                "os_processes": io.processes if io is not None else None,
-               "cache_resident_fraction_at_start": cache_info["resident_fraction"]}
+               "cache_resident_fraction_at_start": node_frac.get(world.node)}
         train_stats = (float(loss_sum.item()), int(correct.item()), seen)
-        gathered = world.allgather((fig, train_stats, cache_info))
+        gathered = world.allgather((fig, train_stats))
         if not world.is_root:
             continue
         ranks = [g[0] for g in gathered]
@@ -406,16 +377,11 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
                     "loss": tot_loss / tot_seen if tot_seen else None,
                     "accuracy": tot_correct / tot_seen if tot_seen and task == "classification"
                     else None} if kind == "model" else None
-        fracs = [g[2]["resident_fraction"] for g in gathered]
-        evict_errors = sum(g[2]["evict_errors"] for g in gathered)
         rec = {"epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
-               "cache": {"evicted": not config.warm_cache, "evict_errors": evict_errors,
-                         "resident_fraction_max": (None if any(f is None for f in fracs)
-                                                   else max(fracs))},
+               "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
-        new_warnings = _cache_warnings(config, mount, manifest, rec["cache"], gathered)
-        rec["warnings"] = new_warnings
-        for w in new_warnings:
+        rec["warnings"] = _cache_warnings(config, mount, manifest, report)
+        for w in rec["warnings"]:
             if w not in warnings:
                 warnings.append(w)
         epochs.append(rec)
@@ -456,27 +422,18 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
 
 
 def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Manifest,
-                    cache_rec: dict[str, Any], gathered: list[Any]) -> list[str]:
+                    report: cache.EvictReport) -> list[str]:
     out = []
     if mount.kind == "memory":
-        out.append(f"dataset is on {mount.fstype} (memory): every read comes from RAM, eviction "
-                   "is impossible; these figures do not measure storage")
+        out.append(f"dataset is on {mount.fstype} (memory): every read comes from RAM and "
+                   "cannot be evicted; these figures do not measure storage")
     if config.warm_cache:
         if manifest.total_bytes < sysinfo.memory_bytes():
-            out.append("warm cache (--warm-cache): the dataset fits in RAM, so epochs after "
-                       "the first may read from the page cache and measure memory, not storage")
+            out.append("WARM CACHE (--warm-cache): no eviction, and the dataset fits in RAM, so "
+                       "epochs after the first may read memory, not storage")
         return out
-    if cache_rec["evict_errors"]:
-        examples = [e for g in gathered for e in g[2]["evict_error_examples"]][:2]
-        out.append(f"COLD CACHE NOT ASSURED: eviction failed for {cache_rec['evict_errors']} "
-                   f"file(s), e.g. {'; '.join(examples)}")
-    frac = cache_rec["resident_fraction_max"]
-    if frac is None:
-        out.append("page-cache residency after eviction is unknown (the OS will not say for "
-                   "files this user cannot write); cold cache not verified")
-    elif frac > RESIDENT_WARN_FRACTION and mount.kind != "memory":
-        out.append(f"COLD CACHE NOT ACHIEVED: {frac:.0%} of the dataset stayed in the page "
-                   f"cache after eviction ({mount.fstype} may ignore POSIX_FADV_DONTNEED)")
+    if report.warning and mount.kind != "memory":
+        out.append(report.warning)
     return out
 
 

@@ -115,6 +115,9 @@ def test_model_run_invariant_and_result(storage: Path, tmp_path: Path) -> None:
     assert ep["ranks"][0]["stall_s"] >= 0.01 * (N // 32)
     assert 0 <= ep["training"]["accuracy"] <= 1 and ep["training"]["loss"] > 0
     assert doc["cache"]["mode"] == "cold" and ep["cache"]["evicted"] is True
+    # /tmp is ext4 and we own the files: eviction works and residency is measured
+    assert ep["cache"]["status"] == "cold"
+    assert ep["ranks"][0]["cache_resident_fraction_at_start"] <= 0.1
     assert doc["dataset"]["num_samples"] == N and doc["provenance"]["storage"]["fstype"]
     path = results.write_result(doc, tmp_path / "res")
     assert path.name == f"{doc['run_id']}.json"
@@ -237,3 +240,5 @@ def test_learns_above_chance(storage: Path) -> None:
     acc = [e["training"]["accuracy"] for e in doc["epochs"]]
     assert acc[-1] > 0.3, acc
     assert doc["cache"]["mode"] == "warm"
+    assert doc["epochs"][1]["ranks"][0]["cache_resident_fraction_at_start"] > 0.9
+    assert any("WARM CACHE" in w for w in doc["warnings"])

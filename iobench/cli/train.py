@@ -175,7 +175,7 @@ class _Output:
             table.add_column(col, justify="right")
         for e in doc["epochs"]:
             s, t = e["summary"], e["training"] or {}
-            res = e["cache"]["resident_fraction_max"]
+            res = e["cache"]["resident_fraction"]
             table.add_row(str(e["epoch"] + 1), f"{s['wall_s']:.2f}", f"{s['stall_s_max']:.2f}",
                           f"{s['stall_fraction_max']:.1%}", f"{s['au_mean']:.2f}",
                           f"{s['samples_per_s']:.0f}", f"{s['read_MBps']:.1f}",
