@@ -1,0 +1,387 @@
+"""Start, find, query and stop emulated-tier daemons (the library behind `iobench emulate-pfs`)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iobench.errors import ConfigError, StorageError, UnsupportedError
+from iobench.pfs.config import PfsConfig, StatePaths, state_paths
+from iobench.pfs.profiles import Profile, get_profile
+from iobench.pfs.stats import STATS_NAME, parse_stats
+
+FSTYPE = "fuse.iobench-pfs"
+MOUNT_TIMEOUT_S = 20.0
+
+
+# ---- preconditions ---------------------------------------------------------------------------
+
+def fuse_problem() -> str | None:
+    """Why FUSE mounts cannot work here (one line naming the fix), or None when they can."""
+    if not sys.platform.startswith("linux"):
+        return f"the emulated parallel filesystem needs Linux FUSE; this is {sys.platform}"
+    if not os.path.exists("/dev/fuse"):
+        return ("/dev/fuse does not exist: load the fuse kernel module (`modprobe fuse`) or, in a "
+                "container, start it with `--device /dev/fuse --cap-add SYS_ADMIN`")
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as e:
+        return (f"cannot open /dev/fuse ({e.strerror}): on this machine it needs root "
+                f"(mode {oct(os.stat('/dev/fuse').st_mode & 0o777)}); run as root or ask for "
+                "access to /dev/fuse")
+    if not (ctypes.util.find_library("fuse3") or ctypes.util.find_library("fuse")):
+        return ("libfuse is not installed: `apt-get install fuse3` (Debian/Ubuntu; or libfuse2), "
+                "`dnf install fuse3-libs` (RHEL/Fedora); or run `make system-deps` as root")
+    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return "fusermount3 is missing (needed to mount without root): `apt-get install fuse3`"
+    try:
+        import mfusepy  # noqa: F401
+    except ImportError:
+        return "the Python FUSE binding is missing: pip install 'iobench[pfs]' (mfusepy)"
+    except OSError as e:
+        return f"mfusepy cannot load libfuse ({e}): `apt-get install fuse3`"
+    return None
+
+
+def require_fuse() -> None:
+    """Raise UnsupportedError naming the fix when FUSE mounts cannot work here."""
+    problem = fuse_problem()
+    if problem:
+        raise UnsupportedError(problem)
+
+
+# ---- finding mounts --------------------------------------------------------------------------
+
+def _unescape(s: str) -> str:
+    return s.encode().decode("unicode_escape") if "\\" in s else s
+
+
+def emulated_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """Mount points of every iobench-pfs mount the kernel knows (absolute paths)."""
+    out = []
+    with open(mountinfo) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] == FSTYPE:
+                out.append(_unescape(left.split()[4]))
+    return out
+
+
+def _is_mountpoint(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The fstype mounted exactly at `path`, or None."""
+    fstype = None
+    with open(mountinfo) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if _unescape(left.split()[4]) == path:
+                fstype = right.split(" ", 1)[0]  # later lines are mounted on top
+    return fstype
+
+
+def mount_containing(path: str | Path) -> str | None:
+    """The iobench-pfs mount point that holds `path`, or None. Does not touch the path itself."""
+    mounts = emulated_mounts()
+    if not mounts:
+        return None
+    for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+        best = None
+        for m in mounts:
+            if (candidate == m or candidate.startswith(m.rstrip("/") + "/")) and (
+                    best is None or len(m) > len(best)):
+                best = m
+        if best is not None:
+            return best
+    return None
+
+
+# ---- stats -----------------------------------------------------------------------------------
+
+def read_stats(mountpoint: str) -> dict[str, Any]:
+    """The live stats document of the daemon serving `mountpoint` (one small FUSE read)."""
+    where = os.path.join(mountpoint, STATS_NAME)
+    try:
+        with open(where, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise StorageError(f"cannot read {where} ({e.strerror}): the iobench-pfs daemon of "
+                           f"{mountpoint} is not answering; unmount it with "
+                           f"`iobench emulate-pfs --unmount {mountpoint}`") from e
+    return parse_stats(text, where)
+
+
+def stats_for(path: str | Path) -> dict[str, Any] | None:
+    """Counters of the emulated tier holding `path`, or None when `path` is not on one.
+
+    Cheap (reads /proc/self/mountinfo and one small virtual file): call it before
+    and after each epoch, and pass both to `iobench.pfs.delta`.
+    """
+    mp = mount_containing(path)
+    return None if mp is None else read_stats(mp)
+
+
+def is_emulated(path: str | Path) -> dict[str, Any] | None:
+    """What emulated tier holds `path` (mount, backing, pid, profile, note), or None."""
+    doc = stats_for(path)
+    if doc is None:
+        return None
+    return {k: doc[k] for k in ("mount", "backing", "pid", "profile", "options", "note",
+                                "emulated", "libfuse")}
+
+
+# ---- processes -------------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone; our own zombie children are reaped)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _read_pid(paths: StatePaths) -> int | None:
+    try:
+        return int(paths.pid.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_our_daemon(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"iobench.pfs._daemon" in f.read() or pid == os.getpid()
+    except OSError:
+        return False
+
+
+def _log_tail(paths: StatePaths, lines: int = 3) -> str:
+    try:
+        text = paths.log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+# ---- mount -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PfsMount:
+    """A running emulated tier: where, served from what, by which process, with what profile."""
+
+    mountpoint: str
+    backing: str
+    pid: int
+    profile: Profile
+    paths: StatePaths
+
+    def stats(self) -> dict[str, Any]:
+        return read_stats(self.mountpoint)
+
+    def unmount(self, *, lazy: bool = False, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        return unmount(self.mountpoint, lazy=lazy, timeout_s=timeout_s)
+
+    def __enter__(self) -> PfsMount:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unmount(lazy=exc[0] is not None)
+
+
+def build_config(backing: str | Path, mountpoint: str | Path, profile: str | Profile = "lustre-light",
+                 *, open_latency_ms: float | None = None, read_latency_ms: float | None = None,
+                 bandwidth_MBps: float | None = None, iops: float | None = None,
+                 direct_io: bool = False, kernel_cache: bool = False,
+                 evict_backing: bool = True) -> PfsConfig:
+    """Validate options into a PfsConfig (profile figures, then explicit overrides)."""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    prof = prof.with_overrides(metadata_ms=open_latency_ms, read_ms=read_latency_ms,
+                               bandwidth_MBps=bandwidth_MBps, iops=iops)
+    return PfsConfig(backing=os.path.abspath(backing), mountpoint=os.path.abspath(mountpoint),
+                     profile=prof, direct_io=direct_io, kernel_cache=kernel_cache,
+                     evict_backing=evict_backing)
+
+
+def check_paths(config: PfsConfig) -> None:
+    """Backing and mount point are usable; raise a one-line StorageError/ConfigError otherwise.
+
+    A missing mount point is created (its parent must exist).
+    """
+    b, m = config.backing, config.mountpoint
+    if not os.path.exists(b):
+        raise StorageError(f"backing directory {b} does not exist; give the directory that holds "
+                           "the dataset (e.g. the output of `iobench generate`)")
+    if not os.path.isdir(b):
+        raise StorageError(f"backing {b} is not a directory; give the dataset's directory")
+    rb, rm = os.path.realpath(b), os.path.realpath(m)
+    if rb == rm or rm.startswith(rb.rstrip("/") + "/") or rb.startswith(rm.rstrip("/") + "/"):
+        raise ConfigError(f"mount point {m} and backing {b} must not contain each other; "
+                          "choose a mount point outside the dataset")
+    fstype = _is_mountpoint(m)
+    if fstype is not None:
+        if fstype == FSTYPE:
+            pid = _read_pid(state_paths(m))
+            raise StorageError(f"mount point {m} is busy: an emulated pfs is already mounted "
+                               f"there (daemon pid {pid}); unmount it first with "
+                               f"`iobench emulate-pfs --unmount {m}`")
+        raise StorageError(f"mount point {m} is busy: a {fstype} filesystem is mounted there; "
+                           "choose an empty directory")
+    if os.path.lexists(m) and not os.path.isdir(m):
+        raise StorageError(f"mount point {m} exists and is not a directory; give an empty directory")
+    if not os.path.exists(m):
+        parent = os.path.dirname(m)
+        if not os.path.isdir(parent):
+            raise StorageError(f"mount point {m} does not exist and neither does its parent "
+                               f"{parent}; create it first")
+        os.mkdir(m)
+    try:
+        with os.scandir(m) as it:
+            entry = next(it, None)
+    except OSError as e:
+        raise StorageError(f"cannot list mount point {m} ({e.strerror}); is it a stale mount? "
+                           f"try `iobench emulate-pfs --unmount {m}`") from e
+    if entry is not None:
+        raise StorageError(f"mount point {m} is not empty (it holds {entry.name!r}, ...); "
+                           "FUSE would hide those files: give an empty directory")
+
+
+def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = "lustre-light",
+          **options: Any) -> PfsMount:
+    """Mount the emulated tier over `backing` at `mountpoint` in a background daemon.
+
+    `options` are `build_config`'s keywords (latencies in ms, bandwidth in MB/s,
+    iops in requests/s, direct_io, kernel_cache, evict_backing). Returns when
+    the mount is live; raises UnsupportedError (no FUSE), StorageError (paths,
+    or the daemon failed: its log's last lines are in the message) or ConfigError.
+    """
+    config = options.pop("config", None) or build_config(backing, mountpoint, profile, **options)
+    require_fuse()
+    check_paths(config)
+    paths = state_paths(config.mountpoint)
+    paths.pid.parent.mkdir(parents=True, exist_ok=True)
+    old = _read_pid(paths)
+    if old is not None:
+        if _alive(old) and _is_our_daemon(old):
+            raise StorageError(f"a daemon for {config.mountpoint} still runs (pid {old}) without "
+                               "a mount; stop it with "
+                               f"`iobench emulate-pfs --unmount {config.mountpoint}`")
+        paths.pid.unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        paths.final_stats.unlink()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(paths.log, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "iobench.pfs._daemon", json.dumps(config.to_dict())],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env=env, close_fds=True)
+    deadline = time.monotonic() + MOUNT_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            with contextlib.suppress(OSError):
+                if _is_mountpoint(config.mountpoint) == FSTYPE:
+                    _umount(config.mountpoint, lazy=True)
+            raise StorageError(f"the iobench-pfs daemon exited (status {proc.returncode}) before "
+                               f"mounting {config.mountpoint}: {_log_tail(paths) or 'no output'} "
+                               f"(log: {paths.log})")
+        if _read_pid(paths) == proc.pid and _is_mountpoint(config.mountpoint) == FSTYPE:
+            break
+        if time.monotonic() > deadline:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            with contextlib.suppress(OSError):
+                _umount(config.mountpoint, lazy=True)
+            raise StorageError(f"the iobench-pfs daemon did not mount {config.mountpoint} within "
+                               f"{MOUNT_TIMEOUT_S:g} s: {_log_tail(paths) or 'no output'}")
+        time.sleep(0.02)
+    return PfsMount(mountpoint=config.mountpoint, backing=config.backing, pid=proc.pid,
+                    profile=config.profile, paths=paths)
+
+
+# ---- unmount ---------------------------------------------------------------------------------
+
+def _umount(mountpoint: str, *, lazy: bool) -> None:
+    if os.geteuid() == 0 and shutil.which("umount"):
+        cmd = ["umount", *(["-l"] if lazy else []), mountpoint]
+    else:
+        tool = shutil.which("fusermount3") or shutil.which("fusermount")
+        if tool is None:
+            raise UnsupportedError("neither umount (as root) nor fusermount3 is available to "
+                                   f"unmount {mountpoint}: `apt-get install fuse3`")
+        cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        msg = (r.stderr or r.stdout).strip().splitlines()
+        raise OSError(errno.EBUSY if "busy" in " ".join(msg).lower() else errno.EIO,
+                      msg[-1] if msg else f"{cmd[0]} failed with status {r.returncode}")
+
+
+def unmount(mountpoint: str | Path, *, lazy: bool = False, timeout_s: float = 10.0
+            ) -> dict[str, Any] | None:
+    """Unmount an emulated tier and stop its daemon; return its final stats (or None).
+
+    Refuses with StorageError while files under the mount are open, unless
+    `lazy` (the mount then disappears when they are closed). A daemon that
+    does not exit within `timeout_s` after the unmount gets SIGTERM, then SIGKILL.
+    """
+    mp = os.path.abspath(mountpoint)
+    paths = state_paths(mp)
+    pid = _read_pid(paths)
+    mounted = _is_mountpoint(mp)
+    if mounted is not None and mounted != FSTYPE:
+        raise StorageError(f"{mp} is a {mounted} mount, not an emulated pfs; not touching it")
+    if mounted is None and (pid is None or not _alive(pid)):
+        paths.pid.unlink(missing_ok=True)
+        raise StorageError(f"{mp} is not an iobench-pfs mount (nothing mounted there and no "
+                           "daemon running); see `iobench emulate-pfs --list`")
+    if mounted is not None:
+        try:
+            _umount(mp, lazy=lazy)
+        except OSError as e:
+            if e.errno == errno.EBUSY:
+                raise StorageError(f"cannot unmount {mp}: it is busy (a process has a file or "
+                                   f"its working directory under it; see `fuser -vm {mp}`); "
+                                   "close them and retry, or use --lazy") from e
+            if pid is not None and _alive(pid):
+                raise StorageError(f"cannot unmount {mp}: {e.strerror}") from e
+            _umount(mp, lazy=True)  # the daemon died: the mount is stale, detach it
+    if pid is not None and _is_our_daemon(pid):
+        deadline = time.monotonic() + timeout_s
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                deadline = time.monotonic() + 5.0
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not _alive(pid):
+                break
+    paths.pid.unlink(missing_ok=True)
+    try:
+        return json.loads(paths.final_stats.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def status(mountpoint: str | Path) -> dict[str, Any]:
+    """The live stats of the emulated tier at `mountpoint`; StorageError when there is none."""
+    mp = os.path.abspath(mountpoint)
+    if _is_mountpoint(mp) != FSTYPE:
+        raise StorageError(f"{mp} is not an iobench-pfs mount; see `iobench emulate-pfs --list`")
+    return read_stats(mp)
