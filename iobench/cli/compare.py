@@ -1,15 +1,32 @@
-"""PLACEHOLDER: `iobench compare` is being built; its owner replaces this whole file."""
+"""Compare `iobench train` results side by side: stall, stall %, AU, samples/s, MB/s per epoch.
+
+Each run's ratio is to the first run given. RESULT may be a result file or a
+directory of them. `--plot FILE.png` draws stall time per epoch grouped by run.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from iobench.errors import UnsupportedError
+from iobench.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("results", nargs="+", metavar="RESULT",
+                   help="result .json files or directories of them (the first is the baseline)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw stall time per epoch, grouped by run, into this PNG")
 
 
 def main(args: argparse.Namespace) -> int:
-    raise UnsupportedError("`iobench compare` is not built yet")
+    from iobench import compare
+
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
+        raise ConfigError(f"--plot {args.plot}: give a file name ending in .png")
+    runs = compare.load_runs(args.results)
+    docs = [d for _, d in runs]
+    compare.render_table(docs)
+    if args.plot:
+        path = compare.plot_stall(docs, args.plot)
+        print(f"plot: {path}")
+    return 0

@@ -130,7 +130,8 @@ class _Output:
 
         self.config = config
         self.on = world.is_root
-        self.console = Console(stderr=False, highlight=False)
+        # not a terminal (a log file, a batch job): wide enough that tables do not wrap
+        self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self.world = world
         self.shown: set[str] = set()
         self.header_done = False
