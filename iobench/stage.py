@@ -1,0 +1,526 @@
+"""Stage a dataset from one storage tier to another (e.g. Lustre to node-local NVMe).
+
+`stage_dataset(config, world)` is one call, usable from `iobench stage` and
+from `iobench train --stage-to`. Under `mpiexec` every node receives the files
+its ranks will read (all of them in `replicate` mode; in `shard` mode only the
+data files `sampling.files_for_rank` gives its ranks, plus labels and index
+files), and the ranks of a node split that node's files, balanced by bytes.
+Each rank copies with several threads, 16 MiB sequential reads and writes,
+computing sha256 while copying (no second pass) and checking it against the
+manifest. Files land under a temporary name, are fsynced and renamed, so a
+file under its final name is always complete; a rerun skips files that are
+already complete and correct. The destination manifest is written last, so a
+dataset that has a manifest at the destination was staged completely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from iobench import cache
+from iobench.datasets import dataset_dirname, parse_dataset, parse_format
+from iobench.errors import (
+    ConfigError,
+    DatasetError,
+    DatasetNotFoundError,
+    DistributedError,
+    IobenchError,
+    StorageError,
+)
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
+from iobench.world import World
+
+SCHEMA = "iobench.stage"
+SCHEMA_VERSION = 1
+MODES = ("replicate", "shard")
+MiB = 2**20
+PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
+
+
+def parse_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ConfigError(f"unknown staging mode {mode!r}; choose one of: {', '.join(MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What to stage where. `source` and `dest` are storage roots; the dataset lives in
+    `<root>/<dataset>-<format>` (or `source` itself when it is that dataset's root)."""
+
+    dataset: str
+    format: str
+    source: Path
+    dest: Path
+    mode: str = "replicate"
+    threads: int = 4  # copy threads per rank
+    buffer_bytes: int = 16 * MiB  # size of each sequential read and write
+    verify: bool = True  # sha256 while copying, checked against the manifest
+    verify_existing: bool = True  # re-hash complete-looking files before skipping them
+    fsync: bool = True  # a staged file is on the device, not in the page cache
+    progress: bool = False  # a progress bar on rank 0 (stderr)
+
+    def __post_init__(self) -> None:
+        parse_dataset(self.dataset)
+        parse_format(self.format)
+        parse_mode(self.mode)
+        object.__setattr__(self, "source", Path(self.source))
+        object.__setattr__(self, "dest", Path(self.dest))
+        if self.threads < 1:
+            raise ConfigError(f"threads={self.threads} must be >= 1")
+        if not MiB // 16 <= self.buffer_bytes <= 1024 * MiB:
+            raise ConfigError(f"buffer_bytes={self.buffer_bytes} must be in [64 KiB, 1 GiB]")
+
+    @property
+    def shuffle_scope(self) -> str:
+        """The shuffle scope a training run from the staged copy must use."""
+        return "local" if self.mode == "shard" else "global"
+
+    def source_root(self) -> Path:
+        name = dataset_dirname(self.dataset, self.format)
+        if (self.source / name).is_dir():
+            return self.source / name
+        if (self.source / MANIFEST_NAME).is_file():
+            return self.source
+        if not self.source.is_dir():
+            raise DatasetNotFoundError(f"--from {self.source} does not exist; give the storage "
+                                       f"root that holds {name}/")
+        raise DatasetNotFoundError(f"no dataset {name} under --from {self.source}: "
+                                   f"{self.source / name} does not exist; generate it with "
+                                   f"`iobench generate --dataset {self.dataset} --format "
+                                   f"{self.format} --storage {self.source}`")
+
+    def dest_root(self, world: World | None = None) -> Path:
+        """`<dest>/<dataset>-<format>`; `{node}` and `{host}` in `dest` name this rank's node
+        (node-local paths that differ per host, or several "nodes" emulated on one)."""
+        world = world or World()
+        try:
+            dest = str(self.dest).format(node=world.node, host=world.hostname.split(".")[0])
+        except (KeyError, IndexError, ValueError) as e:
+            raise ConfigError(f"--to {self.dest}: only {{node}} and {{host}} may appear in "
+                              f"braces ({e})") from None
+        return Path(dest) / dataset_dirname(self.dataset, self.format)
+
+
+@dataclass
+class _Counters:
+    copied_files: int = 0
+    copied_bytes: int = 0
+    skipped_files: int = 0  # complete and correct already
+    skipped_bytes: int = 0
+    recopied_files: int = 0  # present but incomplete or wrong: copied again
+    removed_partials: int = 0
+    verify_s: float = 0.0  # time spent re-hashing existing files
+
+    def add(self, **kw: float) -> None:
+        for k, v in kw.items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+def _check_manifest(m: Manifest, cfg: StageConfig) -> None:
+    if (m.dataset, m.format) != (cfg.dataset, cfg.format):
+        raise DatasetError(f"{m.root} holds {m.dataset}/{m.format}, not "
+                           f"{cfg.dataset}/{cfg.format}: check --dataset/--format/--from")
+
+
+def _sha256_file(path: Path, buf: memoryview) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while k := os.readv(fd, [buf]):
+            h.update(buf[:k])
+            n += k
+    finally:
+        os.close(fd)
+    return n, h.hexdigest()
+
+
+def _copy_verified(src: Path, tmp: Path, entry: FileEntry, cfg: StageConfig, buf: memoryview,
+                   on_bytes: Callable[[int], None]) -> None:
+    """Copy src to tmp with large sequential I/O, hashing while copying."""
+    h = hashlib.sha256() if cfg.verify else None
+    fin = os.open(src, os.O_RDONLY)
+    try:
+        fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except BaseException:
+        os.close(fin)
+        raise
+    try:
+        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        if entry.bytes > len(buf):  # fewer extents for big files; not every fs can
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(fout, 0, entry.bytes)
+        n = 0
+        if h is None:
+            n = _copy_kernel(fin, fout, entry.bytes, buf, on_bytes)
+        else:
+            while k := os.readv(fin, [buf]):
+                chunk = buf[:k]
+                h.update(chunk)  # releases the GIL for large buffers: threads scale
+                w = 0
+                while w < k:
+                    w += os.write(fout, chunk[w:])
+                n += k
+                on_bytes(k)
+        if n != entry.bytes:
+            raise DatasetError(f"source {src} has {n} bytes, the manifest says {entry.bytes}: "
+                               "the source dataset is damaged; run `iobench verify` on it")
+        os.ftruncate(fout, n)
+        if h is not None and h.hexdigest() != entry.sha256:
+            raise DatasetError(f"source {src} does not match its manifest checksum (sha256 "
+                               f"{h.hexdigest()[:16]}..., expected {entry.sha256[:16]}...): the "
+                               "source dataset is damaged; run `iobench verify` on it")
+        if cfg.fsync:
+            os.fsync(fout)
+        # staged data should not crowd the page cache (and training starts cold anyway)
+        os.posix_fadvise(fout, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fout)
+        os.close(fin)
+
+
+def _copy_kernel(fin: int, fout: int, size: int, buf: memoryview,
+                 on_bytes: Callable[[int], None]) -> int:
+    """Unverified copy in the kernel (copy_file_range, else read/write); bytes copied."""
+    n = 0
+    step = len(buf)
+    use_cfr = hasattr(os, "copy_file_range")
+    while n < size:
+        if use_cfr:
+            try:
+                k = os.copy_file_range(fin, fout, min(step, size - n))
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                use_cfr = False
+                continue
+        else:
+            k = os.readv(fin, [buf])
+            w = 0
+            while w < k:
+                w += os.write(fout, buf[w:k])
+        if k == 0:
+            break
+        n += k
+        on_bytes(k)
+    return n
+
+
+class _Progress:
+    """A rich progress bar with MB/s for this rank's bytes (rank 0 only), thread-safe."""
+
+    def __init__(self, enabled: bool, total: int, label: str) -> None:
+        self._lock = threading.Lock()
+        self._bar = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                 DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                 transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task(label, total=total)
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            with self._lock:
+                self._bar.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _remove_partials(dest_root: Path, entries: list[FileEntry], host: str) -> int:
+    """Remove temporary files an interrupted run on this host left for `entries`.
+
+    One directory listing per directory (a `files` dataset has a million files).
+    """
+    by_dir: dict[Path, set[str]] = {}
+    for e in entries:
+        target = dest_root / e.path
+        by_dir.setdefault(target.parent, set()).add(target.name)
+    n = 0
+    for d, names in by_dir.items():
+        try:
+            listing = os.listdir(d)
+        except FileNotFoundError:
+            continue
+        for item in listing:
+            if not item.startswith(".") or PARTIAL not in item:
+                continue
+            name, _, owner = item[1:].partition(PARTIAL)
+            if name in names and owner.startswith(f"{host}-"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(d / item)
+                    n += 1
+    return n
+
+
+def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConfig,
+               counters: _Counters, lock: threading.Lock, progress: _Progress,
+               buffers: threading.local) -> None:
+    buf = getattr(buffers, "buf", None)
+    if buf is None:
+        buf = buffers.buf = memoryview(bytearray(cfg.buffer_bytes))
+    src, dst = src_root / entry.path, dest_root / entry.path
+    host = socket.gethostname()
+    recopy = 0
+    try:
+        st = os.stat(dst)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if st.st_size == entry.bytes:
+            if not cfg.verify_existing:
+                ok = True
+                dt = 0.0
+            else:
+                t0 = time.perf_counter()
+                ok = _sha256_file(dst, buf)[1] == entry.sha256
+                dt = time.perf_counter() - t0
+            if ok:
+                with lock:
+                    counters.add(skipped_files=1, skipped_bytes=entry.bytes, verify_s=dt)
+                progress.advance(entry.bytes)
+                return
+        recopy = 1
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}{PARTIAL}{host}-{os.getpid()}-{threading.get_ident()}"
+    if not src.is_file():
+        raise DatasetError(f"source file {src} (in the manifest) is missing: the source "
+                           "dataset is incomplete; regenerate it or run `iobench verify`")
+    try:
+        _copy_verified(src, tmp, entry, cfg, buf, progress.advance)
+        os.replace(tmp, dst)
+    except BaseException as e:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if isinstance(e, OSError) and not isinstance(e, IobenchError):
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageError(f"out of space on {dest_root} while copying {entry.path} "
+                                   f"({entry.bytes} bytes); free space or stage elsewhere; "
+                                   "the partial copy was removed") from e
+            raise StorageError(f"cannot copy {src} to {dst}: {e.strerror or e}") from e
+        raise
+    with lock:
+        counters.add(copied_files=1, copied_bytes=entry.bytes, recopied_files=recopy)
+
+
+def _check_dest(dest_root: Path, need: Callable[[], int]) -> None:
+    try:
+        dest_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"cannot create the destination {dest_root}: {e.strerror or e}; "
+                           "give a writable --to") from e
+    probe = dest_root / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise StorageError(f"destination {dest_root} is not writable ({e.strerror or e}); "
+                           "give a writable --to") from e
+    free = os.statvfs(dest_root)
+    avail = free.f_bavail * free.f_frsize
+    need_bytes = need()
+    if need_bytes > avail:
+        raise StorageError(f"not enough space on {dest_root}: the files to copy need "
+                           f"{need_bytes / 1e9:.3f} GB, {avail / 1e9:.3f} GB are free; free "
+                           "space, stage elsewhere, or use --mode shard")
+
+
+def _need_bytes(entries: list[FileEntry], dest_root: Path) -> int:
+    need = 0
+    for e in entries:
+        try:
+            have = os.stat(dest_root / e.path).st_size
+        except OSError:
+            have = -1
+        if have != e.bytes:
+            need += e.bytes
+    return need
+
+
+def _gather_ok(world: World, error: BaseException | None) -> None:
+    """Raise on every rank if any rank failed (collective), so no rank is left waiting."""
+    msg = None if error is None else (type(error).__name__, str(error),
+                                      getattr(error, "exit_code", 2))
+    msgs = world.allgather(msg)
+    bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
+    if not bad:
+        return
+    if isinstance(error, OSError) and not isinstance(error, IobenchError):
+        raise StorageError(f"{error.filename or 'staging'}: {error.strerror or error}") from error
+    if error is not None:
+        raise error
+    r, (_kind, text, _code) = bad[0]
+    raise DistributedError(f"staging failed on rank {r}: {text}")
+
+
+def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any]:
+    """Stage the dataset; return the staging result (the `iobench.stage` v1 document).
+
+    A collective under MPI: every rank calls it, and every rank gets the same
+    result. Errors (missing source, unwritable or full destination, a checksum
+    mismatch) are raised on every rank, and no half-written file is left
+    under a final name.
+    """
+    from iobench.sysinfo import mount_of, provenance
+
+    world = world or World()
+    error: BaseException | None = None
+    src_root = dest_root = None
+    mine: list[FileEntry] = []
+    node_files: list[FileEntry] = []
+    manifest = None
+    ranks = cache.node_ranks(world)
+    local_index = ranks.index(world.rank)
+    try:
+        src_root = cfg.source_root()
+        manifest = Manifest.load(src_root)
+        _check_manifest(manifest, cfg)
+        dest_root = cfg.dest_root(world)
+        if dest_root.resolve() == src_root.resolve():
+            raise ConfigError(f"--to {cfg.dest} would stage {src_root} onto itself; give "
+                              "another storage root")
+        if cfg.mode == "shard" and len(manifest.data_files) < world.size:
+            raise ConfigError(f"--mode shard needs at least one data file per rank: "
+                              f"{len(manifest.data_files)} files for {world.size} ranks; "
+                              "regenerate with a smaller --samples-per-file")
+        node_files = cache.files_for_node(manifest, ranks, world.size, cfg.shuffle_scope)
+        mine = cache.split_files(node_files, local_index, len(ranks))
+        if local_index == 0:
+            _check_dest(dest_root, lambda: _need_bytes(node_files, dest_root))
+            # an older, different dataset here must not pass for this one mid-way
+            with contextlib.suppress(FileNotFoundError):
+                (dest_root / MANIFEST_NAME).unlink()
+    except (IobenchError, OSError) as e:
+        error = e
+    _gather_ok(world, error)
+    assert manifest is not None and src_root is not None and dest_root is not None
+
+    counters, lock = _Counters(), threading.Lock()
+    my_bytes = sum(e.bytes for e in mine)
+    progress = _Progress(cfg.progress and world.rank == 0, my_bytes,
+                         f"staging (rank 0 of {world.size})" if world.size > 1 else "staging")
+    world.barrier()
+    t0 = time.perf_counter_ns()
+    buffers = threading.local()
+    try:
+        counters.removed_partials = _remove_partials(dest_root, mine, socket.gethostname())
+        with ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="stage") as pool:
+            futures = [pool.submit(_stage_one, e, src_root, dest_root, cfg, counters, lock,
+                                   progress, buffers) for e in mine]
+            for f in futures:
+                if f.cancelled():
+                    continue
+                exc = f.exception()
+                if exc is not None and error is None:
+                    error = exc
+                    for g in futures:
+                        g.cancel()
+    except (IobenchError, OSError) as e:
+        error = error or e
+    finally:
+        progress.close()
+    rank_s = (time.perf_counter_ns() - t0) / 1e9
+    if error is not None and not isinstance(error, IobenchError | OSError):
+        raise error
+    _gather_ok(world, error)
+    world.barrier()
+    stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
+    error = None
+    if local_index == 0:  # manifest last: its presence means the copy is complete
+        try:
+            _write_dest_manifest(manifest, dest_root, cfg, world, node_files, src_root, ranks)
+        except (IobenchError, OSError) as e:
+            error = e
+    _gather_ok(world, error)
+
+    per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
+                                "files": len(mine), "seconds": rank_s, **asdict(counters)})
+    total = {k: sum(r[k] for r in per_rank) for k in asdict(counters)}
+    stage_bytes = total["copied_bytes"]
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "kind": "stage",
+        "created": _now_iso(),
+        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+                   "world_size": world.size, "num_nodes": world.num_nodes,
+                   "launcher": world.launcher},
+        "dataset": manifest.identity(),
+        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope,
+        "from": {"root": str(src_root), **asdict(mount_of(src_root))},
+        "to": {"root": str(dest_root), **asdict(mount_of(dest_root))},
+        "stage_s": stage_s,
+        "stage_bytes": stage_bytes,
+        "stage_MBps": stage_bytes / stage_s / 1e6 if stage_s > 0 else None,
+        "dataset_bytes": manifest.total_bytes,
+        "node_bytes": sum(e.bytes for e in node_files) if world.num_nodes == 1 else None,
+        "verified": cfg.verify,
+        **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
+                                 "recopied_files", "removed_partials")},
+        "per_rank": per_rank,
+        "provenance": provenance() if world.rank == 0 else None,
+    }
+    return doc
+
+
+def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, world: World,
+                         node_files: list[FileEntry], src_root: Path, ranks: list[int]) -> None:
+    """The full manifest (loaders need every file's sample range), marked as staged."""
+    extra = dict(manifest.extra)
+    extra["staged"] = {
+        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope, "from": str(src_root),
+        "world_size": world.size, "num_nodes": world.num_nodes, "node": world.node,
+        # in shard mode only these files are here: the ranks listed read nothing else
+        "files_present": [e.path for e in node_files] if cfg.mode == "shard" else None,
+        "ranks": list(ranks),
+    }
+    import dataclasses
+
+    staged = dataclasses.replace(manifest, extra=extra, root=None)
+    staged.write(dest_root)
+
+
+def _now_iso() -> str:
+    """UTC time with microseconds (orders results written within one second)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+
+
+def write_result(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> Path:
+    """Write a result document atomically under a new name in `results_dir`; never overwrite."""
+    from iobench.jsonio import write_json_atomic
+
+    results_dir = Path(results_dir)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    host = socket.gethostname().split(".")[0]
+    for k in range(1000):
+        name = f"{prefix}-{stamp}-{host}" + (f"-{k}" if k else "") + ".json"
+        try:
+            return write_json_atomic(results_dir / name, doc, exclusive=True)
+        except FileExistsError:
+            continue
+    raise StorageError(f"cannot find a free result name in {results_dir}")

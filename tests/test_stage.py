@@ -1,0 +1,244 @@
+"""`iobench stage`: parallel, checksummed, resumable copies between storage tiers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cache import make_dataset
+
+from conftest import cli, run_cmd, run_mpi
+from iobench import sampling
+from iobench.errors import DatasetError, StorageError
+from iobench.manifest import Manifest
+from iobench.stage import PARTIAL, StageConfig, stage_dataset
+from iobench.world import World
+
+SIZES = [300_000, 20_000, 200_000, 5_000, 70_000]  # 5 data files + labels.npy
+
+
+def _dataset(tmp_path: Path) -> Manifest:
+    return make_dataset(tmp_path / "src" / "cifar10-files", SIZES)
+
+
+def _assert_copy(m: Manifest, dest: Path, paths: list[str] | None = None) -> None:
+    want = [f for f in m.files if paths is None or f.path in paths]
+    for f in want:
+        data = (dest / f.path).read_bytes()
+        assert len(data) == f.bytes and hashlib.sha256(data).hexdigest() == f.sha256, f.path
+    assert not [p for p in dest.iterdir() if PARTIAL in p.name]
+
+
+def _results(d: Path) -> list[dict]:
+    docs = [json.loads(p.read_text()) for p in d.glob("stage-*.json")]
+    return sorted(docs, key=lambda doc: doc["created"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["replicate", "shard"])
+def test_stage_roundtrip_and_resume_under_mpi(tmp_path, mode):
+    m = _dataset(tmp_path)
+    args = ["stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
+            "--to", tmp_path / "dst", "--mode", mode, "--threads", "2",
+            "--results", tmp_path / "res"]
+    r = run_mpi(2, *args)
+    assert r.returncode == 0, r.stderr
+    dest = tmp_path / "dst" / "cifar10-files"
+    _assert_copy(m, dest)  # one node holds both ranks: it needs every file in both modes
+    staged = Manifest.load(dest)
+    assert staged.files == m.files and staged.extra["staged"]["mode"] == mode
+    assert staged.extra["staged"]["shuffle_scope"] == ("local" if mode == "shard" else "global")
+    (doc,) = _results(tmp_path / "res")
+    assert doc["schema"] == "iobench.stage" and doc["mode"] == mode
+    assert doc["stage_bytes"] == m.total_bytes and doc["copied_files"] == len(m.files)
+    assert doc["stage_s"] > 0 and doc["stage_MBps"] == pytest.approx(
+        doc["stage_bytes"] / doc["stage_s"] / 1e6)
+    assert doc["config"]["world_size"] == 2 and len(doc["per_rank"]) == 2
+    assert all(r["files"] > 0 for r in doc["per_rank"])  # the two ranks split the work
+    assert doc["to"]["fstype"] and doc["from"]["kind"]
+
+    # an interrupted copy: manifest not written yet, one file truncated, one missing, one
+    # with the right size but wrong bytes, and a temporary file left by a killed process
+    (dest / "iobench.json").unlink()
+    with open(dest / "part-00000.bin", "r+b") as f:
+        f.truncate(1000)
+    (dest / "part-00001.bin").unlink()
+    (dest / "part-00002.bin").write_bytes(b"\0" * SIZES[2])
+    stale = dest / f".part-00003.bin{PARTIAL}{socket.gethostname()}-99999-1"
+    stale.write_bytes(b"half")
+    r = run_mpi(2, *args)
+    assert r.returncode == 0, r.stderr
+    _assert_copy(m, dest)
+    assert not stale.exists() and Manifest.load(dest).files == m.files
+    doc = _results(tmp_path / "res")[-1]
+    assert doc["copied_files"] == 3 and doc["recopied_files"] == 2
+    assert doc["skipped_files"] == len(m.files) - 3 and doc["removed_partials"] == 1
+    assert doc["stage_bytes"] == SIZES[0] + SIZES[1] + SIZES[2]
+
+
+class _ThreadComm:
+    """Enough of an MPI communicator for ranks that are threads (emulated nodes)."""
+
+    def __init__(self, n: int) -> None:
+        self._barrier = threading.Barrier(n, timeout=60)
+        self._slots: list[object] = [None] * n
+        self.rank = threading.local()
+
+    def Barrier(self) -> None:  # mpi4py spells it so
+        self._barrier.wait()
+
+    def allgather(self, obj: object) -> list[object]:
+        self._slots[self.rank.value] = obj
+        self._barrier.wait()
+        out = list(self._slots)
+        self._barrier.wait()
+        return out
+
+
+def test_shard_puts_on_each_node_only_its_ranks_files(tmp_path):
+    """Two nodes (emulated by threads, `{node}` in --to): each gets its ranks' files only."""
+    m = _dataset(tmp_path)
+    comm = _ThreadComm(2)
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
+                      mode="shard", threads=2)
+    docs: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        comm.rank.value = r
+        w = World(rank=r, size=2, local_rank=0, local_size=1, node=r, num_nodes=2,
+                  launcher="mpi", hostname=f"host{r}", _comm=comm)
+        try:
+            docs[r] = stage_dataset(cfg, w)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    ranges = [(f.first_sample, f.num_samples) for f in m.data_files]
+    for r in range(2):
+        dest = tmp_path / f"node{r}" / "cifar10-files"
+        mine = [m.data_files[k].path for k in sampling.files_for_rank(len(m.data_files), r, 2)]
+        present = sorted(p.name for p in dest.iterdir())
+        assert present == sorted([*mine, "labels.npy", "iobench.json"])
+        _assert_copy(m, dest, [*mine, "labels.npy"])
+        staged = Manifest.load(dest)
+        assert sorted(staged.extra["staged"]["files_present"]) == sorted([*mine, "labels.npy"])
+        assert staged.extra["staged"]["ranks"] == [r]
+        # every sample rank r reads with a local shuffle scope lives in a file on its node
+        idx = sampling.rank_indices(m.num_samples, "global", 0, 1, r, 2, file_ranges=ranges,
+                                    scope="local")
+        on_node = [f for f in m.data_files if f.path in mine]
+        assert all(any(f.first_sample <= i < f.first_sample + f.num_samples for f in on_node)
+                   for i in idx)
+    assert docs[0]["stage_bytes"] == docs[1]["stage_bytes"]  # every rank returns the total
+    assert docs[0]["stage_bytes"] == m.total_bytes + m.files[-1].bytes  # labels on both nodes
+    assert docs[0]["shuffle_scope"] == "local" and docs[0]["config"]["num_nodes"] == 2
+
+
+def test_stage_in_process_without_verify_uses_kernel_copy(tmp_path):
+    m = _dataset(tmp_path)
+    assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from",
+               tmp_path / "src" / "cifar10-files", "--to", tmp_path / "dst", "--no-verify",
+               "--results", tmp_path / "res") == 0
+    _assert_copy(m, tmp_path / "dst" / "cifar10-files")
+    (doc,) = _results(tmp_path / "res")
+    assert doc["verified"] is False and doc["stage_bytes"] == m.total_bytes
+    # the second run finds every file complete and correct: nothing copied
+    assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
+               "--to", tmp_path / "dst", "--results", tmp_path / "res") == 0
+    doc = _results(tmp_path / "res")[-1]
+    assert doc["copied_files"] == 0 and doc["skipped_files"] == len(m.files)
+    assert doc["stage_bytes"] == 0
+
+
+def test_damaged_source_fails_and_leaves_no_half_written_file(tmp_path):
+    m = _dataset(tmp_path)
+    bad = m.path_of(m.files[0])
+    data = bytearray(bad.read_bytes())
+    data[1234] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst", threads=1)
+    with pytest.raises(DatasetError, match="checksum"):
+        stage_dataset(cfg)
+    dest = tmp_path / "dst" / "cifar10-files"
+    assert not (dest / m.files[0].path).exists()
+    assert not (dest / "iobench.json").exists()  # an incomplete copy never looks complete
+    assert not [p for p in dest.iterdir() if PARTIAL in p.name]
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("missing-source", "does not exist"),
+    ("no-dataset", "no dataset cifar10-files under"),
+    ("dest-is-a-file", "cannot create the destination"),
+    ("wrong-format", "holds cifar10/files, not cifar10/hdf5"),
+    ("bad-placeholder", "only {node} and {host}"),
+])
+def test_bad_input_is_one_line(tmp_path, case, needle):
+    _dataset(tmp_path)
+    src, dst, fmt = tmp_path / "src", tmp_path / "dst", "files"
+    if case == "missing-source":
+        src = tmp_path / "nowhere"
+    elif case == "no-dataset":
+        src = tmp_path
+    elif case == "dest-is-a-file":
+        (tmp_path / "afile").write_text("x")
+        dst = tmp_path / "afile" / "sub"
+    elif case == "wrong-format":
+        src, fmt = tmp_path / "src" / "cifar10-files", "hdf5"
+    elif case == "bad-placeholder":
+        dst = Path(f"{tmp_path}/{{rank}}")
+    r = run_cmd("stage", "--dataset", "cifar10", "--format", fmt, "--from", src, "--to", dst,
+                "--results", tmp_path / "res")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (needs root and mount), unmounted afterwards."""
+    d = tmp_path / "small"
+    d.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a small tmpfs")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", str(d)], check=False)
+
+
+def test_out_of_space(tmp_path, small_tmpfs):
+    rng = np.random.default_rng(1)
+    big = make_dataset(tmp_path / "src" / "cifar10-files", [700_000, 700_000])
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", small_tmpfs, threads=1)
+    with pytest.raises(StorageError, match="not enough space"):  # checked before copying
+        stage_dataset(cfg)
+    assert not any((small_tmpfs / "cifar10-files").iterdir())
+    # space runs out mid-copy: a same-sized wrong file passes the estimate, its copy does not fit
+    dest = small_tmpfs / "cifar10-files"
+    first = big.files[0]
+    (dest / first.path).write_bytes(rng.integers(0, 256, first.bytes, dtype=np.uint8).tobytes())
+    one = Manifest.load(big.root)
+    import dataclasses
+
+    dataclasses.replace(one, files=(first,), root=None).write(big.root)
+    with pytest.raises(StorageError, match="out of space"):
+        stage_dataset(cfg)
+    left = sorted(p.name for p in dest.iterdir())
+    assert left == [first.path]  # the old file untouched, the partial copy removed
