@@ -15,7 +15,7 @@ from typing import Any
 from iobench.errors import ConfigError, IobenchError
 
 _COMPUTE_WORDS = {
-    "model": "real model {model} ({params:,} parameters), forward + backward + all-reduce + SGD",
+    "model": "real model {model} ({params:,} parameters): forward + backward{ar} + SGD step",
     "emulated": "emulated accelerator: {t} s per step (no model)",
     "none": "none: pure ingest, no compute",
 }
@@ -111,6 +111,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
     distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s)
     try:
         out = _Output(world, config)
+        out.start()
         doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m, c, r, w), world,
                         progress=out.epoch)
         if doc is None:
@@ -134,21 +135,24 @@ class _Output:
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self.world = world
         self.shown: set[str] = set()
-        self.header_done = False
 
-    def _header(self, rec: dict[str, Any]) -> None:
+    def start(self) -> None:
+        if not self.on:
+            return
         c = self.config
         cache = "WARM (--warm-cache: no eviction)" if c.warm_cache else "cold (evicted before every epoch)"
+        compute = {"model": f"real model {c.model_name}",
+                   "emulated": f"emulated accelerator, {c.compute_time_s} s per step",
+                   "none": "none (pure ingest" + (", no decode)" if not c.decode else ")")
+                   }[c.compute_kind]
         self.console.print(f"[bold]iobench train[/] {c.dataset} via {c.loader} from {c.storage}: "
                            f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
-                           f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}, cache {cache}")
-        self.header_done = True
+                           f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}; "
+                           f"compute: {compute}; cache: {cache}")
 
     def epoch(self, rec: dict[str, Any]) -> None:
         if not self.on:
             return
-        if not self.header_done:
-            self._header(rec)
         for w in rec["warnings"]:
             if w not in self.shown:
                 self.shown.add(w)
@@ -169,7 +173,8 @@ class _Output:
 
         comp = doc["compute"]
         words = _COMPUTE_WORDS[comp["kind"]].format(model=comp["model"], params=comp["parameters"] or 0,
-                                                    t=comp["compute_time_s"])
+                                                    t=comp["compute_time_s"],
+                                                    ar=" + DDP all-reduce" if doc["world"]["size"] > 1 else "")
         table = Table(title=f"run {doc['run_id']}  ·  compute: {words}")
         for col in ("epoch", "wall s", "stall s (max)", "stall %", "AU", "samples/s", "MB/s",
                     "OS read MB", "cached at start", "loss", "acc"):
