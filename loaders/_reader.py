@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from iobench import sampling
 from iobench.errors import DatasetError
 from iobench.manifest import FileEntry, Manifest
 
@@ -64,6 +65,27 @@ def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None
         if size != f.bytes:
             raise DatasetError(f"{path} has {size} bytes but the manifest records {f.bytes}: "
                                "the file is truncated or was changed; regenerate or re-stage it")
+
+
+class EpochOrder:
+    """This rank's sample order per epoch, as `Loader.indices` (picklable, holds no loader)."""
+
+    def __init__(self, loader: Any) -> None:
+        c, m = loader.config, loader.manifest
+        self.args = (m.num_samples, c.shuffle, c.seed)
+        self.kw = {"rank": loader.rank, "world": loader.world, "block_size": c.block_size,
+                   "window": c.shuffle_window, "scope": c.scope,
+                   "file_ranges": [(f.first_sample, f.num_samples) for f in m.data_files]}
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if self._cache is None or self._cache[0] != epoch:
+            n, mode, seed = self.args
+            kw = dict(self.kw)
+            idx = sampling.rank_indices(n, mode, seed, epoch, kw.pop("rank"), kw.pop("world"),
+                                        kw.pop("block_size"), kw.pop("window"), **kw)
+            self._cache = (epoch, idx)
+        return self._cache[1]
 
 
 class BatchReader(ABC):

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from iobench import errors
 from iobench.errors import DatasetError
 from iobench.loaders._preprocess import to_batch
-from iobench.loaders._reader import BatchReader, check_files
+from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
 from iobench.manifest import Manifest
 
@@ -68,18 +68,20 @@ class BatchFetcher(Dataset):
 class EpochBatches(Sampler):
     """Yields (epoch, batch indices) keys of the epoch set before each `iter()`."""
 
-    def __init__(self, loader: Loader) -> None:
-        self.loader = loader
+    def __init__(self, order: EpochOrder, batch_size: int) -> None:
+        # no reference to the loader: a cycle through the DataLoader would leave its
+        # workers to the garbage collector, which shuts them down only after a timeout
+        self.order, self.batch_size = order, batch_size
         self.epoch = 0
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        idx = self.loader.indices(self.epoch)
-        bs = self.loader.config.batch_size
+        idx = self.order(self.epoch)
+        bs = self.batch_size
         for s in range(0, len(idx), bs):
             yield self.epoch, idx[s:s + bs]
 
     def __len__(self) -> int:
-        return self.loader.steps_per_epoch()
+        return -(-len(self.order(self.epoch)) // self.batch_size)
 
 
 def _identity(x: Any) -> Any:
@@ -123,7 +125,7 @@ class TorchLoader(Loader):
         self.check()
         self.reader = self.reader_cls(m)
         self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode)
-        self.sampler = EpochBatches(self)
+        self.sampler = EpochBatches(EpochOrder(self), config.batch_size)
         self._dl: DataLoader | None = None
         self._pool: ThreadPoolExecutor | None = None
 

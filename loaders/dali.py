@@ -1,0 +1,334 @@
+"""NVIDIA DALI loader: one pipeline per rank, for all four formats.
+
+- HDF5 / NetCDF / LMDB: `fn.external_source(parallel=True, batch=True)` whose
+  source is the same per-format `BatchReader` the PyTorch loaders use, run in
+  DALI's Python worker processes (`workers` of them; `workers=0` runs it in
+  the main process). One call reads one whole batch.
+- files: DALI's own readers, `fn.readers.file` (+ `fn.decoders.image`) for
+  JPEG/PNG trees and `fn.readers.numpy` for `.npy`, given this rank's file
+  list for the epoch in order (the pipeline is rebuilt each epoch, since the
+  readers take their file list when built).
+
+Order, sharding and shuffling come from `iobench.sampling`, exactly as for
+the other loaders, so every loader delivers the same samples in the same
+batches. Operators run on the CPU (`device_id=None`) unless
+`device="gpu"` and a GPU is present; then JPEG decoding is "mixed" (nvJPEG)
+and the rest runs on the GPU, and `Batch.samples` is a CUDA tensor.
+
+Preprocessing: cifar10's crop offsets and flips are fed in from the same
+pure function of (seed, epoch, index) as the PyTorch loaders, so decoded
+cifar10 batches agree with theirs (to float rounding); cosmoflow's
+`log(1 + x)` too. imagenet uses DALI's own `random_resized_crop` and
+`coin_flip`, whose random draws (and resize filter) differ from the PyTorch
+loaders': decoded imagenet batches are comparable in shape and statistics,
+not bitwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iobench.errors import ConfigError, DatasetError, IobenchError, UnsupportedError
+from iobench.loaders._preprocess import (
+    CIFAR_MEAN,
+    CIFAR_PAD,
+    CIFAR_STD,
+    CROP,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    cifar_params,
+)
+from iobench.loaders._reader import BatchReader, EpochOrder, check_files
+from iobench.loaders.base import Batch, Loader, LoaderConfig
+from iobench.manifest import Manifest
+
+SAMPLE_LAYOUTS = {"cifar10": "HWC", "cosmoflow": "DHWC", "imagenet": ""}
+
+
+def _dali() -> Any:
+    try:
+        import nvidia.dali as dali
+    except ImportError as e:
+        raise UnsupportedError("the 'dali' loader needs NVIDIA DALI: pip install "
+                               "'iobench[dali]' (nvidia-dali-cuda130)") from e
+    return dali
+
+
+def _reader_for(manifest: Manifest) -> BatchReader:
+    fmt = manifest.format
+    if fmt == "hdf5":
+        from iobench.loaders.hdf5 import HDF5Reader
+
+        return HDF5Reader(manifest)
+    if fmt == "netcdf":
+        from iobench.loaders.netcdf import NetCDFReader
+
+        return NetCDFReader(manifest)
+    if fmt == "lmdb":
+        from iobench.loaders.lmdb import LMDBReader
+
+        return LMDBReader(manifest)
+    if fmt == "files":
+        from iobench.loaders.files import FilesReader
+
+        return FilesReader(manifest)
+    raise DatasetError(f"{manifest.root} has format {fmt!r}, which the dali loader cannot read")
+
+
+class _BatchSource:
+    """DALI batch source: batch `iteration` of epoch `first_epoch + epoch_idx`, read by a BatchReader."""
+
+    def __init__(self, reader: BatchReader, order: EpochOrder, first_epoch: int, batch_size: int,
+                 seed: int, cifar_aug: bool) -> None:
+        self.reader, self.order, self.first_epoch = reader, order, first_epoch
+        self.batch_size, self.seed, self.cifar_aug = batch_size, seed, cifar_aug
+
+    def __call__(self, info: Any) -> tuple[Any, ...]:
+        epoch = self.first_epoch + info.epoch_idx
+        idx = self.order(epoch)
+        start = info.iteration * self.batch_size
+        if start >= len(idx):
+            raise StopIteration
+        b = idx[start:start + self.batch_size]
+        raw = self.reader.read(b)
+        if raw.offsets is not None:
+            o = raw.offsets
+            samples: Any = [raw.samples[o[k]:o[k + 1]] for k in range(len(b))]
+        else:
+            samples = raw.samples
+        outs: tuple[Any, ...] = (samples, np.ascontiguousarray(raw.labels), b.copy(),
+                                 raw.stored_bytes)
+        if self.cifar_aug:
+            outs += _cifar_args(self.seed, epoch, b)
+        return outs
+
+
+def _cifar_args(seed: int, epoch: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fn.slice start (row, col; may be negative: zero padding) and mirror flag per sample."""
+    oy, ox, flip = cifar_params(seed, epoch, idx)
+    start = np.stack([oy - CIFAR_PAD, ox - CIFAR_PAD], axis=1).astype(np.int32)
+    return start, flip.astype(np.int32)
+
+
+class _AugSource:
+    """Non-parallel batch source of cifar10 augmentation arguments, for the files readers."""
+
+    def __init__(self, idx: np.ndarray, batch_size: int, seed: int, epoch: int) -> None:
+        self.idx, self.batch_size, self.seed, self.epoch = idx, batch_size, seed, epoch
+
+    def __call__(self, info: Any) -> tuple[np.ndarray, np.ndarray]:
+        steps = -(-len(self.idx) // self.batch_size)
+        it = info.iteration % steps  # DALI may prefetch past the epoch's end: wrap around
+        b = self.idx[it * self.batch_size:(it + 1) * self.batch_size]
+        if len(b) < self.batch_size:  # the readers pad the last batch by repeating the last sample
+            b = np.concatenate([b, np.repeat(b[-1:], self.batch_size - len(b))])
+        return _cifar_args(self.seed, self.epoch, b)
+
+
+class DaliLoader(Loader):
+    """An NVIDIA DALI pipeline over any iobench dataset."""
+
+    name = "dali"
+
+    def __init__(self, dataset: Manifest | str | Path, config: LoaderConfig,
+                 rank: int = 0, world: int = 1) -> None:
+        super().__init__(dataset, config, rank, world)
+        self._dali = _dali()
+        m = self.manifest
+        self.gpu = config.device == "gpu"
+        if self.gpu and not torch.cuda.is_available():
+            raise UnsupportedError("device='gpu' but torch sees no CUDA GPU; use device='cpu'")
+        if m.format == "files":
+            check_files(m, tuple(f for f in m.files if f.role != "data"))
+        else:
+            check_files(m)
+        self.reader = _reader_for(m)
+        self.order = EpochOrder(self)
+        self.jpeg = m.sample["kind"] == "jpeg"
+        self.ext = m.data_files[0].path.rsplit(".", 1)[-1].lower()
+        if m.dataset not in SAMPLE_LAYOUTS:
+            raise ConfigError(f"the dali loader has no pipeline for dataset {m.dataset!r}")
+        self._pipe: Any = None
+        self._next_epoch: int | None = None  # the epoch the live pipeline will deliver next
+
+    # -- pipeline construction -----------------------------------------------------------
+    def _new_pipeline(self, epoch: int) -> Any:
+        dali = self._dali
+        c = self.config
+        return dali.Pipeline(
+            batch_size=c.batch_size, num_threads=max(1, c.workers),
+            device_id=torch.cuda.current_device() if self.gpu else None,
+            seed=(c.seed * 1_000_003 + epoch * 7919 + self.rank) % (2**31 - 1),
+            prefetch_queue_depth=c.prefetch, py_num_workers=max(1, c.workers),
+            py_start_method="spawn" if self.gpu else "fork", exec_dynamic=True)
+
+    def _preprocess(self, x: Any, aug: tuple[Any, Any] | None) -> Any:
+        """DALI graph of the dataset's preprocessing (or the raw data when decode=False)."""
+        fn, types = self._dali.fn, self._dali.types
+        ds = self.manifest.dataset
+        if ds == "imagenet":
+            if not self.config.decode:
+                return x
+            img = fn.decoders.image(x, device="mixed" if self.gpu else "cpu",
+                                    output_type=types.RGB)
+            img = fn.random_resized_crop(img, size=[CROP, CROP], random_area=[0.08, 1.0],
+                                         random_aspect_ratio=[3 / 4, 4 / 3])
+            return fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(),
+                                            mean=[255 * v for v in IMAGENET_MEAN],
+                                            std=[255 * v for v in IMAGENET_STD],
+                                            dtype=types.FLOAT, output_layout="CHW")
+        if ds == "cifar10":
+            if not self.config.decode:
+                return x
+            assert aug is not None
+            if self.gpu:
+                x = x.gpu()
+            x = fn.slice(x, start=aug[0], shape=[32, 32], axes=[0, 1],
+                         out_of_bounds_policy="pad", fill_values=0)
+            return fn.crop_mirror_normalize(x, mirror=aug[1],
+                                            mean=[255 * v for v in CIFAR_MEAN],
+                                            std=[255 * v for v in CIFAR_STD],
+                                            dtype=types.FLOAT, output_layout="CHW")
+        # cosmoflow
+        if not self.config.decode:
+            return x
+        if self.gpu:
+            x = x.gpu()
+        x = self._dali.math.log(fn.cast(x, dtype=types.FLOAT) + 1.0)
+        return fn.transpose(x, perm=[3, 0, 1, 2])
+
+    def _container_pipeline(self, first_epoch: int) -> Any:
+        fn = self._dali.fn
+        c = self.config
+        cifar_aug = self.manifest.dataset == "cifar10" and c.decode
+        src = _BatchSource(self.reader, self.order, first_epoch, c.batch_size, c.seed, cifar_aug)
+        layout = SAMPLE_LAYOUTS[self.manifest.dataset]
+        n_out = 6 if cifar_aug else 4
+        pipe = self._new_pipeline(first_epoch)
+        with pipe:
+            par = {"parallel": True, "prefetch_queue_depth": c.workers * c.prefetch} \
+                if c.workers > 0 else {}
+            outs = fn.external_source(source=src, num_outputs=n_out, batch=True,
+                                      batch_info=True, layout=[layout, "", "", "", "", ""][:n_out],
+                                      **par)
+            x, labels, idx, nbytes = outs[:4]
+            aug = (outs[4], outs[5]) if cifar_aug else None
+            pipe.set_outputs(self._preprocess(x, aug), labels, idx, nbytes)
+        pipe.build()
+        return pipe
+
+    def _files_pipeline(self, epoch: int, idx: np.ndarray) -> Any:
+        fn = self._dali.fn
+        c, m = self.config, self.manifest
+        rel = [self.reader.files[i].path for i in idx.tolist()]
+        pipe = self._new_pipeline(epoch)
+        with pipe:
+            if self.ext == "npy":
+                x = fn.readers.numpy(file_root=str(m.root), files=rel, random_shuffle=False,
+                                     pad_last_batch=True, name="reader")
+            else:
+                x, _ = fn.readers.file(file_root=str(m.root), files=rel, random_shuffle=False,
+                                       pad_last_batch=True, name="reader")
+                if not self.jpeg:  # PNG is lossless storage: decode to the stored array
+                    x = fn.decoders.image(x, device="cpu", output_type=self._dali.types.RGB)
+            aug = None
+            if m.dataset == "cifar10" and c.decode:
+                aug = fn.external_source(source=_AugSource(idx, c.batch_size, c.seed, epoch),
+                                         num_outputs=2, batch=True, batch_info=True)
+            pipe.set_outputs(self._preprocess(x, aug))
+        pipe.build()
+        return pipe
+
+    # -- iteration ---------------------------------------------------------------------
+    def _to_torch(self, tl: Any, n: int) -> torch.Tensor:
+        """First n samples of a uniform DALI TensorList as one torch tensor."""
+        if hasattr(tl, "as_cpu") and type(tl).__name__.endswith("GPU"):
+            from nvidia.dali.plugin.pytorch import feed_ndarray
+
+            dense = tl.as_tensor()
+            out = torch.empty(tuple(dense.shape()), dtype=_TORCH_DTYPES[str(dense.dtype)],
+                              device=torch.device("cuda", torch.cuda.current_device()))
+            feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream())
+            return out[:n]
+        return torch.from_numpy(np.asarray(tl.as_tensor())[:n].copy() if n < len(tl)
+                                else np.asarray(tl.as_tensor()))
+
+    def _bytes(self, tl: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [np.asarray(tl[k]) for k in range(n)]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([p.size for p in parts], out=offsets[1:])
+        return torch.from_numpy(np.concatenate(parts).astype(np.uint8, copy=False)), \
+            torch.from_numpy(offsets)
+
+    def _run(self, pipe: Any) -> Any:
+        try:
+            return pipe.run()
+        except StopIteration:
+            raise
+        except IobenchError:
+            raise
+        except Exception as e:  # a reader error inside a DALI worker: keep the message, one line
+            msg = str(e)
+            for line in msg.splitlines():
+                if "cannot read" in line or "is missing" in line:
+                    raise DatasetError(line.split("Error: ", 1)[-1].strip()) from None
+            raise DatasetError(f"DALI pipeline failed reading {self.manifest.root}: "
+                               f"{msg.strip().splitlines()[-1] if msg.strip() else type(e).__name__}"
+                               ) from e
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        c = self.config
+        idx_all = self.order(epoch)
+        steps = self.steps_per_epoch()
+        files = self.manifest.format == "files"
+        if files:
+            self.close()
+            self._pipe = self._files_pipeline(epoch, idx_all)
+        elif self._pipe is None or self._next_epoch != epoch:
+            self.close()
+            self._pipe = self._container_pipeline(epoch)
+        self._next_epoch = None  # a pipeline left mid-epoch is rebuilt next time
+        pipe = self._pipe
+        for k in range(steps):
+            idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
+            n = len(idx)
+            outs = self._run(pipe)
+            if files:
+                labels = torch.from_numpy(np.ascontiguousarray(self.reader.labels()[idx]))
+                nbytes = int(self.reader.sizes[idx].sum())
+            else:
+                labels = self._to_torch(outs[1], n)
+                got = np.asarray(outs[2].as_tensor())
+                if not np.array_equal(got, idx):
+                    raise DatasetError(f"DALI delivered samples {got[:4]}... where "
+                                       f"{idx[:4]}... were due: internal ordering error")
+                nbytes = int(np.asarray(outs[3].as_tensor()).sum())
+            offsets = None
+            if self.jpeg and not c.decode:
+                samples, offsets = self._bytes(outs[0], n)
+            else:
+                samples = self._to_torch(outs[0], n)
+            yield Batch(samples, labels, torch.from_numpy(idx.copy()), nbytes, offsets)
+        if not files:
+            try:
+                self._run(pipe)
+            except StopIteration:
+                pipe.reset()
+                self._next_epoch = epoch + 1
+
+    def close(self) -> None:
+        if self._pipe is not None:
+            pipe, self._pipe = self._pipe, None
+            del pipe  # DALI stops its worker processes when the pipeline is collected
+        self._next_epoch = None
+        self.reader.close()
+
+
+_TORCH_DTYPES = {"DALIDataType.FLOAT": torch.float32, "DALIDataType.UINT8": torch.uint8,
+                 "DALIDataType.INT16": torch.int16, "DALIDataType.INT64": torch.int64,
+                 "DALIDataType.INT32": torch.int32, "DALIDataType.FLOAT16": torch.float16}

@@ -1,0 +1,133 @@
+"""Files loader: one file per sample (JPEG, PNG or .npy), one read each, PyTorch DataLoader.
+
+Layout (docs/design.md): `train/<class>/<index:08d>.<ext>` (classification)
+or `train/<index:08d>.npy`, every sample file a manifest entry, and
+`labels.npy` at the root. Paths and sizes come from the manifest; labels
+from `labels.npy`, read once per worker. `.npy` samples are read with one
+`readinto` straight into the batch array after the header; PNG (lossless,
+cifar10) is decoded to its stored array even with `decode=False`, so every
+loader delivers the same uint8 [B, 32, 32, 3]; JPEG stays encoded.
+
+`payload_bytes`: each sample file's size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from iobench.errors import DatasetError
+from iobench.loaders._reader import BatchReader, check_files
+from iobench.loaders._torch import TorchLoader
+from iobench.manifest import Manifest
+
+
+class FilesReader(BatchReader):
+    """Reads batches of one-file-per-sample datasets."""
+
+    format = "files"
+
+    def __init__(self, manifest: Manifest) -> None:
+        super().__init__(manifest)
+        n = manifest.num_samples
+        if len(self.files) != n or not np.array_equal(self.starts, np.arange(n)):
+            raise DatasetError(f"manifest of {manifest.root} lists {len(self.files)} sample files "
+                               f"for {n} samples; expected one file per sample: regenerate it")
+        self.sizes = np.array([f.bytes for f in self.files], dtype=np.int64)
+        labels = [f for f in manifest.files if f.role == "labels"]
+        if not labels:
+            raise DatasetError(f"manifest of {manifest.root} lists no labels file (role "
+                               "'labels'); regenerate the dataset")
+        self.labels_entry = labels[0]
+        self.ext = self.files[0].path.rsplit(".", 1)[-1].lower()
+
+    def labels(self) -> np.ndarray:
+        """All labels, [N, *label_shape], read once per process."""
+        st = self._state()
+        if "labels" not in st:
+            path = self.manifest.path_of(self.labels_entry)
+            try:
+                lab = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise self.fail(path, "cannot load the labels", e) from None
+            want = (self.manifest.num_samples, *self.label_shape)
+            if lab.shape != want:
+                raise self.fail(path, f"labels have shape {lab.shape}, expected {want}")
+            st["labels"] = lab.astype(self.label_dtype, copy=False)
+        return st["labels"]
+
+    def _read_npy(self, i: int, dest: np.ndarray) -> None:
+        path = self.paths[i]
+        try:
+            with open(path, "rb", buffering=0) as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                if tuple(shape) != dest.shape or dtype != dest.dtype or fortran:
+                    raise self.fail(path, f"holds {dtype}{list(shape)}, expected "
+                                          f"{dest.dtype}{list(dest.shape)}")
+                got = f.readinto(memoryview(dest).cast("B"))
+        except FileNotFoundError:
+            raise self.fail(path, "file is missing") from None
+        except (OSError, ValueError) as e:
+            raise self.fail(path, "not a readable .npy file", e) from None
+        if got != dest.nbytes:
+            raise self.fail(path, f"truncated: {got} of {dest.nbytes} data bytes")
+
+    def _read_bytes(self, i: int) -> bytes:
+        path = self.paths[i]
+        try:
+            with open(path, "rb", buffering=0) as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise self.fail(path, "file is missing") from None
+        except OSError as e:
+            raise self.fail(path, "read failed", e) from None
+        if len(data) != self.sizes[i]:
+            raise self.fail(path, f"has {len(data)} bytes, the manifest records {self.sizes[i]}")
+        return data
+
+    def _read_png(self, i: int, dest: np.ndarray) -> None:
+        import io
+
+        from PIL import Image
+
+        data = self._read_bytes(i)
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                arr = np.asarray(im)
+        except (OSError, ValueError, SyntaxError) as e:
+            raise self.fail(self.paths[i], "cannot decode the image", e) from None
+        if arr.shape != dest.shape:
+            raise self.fail(self.paths[i], f"image is {list(arr.shape)}, expected {list(dest.shape)}")
+        dest[...] = arr
+
+    def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
+                            out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if sorted_idx[0] < 0 or sorted_idx[-1] >= self.manifest.num_samples:
+            raise DatasetError(f"sample index out of range [0, {self.manifest.num_samples})")
+        read = self._read_npy if self.ext == "npy" else self._read_png
+        for i, p in zip(sorted_idx.tolist(), order.tolist(), strict=True):
+            read(i, out[p])
+        return self.labels()[sorted_idx], self.sizes[sorted_idx]
+
+    def _read_sorted_bytes(self, sorted_idx: np.ndarray
+                           ) -> tuple[list[Any], np.ndarray, np.ndarray]:
+        if sorted_idx[0] < 0 or sorted_idx[-1] >= self.manifest.num_samples:
+            raise DatasetError(f"sample index out of range [0, {self.manifest.num_samples})")
+        parts = [self._read_bytes(i) for i in sorted_idx.tolist()]
+        return parts, self.labels()[sorted_idx], self.sizes[sorted_idx]
+
+
+class FilesLoader(TorchLoader):
+    """PyTorch DataLoader over a tree of one file per sample."""
+
+    name = "files"
+    reader_cls = FilesReader
+
+    def check(self) -> None:
+        # One stat per sample file would cost minutes on a parallel filesystem with
+        # millions of files: check the labels file here, each sample file when read.
+        check_files(self.manifest, tuple(f for f in self.manifest.files if f.role != "data"))

@@ -1,0 +1,163 @@
+"""NetCDF-4 loader: netCDF4 slice reads per contiguous run, PyTorch DataLoader.
+
+Same variables as the HDF5 layout (`samples` or `jpeg` + `offsets`,
+`labels`). netCDF4 (the C library) is not thread-safe: every netCDF4 call in
+a process goes through one lock, so `worker_type="thread"` serialises reads
+(that is what it is there to show). Process workers each have their own
+library state and read in parallel. HDF5 file locking is turned off through
+`HDF5_USE_FILE_LOCKING=FALSE` before netCDF4 is imported (shared filesystems).
+
+`payload_bytes`: uncompressed samples count their array bytes; compressed
+variables count each chunk's stored size, read once per file from the
+HDF5 chunk index (through h5py, which is safe alongside netCDF4: checked
+by the tests, which read both in one process).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from iobench.loaders._reader import BatchReader, split_by_file
+from iobench.loaders._torch import TorchLoader
+
+_NC_LOCK = threading.RLock()  # netCDF-C is not thread-safe: one call at a time per process
+
+
+def _netcdf4() -> Any:
+    os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+    import netCDF4
+
+    return netCDF4
+
+
+def _runs(local: np.ndarray) -> list[tuple[int, int]]:
+    breaks = np.flatnonzero(np.diff(local) != 1) + 1
+    return list(zip(np.concatenate(([0], breaks)).tolist(),
+                    np.concatenate((breaks, [len(local)])).tolist(), strict=True))
+
+
+class NetCDFReader(BatchReader):
+    """Reads batches from iobench NetCDF-4 files."""
+
+    format = "netcdf"
+
+    def _open(self, pos: int) -> dict[str, Any]:
+        st = self._state()
+        f = st.get(pos)
+        if f is not None:
+            return f
+        nc4 = _netcdf4()
+        path = self.paths[pos]
+        n = int(self.counts[pos])
+        with _NC_LOCK:
+            try:
+                ds = nc4.Dataset(path, "r")
+            except OSError as e:
+                raise self.fail(path, "netCDF cannot open it", e) from None
+            try:
+                ds.set_auto_maskandscale(False)
+                v = ds.variables
+                labels = np.asarray(v["labels"][...])
+                if labels.shape != (n, *self.label_shape):
+                    raise self.fail(path, f"labels have shape {labels.shape}, expected "
+                                          f"{(n, *self.label_shape)}")
+                entry: dict[str, Any] = {"nc": ds, "labels": labels.astype(self.label_dtype,
+                                                                            copy=False)}
+                if self.kind == "jpeg":
+                    offsets = np.asarray(v["offsets"][...], dtype=np.int64)
+                    jpeg = v["jpeg"]
+                    if offsets.shape != (n + 1,) or offsets[-1] != jpeg.shape[0]:
+                        raise self.fail(path, "JPEG offsets do not match the jpeg variable")
+                    entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets))
+                else:
+                    var = v["samples"]
+                    if var.shape != (n, *self.sample_shape) or var.dtype != self.sample_dtype:
+                        raise self.fail(path, f"samples are {var.dtype}{list(var.shape)}, "
+                                              f"expected {self.sample_dtype}"
+                                              f"{[n, *self.sample_shape]}")
+                    filters = var.filters() or {}
+                    compressed = any(filters.get(k) for k in
+                                     ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle"))
+                    raw = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
+                    stored = (self._chunk_sizes(pos, n) if compressed
+                              else np.full(n, raw, dtype=np.int64))
+                    entry.update(samples=var, stored=stored)
+            except KeyError as e:
+                ds.close()
+                raise self.fail(path, f"missing variable {e}") from None
+            except (OSError, RuntimeError) as e:
+                ds.close()
+                raise self.fail(path, "netCDF read failed", e) from None
+            except Exception:
+                ds.close()
+                raise
+        st[pos] = entry
+        return entry
+
+    def _chunk_sizes(self, pos: int, n: int) -> np.ndarray:
+        import h5py
+
+        from iobench.loaders.hdf5 import stored_sizes
+
+        with h5py.File(self.paths[pos], "r", locking=False) as h:
+            return stored_sizes(h["samples"], n)
+
+    def _close_state(self, state: dict[str, Any]) -> None:
+        with _NC_LOCK:
+            for entry in state.values():
+                entry["nc"].close()
+
+    def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
+                            out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
+        stored = np.empty(len(sorted_idx), dtype=np.int64)
+        for pos, s, e in split_by_file(self, sorted_idx):
+            f = self._open(pos)
+            local = sorted_idx[s:e] - self.starts[pos]
+            labels[s:e] = f["labels"][local]
+            stored[s:e] = f["stored"][local]
+            var = f["samples"]
+            dest_pos = order[s:e]
+            for a, b in _runs(local):
+                lo = int(local[a])
+                with _NC_LOCK:
+                    try:
+                        block = var[lo:lo + (b - a)]
+                    except (OSError, RuntimeError, IndexError) as err:
+                        raise self.fail(self.paths[pos], "netCDF read failed", err) from None
+                out[dest_pos[a:b]] = block
+        return labels, stored
+
+    def _read_sorted_bytes(self, sorted_idx: np.ndarray
+                           ) -> tuple[list[Any], np.ndarray, np.ndarray]:
+        parts: list[Any] = []
+        labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
+        stored = np.empty(len(sorted_idx), dtype=np.int64)
+        for pos, s, e in split_by_file(self, sorted_idx):
+            f = self._open(pos)
+            local = sorted_idx[s:e] - self.starts[pos]
+            labels[s:e] = f["labels"][local]
+            stored[s:e] = f["stored"][local]
+            off = f["offsets"]
+            for a, b in _runs(local):
+                lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
+                with _NC_LOCK:
+                    try:
+                        buf = np.asarray(f["jpeg"][lo:hi], dtype=np.uint8)
+                    except (OSError, RuntimeError, IndexError) as err:
+                        raise self.fail(self.paths[pos], "netCDF read failed", err) from None
+                mv = memoryview(buf)
+                rel = off[local[a]:local[b - 1] + 2] - lo
+                parts.extend(mv[int(rel[k]):int(rel[k + 1])] for k in range(b - a))
+        return parts, labels, stored
+
+
+class NetCDFLoader(TorchLoader):
+    """PyTorch DataLoader over NetCDF-4 files (netCDF4)."""
+
+    name = "netcdf"
+    reader_cls = NetCDFReader
