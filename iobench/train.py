@@ -228,12 +228,14 @@ def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Te
 
 def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         progress: Callable[[dict[str, Any]], None] | None = None,
-        counters: Callable[[], dict[str, int]] | None = None) -> dict[str, Any] | None:
+        counters: Callable[[], dict[str, int]] | None = None,
+        started: Callable[[], None] | None = None) -> dict[str, Any] | None:
     """Train for `config.epochs` on this rank; return the result document on rank 0.
 
     torch.distributed must already be initialised when `world.size > 1`
-    (`iobench.distributed.init_process_group`). `progress(epoch_record)` is
-    called on rank 0 after each epoch. `counters()`, if given, returns byte
+    (`iobench.distributed.init_process_group`). `started()` is called on
+    rank 0 once every rank has its dataset and loader; `progress(epoch_record)`
+    on rank 0 after each epoch. `counters()`, if given, returns byte
     counters of a storage tier; their per-epoch deltas (rank 0's) are stored
     as `tier_bytes`.
     """
@@ -254,6 +256,8 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         err = e
     _agree(world, err)
     assert loader is not None
+    if started is not None and world.is_root:
+        started()
     try:
         return _train(config, loader, manifest, mount, world, device, kind, progress, counters)
     finally:

@@ -111,9 +111,8 @@ def _main(args: argparse.Namespace, world: Any) -> int:
     distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s)
     try:
         out = _Output(world, config)
-        out.start()
         doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m, c, r, w), world,
-                        progress=out.epoch)
+                        progress=out.epoch, started=out.start)
         if doc is None:
             return 0
         path = results.write_result(doc, config.results)

@@ -1,0 +1,154 @@
+"""`iobench train` end to end: real generated datasets, real loaders, `mpiexec -n 2`, crashes.
+
+Tiny cifar10 datasets (generated once per module in every format), small
+model, few steps: the whole file runs in about two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, run_cmd, run_mpi
+from iobench import results
+from iobench.manifest import Manifest
+
+SAMPLES = 512
+FORMATS = ("hdf5", "netcdf", "lmdb", "files")
+
+pytestmark = pytest.mark.mpi
+
+
+def generate(storage: Path, fmt: str, samples: int = SAMPLES) -> Manifest:
+    """A real cifar10 dataset from the real generator (`iobench generate`)."""
+    code = cli("generate", "--dataset", "cifar10", "--format", fmt, "--samples", str(samples),
+               "--storage", str(storage))
+    assert code == 0, f"iobench generate --format {fmt} failed"
+    return Manifest.load(storage / f"cifar10-{fmt}")
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory) -> Path:
+    s = tmp_path_factory.mktemp("train-storage")
+    for fmt in FORMATS:
+        generate(s, fmt)
+    return s
+
+
+def _only_result(results_dir: Path) -> dict:
+    paths = results.find_results([results_dir])
+    assert len(paths) == 1, paths
+    return results.load_result(paths[0])
+
+
+def _check_invariant(doc: dict) -> None:
+    for ep in doc["epochs"]:
+        for r in ep["ranks"]:
+            assert abs(r["stall_s"] + r["compute_s"] - r["wall_s"]) <= 0.02 * r["wall_s"], r
+
+
+# loader -> extra options: between them, every kind of compute and shuffle is covered
+CASES = {
+    "hdf5": ["--model", "cnn"],
+    "netcdf": ["--compute-time", "0.05"],
+    "lmdb": ["--model", "none", "--no-decode", "--shuffle", "block"],
+    "files": ["--model", "cnn", "--worker-type", "thread", "--shuffle", "none"],
+    "dali": ["--format", "hdf5", "--compute-time", "0.05"],
+}
+
+
+@pytest.mark.parametrize("loader", list(CASES))
+def test_two_ranks_every_loader(storage: Path, tmp_path: Path, loader: str) -> None:
+    res = tmp_path / "res"
+    out = run_mpi(2, "train", "--loader", loader, "--storage", storage, "--epochs", "2",
+                  "--batch-size", "32", "--workers", "1", "--max-steps", "4",
+                  "--results", res, *CASES[loader], timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = _only_result(res)
+    assert doc["world"]["size"] == 2 and doc["world"]["launcher"] == "mpi"
+    assert doc["world"]["backend"] == "gloo"
+    assert doc["config"]["loader"] == loader and len(doc["epochs"]) == 2
+    assert doc["dataset"]["num_samples"] == SAMPLES
+    for ep in doc["epochs"]:
+        assert [r["rank"] for r in ep["ranks"]] == [0, 1]
+        assert ep["summary"]["samples"] == 2 * 4 * 32
+        assert ep["summary"]["batch_bytes"] > 0 and ep["summary"]["read_MBps"] > 0
+        assert ep["cache"]["status"] == "cold"
+    _check_invariant(doc)
+    kind = doc["compute"]["kind"]
+    assert f"compute: {'real model' if kind == 'model' else kind}" in out.stdout.replace(
+        "emulated accelerator", "emulated")
+    if kind == "emulated":
+        for ep in doc["epochs"]:
+            for r in ep["ranks"]:
+                assert r["compute_mean_s"] == pytest.approx(0.05, rel=0.05)
+    if kind == "model":
+        assert doc["epochs"][-1]["training"]["accuracy"] is not None
+    # rank 0 prints, the other rank stays quiet: one header, one result line
+    assert out.stdout.count("result: ") == 1 and out.stdout.count("iobench train ") == 1
+
+
+def test_cold_cache_reads_storage_warm_does_not_and_it_learns(storage: Path,
+                                                             tmp_path: Path) -> None:
+    data_bytes = sum(f.bytes for f in Manifest.load(storage / "cifar10-hdf5").data_files)
+    cold = run_cmd("train", "--loader", "hdf5", "--storage", storage, "--epochs", "3",
+                   "--batch-size", "32", "--workers", "1", "--results", tmp_path / "cold",
+                   env={"OMP_NUM_THREADS": "1"})
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    doc = _only_result(tmp_path / "cold")
+    for ep in doc["epochs"]:
+        assert ep["summary"]["os_read_bytes"] >= data_bytes, ep["summary"]
+        assert ep["ranks"][0]["cache_resident_fraction_at_start"] <= 0.1
+    # the generated cifar10 labels are learnable: far above 10 % chance within 3 epochs
+    acc = [ep["training"]["accuracy"] for ep in doc["epochs"]]
+    assert acc[-1] > 0.5, acc
+    _check_invariant(doc)
+
+    warm = run_cmd("train", "--loader", "hdf5", "--storage", storage, "--epochs", "2",
+                   "--batch-size", "32", "--workers", "1", "--model", "none",
+                   "--warm-cache", "--results", tmp_path / "warm", env={"OMP_NUM_THREADS": "1"})
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert "WARM" in warm.stdout
+    doc = _only_result(tmp_path / "warm")
+    assert doc["cache"]["mode"] == "warm"
+    second = doc["epochs"][1]
+    assert second["ranks"][0]["cache_resident_fraction_at_start"] > 0.9
+    assert second["summary"]["os_read_bytes"] < 0.05 * data_bytes, second["summary"]
+
+
+@pytest.mark.parametrize("action", ["raise", "kill"])
+def test_failed_rank_ends_the_job(storage: Path, tmp_path: Path, action: str) -> None:
+    t0 = time.monotonic()
+    out = run_mpi(2, "train", "--loader", "hdf5", "--storage", storage, "--epochs", "3",
+                  "--batch-size", "16", "--workers", "1", "--results", tmp_path,
+                  env={"IOBENCH_TEST_FAULT": f"rank=1,epoch=0,step=2,action={action}"},
+                  timeout=120)
+    assert time.monotonic() - t0 < 60
+    assert out.returncode != 0
+    if action == "raise":
+        assert "iobench: error: rank 1 failed: RuntimeError: injected fault" in out.stderr
+    assert not list(tmp_path.glob("*.json"))  # no result from a failed run
+
+
+def test_missing_dataset_under_mpi_one_line(tmp_path: Path) -> None:
+    out = run_mpi(2, "train", "--loader", "lmdb", "--storage", tmp_path, "--results", tmp_path,
+                  timeout=120)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("iobench:")]
+    assert lines == [f"iobench: error: no cifar10 dataset in lmdb format at "
+                     f"{tmp_path}/cifar10-lmdb; create it with: iobench generate --dataset "
+                     f"cifar10 --format lmdb --storage {tmp_path}"]
+
+
+def test_result_is_plain_json(storage: Path, tmp_path: Path) -> None:
+    out = run_cmd("train", "--loader", "hdf5", "--storage", storage, "--epochs", "1",
+                  "--max-steps", "2", "--model", "none", "--workers", "0",
+                  "--results", tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (path,) = tmp_path.glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "iobench.result" and doc["run_id"] == path.stem
+    assert doc["provenance"]["storage"]["fstype"] and doc["provenance"]["versions"]["torch"]
