@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  at {config.mountpoint} (backing {config.backing}) in the foreground; "
               "Ctrl-C or `iobench emulate-pfs --unmount` stops it")
         return run_daemon(config)
-    handle = control.mount(config.backing, config.mountpoint, config=config)
+    handle = control.mount_config(config)
     print(f"iobench: mounted an {config.profile.describe()}")
     print(f"  at {handle.mountpoint} (backing {handle.backing}, daemon pid {handle.pid}, "
           f"log {handle.paths.log})")

@@ -40,6 +40,7 @@ from iobench.pfs.control import (
     fuse_problem,
     is_emulated,
     mount,
+    mount_config,
     read_stats,
     require_fuse,
     stats_for,
@@ -51,6 +52,6 @@ from iobench.pfs.stats import NOTE, assess, delta
 
 __all__ = [
     "NOTE", "PROFILES", "PfsMount", "Profile", "assess", "build_config", "delta",
-    "emulated_mounts", "fuse_problem", "get_profile", "is_emulated", "mount", "read_stats",
+    "emulated_mounts", "fuse_problem", "get_profile", "is_emulated", "mount", "mount_config", "read_stats",
     "require_fuse", "stats_for", "status", "unmount",
 ]

@@ -131,7 +131,6 @@ class PfsOperations:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def init_with_config(self, conn: Any, config3: Any) -> None:
-        # The mount is live: announce it. The launcher waits for this file.
         entry_s, attr_s = _timeouts(self.config)
         if conn is not None and hasattr(conn, "max_read") and config3 is not None:
             conn.max_read = self.config.max_read_bytes  # libfuse 3 insists it equals -o max_read
@@ -140,6 +139,27 @@ class PfsOperations:
             config3.attr_timeout = attr_s
             config3.negative_timeout = entry_s
             config3.kernel_cache = int(self.config.kernel_cache)
+        # Touching the mount from inside `init` would deadlock: finish in a thread.
+        threading.Thread(target=self._announce, name="announce", daemon=True).start()
+
+    def _announce(self) -> None:
+        """Once the mount answers: tune readahead, then write the state and pid files.
+
+        The launcher waits for the pid file, so a mount is only reported
+        live when it is fully set up.
+        """
+        st = None
+        for _ in range(1000):
+            try:
+                st = os.stat(self.config.mountpoint)
+                if st.st_dev != os.stat(os.path.dirname(self.config.mountpoint)).st_dev:
+                    break
+            except OSError:
+                pass
+            st = None
+            time.sleep(0.01)
+        if st is not None and not self.config.direct_io:
+            self.readahead_kb = _tune_readahead(st.st_dev, self.config.max_read_bytes // 1024)
         state = {"schema": "iobench.pfs-state", "schema_version": 1, "pid": os.getpid(),
                  "config": self.config.to_dict(), "libfuse": self.libfuse,
                  "log": str(self.paths.log), "started_unix": self.started_unix}
@@ -147,37 +167,6 @@ class PfsOperations:
         tmp = self.paths.pid.with_suffix(".pid.tmp")
         tmp.write_text(f"{os.getpid()}\n")
         os.replace(tmp, self.paths.pid)
-        if not self.config.direct_io:
-            threading.Thread(target=self._tune_readahead, name="readahead", daemon=True).start()
-
-    def _tune_readahead(self) -> None:
-        """Let the kernel send max_read-sized requests for buffered reads (default: 128 KiB).
-
-        Runs once the mount answers (a stat from inside `init` would deadlock);
-        needs root, otherwise the kernel's default stays and is reported.
-        """
-        want = self.config.max_read_bytes // 1024
-        for _ in range(500):
-            try:
-                st = os.stat(self.config.mountpoint)
-                if st.st_dev != os.stat(os.path.dirname(self.config.mountpoint)).st_dev:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
-        else:
-            return
-        knob = f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb"
-        try:
-            with open(knob, "w") as f:
-                f.write(f"{want}\n")
-        except OSError:
-            pass
-        try:
-            with open(knob) as f:
-                self.readahead_kb = int(f.read().strip())
-        except (OSError, ValueError):
-            self.readahead_kb = None
 
     def destroy(self, path: str) -> None:
         pass
@@ -248,7 +237,11 @@ class PfsOperations:
             fi.direct_io = 1
             fi.keep_cache = 0
             return 0
-        fd = os.open(self._full(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(self._full(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            self._add(errors=1)
+            raise
         with contextlib.suppress(OSError):
             # The backing disk should not read ahead what the tier did not serve.
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -268,7 +261,11 @@ class PfsOperations:
             return len(data)
         t0 = time.perf_counter()
         view = (ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))
-        n = os.preadv(fh, [view], offset)
+        try:
+            n = os.preadv(fh, [view], offset)
+        except OSError:
+            self._add(errors=1)
+            raise
         if n > 0 and self.config.evict_backing:
             lo = offset - offset % PAGE
             os.posix_fadvise(fh, lo, offset + n - lo, os.POSIX_FADV_DONTNEED)
@@ -307,6 +304,21 @@ class PfsOperations:
         finally:
             os.close(fh)
         return 0
+
+
+def _tune_readahead(dev: int, want_kb: int) -> int | None:
+    """Let the kernel send max_read-sized requests for buffered reads (its default: 128 KiB).
+
+    Needs root (sysfs); otherwise the default stays. Returns the value in force.
+    """
+    knob = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    with contextlib.suppress(OSError), open(knob, "w") as f:
+        f.write(f"{want_kb}\n")
+    try:
+        with open(knob) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _timeouts(config: PfsConfig) -> tuple[float, float]:

@@ -163,7 +163,9 @@ def _read_pid(paths: StatePaths) -> int | None:
 def _is_our_daemon(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"iobench.pfs._daemon" in f.read() or pid == os.getpid()
+            cmdline = f.read()
+        # Background daemons run `-m iobench.pfs._daemon`; --foreground runs in the CLI itself.
+        return b"iobench.pfs._daemon" in cmdline or b"emulate-pfs" in cmdline
     except OSError:
         return False
 
@@ -267,7 +269,11 @@ def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = 
     the mount is live; raises UnsupportedError (no FUSE), StorageError (paths,
     or the daemon failed: its log's last lines are in the message) or ConfigError.
     """
-    config = options.pop("config", None) or build_config(backing, mountpoint, profile, **options)
+    return mount_config(build_config(backing, mountpoint, profile, **options))
+
+
+def mount_config(config: PfsConfig) -> PfsMount:
+    """`mount` for an already validated PfsConfig."""
     require_fuse()
     check_paths(config)
     paths = state_paths(config.mountpoint)

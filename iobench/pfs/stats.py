@@ -104,13 +104,15 @@ def assess(c: dict[str, Any], profile: dict[str, Any]) -> dict[str, Any]:
     elif out["daemon_busy_fraction"] >= DAEMON_BUSY_FRACTION:
         limited = "daemon"
         why = (f"the FUSE daemon itself was the limit (busy {out['daemon_busy_fraction']:.0%} of a "
-               f"core, {out['served_MBps']:.0f} MB/s served"
+               f"core, {out['served_MBps']:.0f} MB/s averaged over {wall:.1f} s"
                + (f" against a {cap:g} MB/s cap" if cap else "")
                + "): these figures understate the emulated profile; use a slower profile")
     elif service > 0 and throttle >= 0.5 * service:
         limited = "profile-bandwidth"
-        why = (f"the profile's bandwidth/IOPS cap set the pace ({out['served_MBps']:.0f} MB/s served"
-               + (f", cap {cap:g} MB/s" if cap else "") + ")")
+        why = (f"the profile's bandwidth/IOPS cap set the pace: read requests spent "
+               f"{throttle / service:.0%} of their time waiting for it"
+               + (f" (cap {cap:g} MB/s" if cap else " (")
+               + f"; {out['served_MBps']:.1f} MB/s averaged over {wall:.1f} s)")
     elif service > 0 and latency + float(c["metadata_wait_s"]) >= 0.5 * (service + float(c["metadata_wait_s"])):
         limited = "profile-latency"
         why = "the profile's per-request and metadata latency set the pace"
