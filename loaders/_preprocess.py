@@ -59,15 +59,19 @@ def cifar_params(seed: int, epoch: int, indices: np.ndarray) -> tuple[np.ndarray
     return oy, ox, flip
 
 
-def _normalise(hwc: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """uint8 [B, H, W, C] -> float32 [B, C, H, W], (x / 255 - mean) / std, one pass."""
-    b, h, w, c = hwc.shape
-    out = torch.empty((b, c, h, w), dtype=torch.float32)
-    out.copy_(hwc.permute(0, 3, 1, 2))
-    scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32).view(1, c, 1, 1)
-    shift = torch.tensor([m / s for m, s in zip(mean, std, strict=True)],
-                         dtype=torch.float32).view(1, c, 1, 1)
-    return out.mul_(scale).sub_(shift)
+def _normalise(hwc: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """uint8 [B, H, W, C] -> float32 [B, C, H, W], (x / 255 - mean) / std, in one pass.
+
+    numpy, single-threaded: torch's intra-op thread pool costs more than it
+    gains on batch-sized tensors and competes with the loader's own workers.
+    """
+    c = hwc.shape[3]
+    scale = np.array([1.0 / (255.0 * s) for s in std], dtype=np.float32).reshape(1, c, 1, 1)
+    shift = np.array([m / s for m, s in zip(mean, std, strict=True)],
+                     dtype=np.float32).reshape(1, c, 1, 1)
+    out = np.multiply(hwc.transpose(0, 3, 1, 2), scale, dtype=np.float32)
+    out -= shift
+    return torch.from_numpy(out)
 
 
 def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int) -> torch.Tensor:
@@ -81,16 +85,14 @@ def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int) -> 
     rows = oy[:, None] + ar_h  # [B, h]
     cols = np.where(flip[:, None].astype(bool), ox[:, None] + (w - 1 - ar_w), ox[:, None] + ar_w)
     crops = padded[np.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
-    return _normalise(torch.from_numpy(crops), CIFAR_MEAN, CIFAR_STD)
+    return _normalise(crops, CIFAR_MEAN, CIFAR_STD)
 
 
 def cosmoflow(samples: np.ndarray) -> torch.Tensor:
     """int16 [B, D, H, W, C] -> float32 [B, C, D, H, W] of log1p(x)."""
-    t = torch.from_numpy(samples)
-    b, d, h, w, c = t.shape
-    out = torch.empty((b, c, d, h, w), dtype=torch.float32)
-    out.copy_(t.permute(0, 4, 1, 2, 3))
-    return out.log1p_()
+    out = samples.transpose(0, 4, 1, 2, 3).astype(np.float32, order="C")
+    np.log1p(out, out=out)
+    return torch.from_numpy(out)
 
 
 def rrc_params(heights: np.ndarray, widths: np.ndarray, seed: int, epoch: int,
@@ -159,7 +161,7 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
         if flip:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
         out[i] = np.asarray(crop)
-    return _normalise(torch.from_numpy(out), IMAGENET_MEAN, IMAGENET_STD)
+    return _normalise(out, IMAGENET_MEAN, IMAGENET_STD)
 
 
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
