@@ -275,9 +275,11 @@ class PfsOperations:
         if wait > 0:
             time.sleep(wait)
         t2 = time.perf_counter()
+        # Waits by the model (what the profile imposed), not by measured sleeps, so that
+        # oversleeping and the daemon's own work show up as `read_own_fraction`.
         self._add(bytes_served=n, read_requests=1, read_service_s=t2 - t0,
-                  read_latency_wait_s=max(ready - t1, 0.0),
-                  read_throttle_wait_s=max(t2 - max(ready, t1), 0.0) if due > ready else 0.0)
+                  read_latency_wait_s=self.pacer.read_latency_s,
+                  read_throttle_wait_s=max(due - max(ready, t1), 0.0))
         return n
 
     def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:

@@ -14,9 +14,10 @@ latency, not counted in its own figures): a JSON document, schema
   emulated metadata round trip), `readdirs`, `fstats` (attribute requests on
   open files, not charged), `errors`, `metadata_wait_s` (slept for metadata
   latency), `read_service_s` (sum over read requests of arrival to reply),
-  `read_latency_wait_s` (of which waiting for the emulated request latency),
-  `read_throttle_wait_s` (of which waiting for the bandwidth/IOPS caps,
-  transfer time included), `daemon_cpu_s` (the daemon's CPU time, all
+  `read_latency_wait_s` (of which the emulated request latency, as the
+  profile imposes it), `read_throttle_wait_s` (of which the wait for the
+  bandwidth/IOPS caps, transfer time included, as the model scheduled it;
+  the rest of `read_service_s` is the daemon's own work and timer slack), `daemon_cpu_s` (the daemon's CPU time, all
   threads), `uptime_s`.
 
 The kernel's `/proc/<pid>/io` `read_bytes` is 0 for FUSE traffic, so
@@ -47,6 +48,9 @@ COUNTERS: tuple[str, ...] = (
 #: The Python daemon holds the GIL for most of its work, so one core busy
 #: (CPU seconds per wall second) means the daemon, not the profile, set the pace.
 DAEMON_BUSY_FRACTION = 0.85
+#: ... or more than 0.6 of a core while requests spent most of their time in the
+#: daemon's own work rather than in the profile's emulated waits.
+DAEMON_BUSY_FRACTION_OWN = 0.6
 
 
 def parse_stats(text: str | bytes, where: str) -> dict[str, Any]:
@@ -101,7 +105,9 @@ def assess(c: dict[str, Any], profile: dict[str, Any]) -> dict[str, Any]:
     cap = profile.get("bandwidth_MBps")
     if c["read_requests"] == 0 and c["lookups"] == 0:
         limited, why = "idle", "no reads were served"
-    elif out["daemon_busy_fraction"] >= DAEMON_BUSY_FRACTION:
+    elif out["daemon_busy_fraction"] >= DAEMON_BUSY_FRACTION or (
+            out["daemon_busy_fraction"] >= DAEMON_BUSY_FRACTION_OWN
+            and out["read_own_fraction"] >= 0.5):
         limited = "daemon"
         why = (f"the FUSE daemon itself was the limit (busy {out['daemon_busy_fraction']:.0%} of a "
                f"core, {out['served_MBps']:.0f} MB/s averaged over {wall:.1f} s"
