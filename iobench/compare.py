@@ -86,7 +86,7 @@ def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     table = Table(title="iobench compare: per epoch, stall = max over ranks; ratios vs run 1")
     for col in ("run", "epoch", "stall s", "stall %", "AU", "samples/s", "MB/s", "wall s",
-                "stall ×run1", "samples/s ×run1"):
+                "stall ×run1", "samples/s ×run1", "train acc"):
         table.add_column(col, justify="right" if col not in ("run",) else "left")
     rows = comparison_rows(docs)
     for r in rows:
@@ -95,6 +95,7 @@ def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
                       _fmt(r["au"], ".2f"), _fmt(r["samples_per_s"], ".0f"),
                       _fmt(r["read_MBps"], ".1f"), _fmt(r["wall_s"], ".2f"),
                       _fmt(r["stall_vs_first"], ".2f"), _fmt(r["samples_per_s_vs_first"], ".2f"),
+                      _fmt(r["accuracy"], ".3f"),
                       end_section=r is not rows[-1] and rows[rows.index(r) + 1]["run"] != r["run"])
     console.print(table)
     for i, (doc, label) in enumerate(zip(docs, unique_labels(docs), strict=True)):

@@ -29,7 +29,13 @@ import torch
 
 from iobench import cache, procio, sysinfo
 from iobench.datasets import DATASETS, FORMATS, dataset_dirname, parse_dataset
-from iobench.errors import ConfigError, DatasetNotFoundError, DistributedError, IobenchError
+from iobench.errors import (
+    ConfigError,
+    DatasetNotFoundError,
+    DistributedError,
+    IobenchError,
+    StorageError,
+)
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, rank_figures
@@ -160,6 +166,19 @@ def resolve_dataset(config: TrainConfig) -> Path:
     return root
 
 
+def check_results_dir(path: str | Path) -> Path:
+    """Create the results directory if needed and check it is writable (before any training)."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"--results {p}: cannot create it ({e.strerror}); give a writable "
+                           "directory") from e
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise StorageError(f"--results {p} is not writable; give a writable directory")
+    return p
+
+
 def _agree(world: World, err: IobenchError | None) -> None:
     """Raise on every rank if any rank failed; rank 0's message names the failing rank.
 
@@ -250,6 +269,8 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         if manifest.dataset != config.dataset:
             raise ConfigError(f"{root} holds {manifest.dataset!r}, not {config.dataset!r}")
         mount = sysinfo.mount_of(root)
+        if world.is_root:
+            check_results_dir(config.results)
         loader = loader_factory(manifest, config.loader_config("gpu" if use_cuda else "cpu"),
                                 world.rank, world.size)
     except IobenchError as e:

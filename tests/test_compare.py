@@ -21,7 +21,7 @@ def two_runs(tmp_path_factory) -> tuple[Path, list[Path]]:
     paths = []
     for delay in (0.0, 0.01):  # the second "storage" is slower: 10 ms per batch
         cfg = TrainConfig(loader="hdf5", storage=str(storage), epochs=2, batch_size=32,
-                          workers=0, compute_time_s=0.005)
+                          workers=0, compute_time_s=0.005, results=str(out))
         paths.append(results.write_result(run(cfg, factory(delay), World()), out))
     return out, paths
 

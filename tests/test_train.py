@@ -19,7 +19,7 @@ import torch
 
 from conftest import cli
 from iobench import metrics, results
-from iobench.errors import ConfigError, DatasetNotFoundError
+from iobench.errors import ConfigError, DatasetNotFoundError, StorageError
 from iobench.loaders.base import Batch, Loader
 from iobench.manifest import FileEntry, Manifest
 from iobench.train import TrainConfig, emulate_compute, run
@@ -89,7 +89,7 @@ def storage(tmp_path_factory) -> Path:
 
 def _cfg(storage: Path, **kw) -> TrainConfig:
     base = {"loader": "hdf5", "storage": str(storage), "epochs": 2, "batch_size": 32,
-            "workers": 0}
+            "workers": 0, "results": str(storage.parent / "results")}
     return TrainConfig(**{**base, **kw})
 
 
@@ -242,3 +242,10 @@ def test_learns_above_chance(storage: Path) -> None:
     assert doc["cache"]["mode"] == "warm"
     assert doc["epochs"][1]["ranks"][0]["cache_resident_fraction_at_start"] > 0.9
     assert any("WARM CACHE" in w for w in doc["warnings"])
+
+
+def test_unwritable_results_dir_fails_before_training(storage: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(StorageError, match="cannot create it"):
+        run(_cfg(storage, results=str(blocker / "res")), factory(), World())
