@@ -464,7 +464,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     doc: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "kind": "stage",
-        "created": _now_iso(),
+        "created": now_iso(),
         "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
                    "world_size": world.size, "num_nodes": world.num_nodes,
                    "launcher": world.launcher},
@@ -503,7 +503,7 @@ def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, 
     staged.write(dest_root)
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
     """UTC time with microseconds (orders results written within one second)."""
     import datetime
 

@@ -1,15 +1,86 @@
-"""PLACEHOLDER: `iobench probe` is being built; its owner replaces this whole file."""
+"""Measure a storage tier, cold cache: sequential and random read bandwidth and IOPS (4 KiB and a
+dataset's sample size, 1 and several readers), sequential write bandwidth, metadata rates.
+
+Uses fio (JSON output) when installed, iobench's own measurement otherwise
+(`--engine python`, or IOBENCH_PROBE_ENGINE=python); the result says which.
+The default run takes about 20-30 s; --size and --runtime make it longer.
+Writes an `iobench.probe` result into --results for `iobench report`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from iobench.errors import UnsupportedError
+from iobench.datasets import DATASETS
+from iobench.errors import ConfigError
+from iobench.probe import ENGINES, ProbeConfig, parse_size, probe_storage, sample_size_for
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("--storage", required=True, metavar="DIR",
+                   help="a directory on the tier to measure (scratch files go there and are "
+                        "removed)")
+    p.add_argument("--size", default="256M",
+                   help="bytes per reader's file, e.g. 64M, 1G (default 256M); larger than "
+                        "the storage's cache for honest parallel-filesystem figures")
+    p.add_argument("--readers", default="1,4",
+                   help="concurrent reader (and writer) counts, e.g. 1,4,16 (default 1,4)")
+    p.add_argument("--runtime", type=float, default=2.0, metavar="SECONDS",
+                   help="upper bound per test in seconds (default 2)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--sample-size", default=None,
+                       help="bytes per random read besides 4 KiB (e.g. 110k); default: from "
+                            "--dataset, else 110 kB (an ImageNet JPEG)")
+    group.add_argument("--dataset", choices=list(DATASETS), default=None,
+                       help="take the random-read size from this dataset (its manifest under "
+                            "--storage if there is one)")
+    p.add_argument("--metadata-files", type=int, default=1000,
+                   help="small files for the metadata rates (default 1000)")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="fio, python (iobench's own), or auto: fio when installed")
+    p.add_argument("--buffered", action="store_true",
+                   help="no O_DIRECT even where allowed (files are evicted and read once)")
+    p.add_argument("--label", default=None,
+                   help="the tier's name in reports (default: its kind and filesystem)")
+    p.add_argument("--results", default="iobench-results", metavar="DIR",
+                   help="directory for the probe result (default: ./iobench-results)")
+
+
+def config_from_args(args: argparse.Namespace) -> ProbeConfig:
+    if args.sample_size is not None:
+        sample = parse_size(args.sample_size)
+    elif args.dataset is not None:
+        sample = sample_size_for(args.dataset, args.storage)
+    else:
+        sample = sample_size_for("imagenet")
+    size = parse_size(args.size)
+    if sample > size:
+        raise ConfigError(f"--sample-size {sample} is larger than --size {size}")
+    return ProbeConfig(storage=args.storage, file_bytes=size, readers=args.readers,
+                       runtime_s=args.runtime, sample_bytes=sample,
+                       metadata_files=args.metadata_files, engine=args.engine,
+                       direct=False if args.buffered else None, label=args.label)
 
 
 def main(args: argparse.Namespace) -> int:
-    raise UnsupportedError("`iobench probe` is not built yet")
+    from iobench.stage import write_result
+    from iobench.world import get_world
+
+    if get_world().size > 1:
+        raise ConfigError("run `iobench probe` as one process (without mpiexec/srun/torchrun); "
+                          "its --readers option sets the concurrency")
+    cfg = config_from_args(args)
+    doc = probe_storage(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+    path = write_result(doc, args.results, "probe")
+    s = doc["summary"]
+    for w in doc["warnings"]:
+        print(f"iobench: WARNING: {w}", file=sys.stderr)
+    print(f"probe of {doc['storage']['path']} ({doc['storage']['fstype']}, engine "
+          f"{doc['engine']}, {'O_DIRECT' if doc['direct'] else 'buffered, evicted'}): "
+          f"seq read {s['seq_read_MBps']:.1f} MB/s, seq write {s['seq_write_MBps']:.1f} MB/s, "
+          f"4 KiB random {s['rand4k_read_iops']:.0f} IOPS, {s['sample_bytes']}-byte random "
+          f"{s['sample_read_MBps']:.1f} MB/s, {s['create_per_s']:.0f} creates/s, "
+          f"{s['stat_per_s']:.0f} stats/s, {s['open_read_close_per_s']:.0f} open+read+close/s; "
+          f"result {path}")
+    return 0

@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip files of the right size without re-hashing them on resume")
     p.add_argument("--no-fsync", action="store_true",
                    help="do not fsync each file (stage_s then excludes write-back)")
-    p.add_argument("--results", default="results", metavar="DIR",
-                   help="directory for the staging result (default: ./results)")
+    p.add_argument("--results", default="iobench-results", metavar="DIR",
+                   help="directory for the staging result (default: ./iobench-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -1,0 +1,562 @@
+"""Characterise a storage tier, cold cache: the physical limits next to what loaders reach.
+
+`probe_storage(config)` measures, in a scratch directory under the tier:
+sequential write and read bandwidth, random read bandwidth and IOPS at
+4 KiB and at the dataset's sample size, each with 1 and several concurrent
+readers (synchronous reads, one file per reader: the same model as loader
+workers), and metadata rates (create, stat, open+read+close, unlink of small
+files). It uses `fio` (JSON output) when installed, and its own measurement
+otherwise; the result says which. Reads bypass the page cache with O_DIRECT
+where the filesystem allows it, else the files are evicted first and read
+once (never twice, so no read is served from memory). Metadata is always
+measured by iobench itself (fio has no portable metadata test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import mmap
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from iobench import cache
+from iobench.errors import ConfigError, StorageError, UnsupportedError
+
+SCHEMA = "iobench.probe"
+SCHEMA_VERSION = 1
+ENGINES = ("auto", "fio", "python")
+ENGINE_ENV = "IOBENCH_PROBE_ENGINE"  # "python" forces iobench's own measurement (CI, tests)
+KiB, MiB = 2**10, 2**20
+SEQ_BS = 4 * MiB
+ALIGN = 4 * KiB  # O_DIRECT needs block-aligned sizes and offsets
+IMAGENET_MEAN_JPEG = 110_000  # bytes: ILSVRC-2012 train mean, when no dataset is at hand
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from `123`, `4k`, `16M`, `1.5G`, `2GiB` (binary multiples)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ConfigError(f"size {text!r} is not a size; write e.g. 4096, 64k, 256M or 2G")
+    mult = {"": 1, "k": KiB, "m": MiB, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def parse_readers(text: str | tuple[int, ...]) -> tuple[int, ...]:
+    """`1,4` -> (1, 4): reader counts, each >= 1, sorted, distinct."""
+    try:
+        vals = tuple(int(x) for x in text.split(",")) if isinstance(text, str) else tuple(text)
+    except ValueError:
+        raise ConfigError(f"readers {text!r}: give counts separated by commas, e.g. 1,4") from None
+    if not vals or min(vals) < 1 or max(vals) > 256:
+        raise ConfigError(f"readers {text!r}: each count must be in [1, 256]")
+    return tuple(sorted(set(vals)))
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """What to measure where. Sizes in bytes, times in seconds."""
+
+    storage: Path
+    file_bytes: int = 256 * MiB  # per reader: one file each
+    readers: tuple[int, ...] = (1, 4)
+    runtime_s: float = 2.0  # upper bound per test
+    sample_bytes: int = IMAGENET_MEAN_JPEG  # random reads at a dataset's sample size
+    metadata_files: int = 1000
+    engine: str = "auto"
+    direct: bool | None = None  # None: O_DIRECT where the filesystem allows it
+    seed: int = 0
+    label: str | None = None  # the tier's name in reports (default: its filesystem kind)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "storage", Path(self.storage))
+        object.__setattr__(self, "readers", parse_readers(self.readers))
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
+        if self.file_bytes < SEQ_BS:
+            raise ConfigError(f"file size {self.file_bytes} bytes is below {SEQ_BS} (4 MiB); "
+                              "give --size 4M or more")
+        if not 0 < self.runtime_s <= 3600:
+            raise ConfigError(f"runtime {self.runtime_s} s must be in (0, 3600]")
+        if not 1 <= self.sample_bytes <= self.file_bytes:
+            raise ConfigError(f"sample size {self.sample_bytes} must be in [1, file size "
+                              f"{self.file_bytes}]")
+        if self.metadata_files < 1:
+            raise ConfigError(f"metadata files {self.metadata_files} must be >= 1")
+
+
+def sample_size_for(dataset: str, storage: str | Path | None = None) -> int:
+    """Mean stored bytes per sample of `dataset`: from a manifest under `storage` if one
+    exists there, else from the dataset table (ImageNet JPEGs: 110 kB, the ILSVRC mean)."""
+    from iobench.datasets import FORMATS, dataset_dirname, parse_dataset
+    from iobench.manifest import Manifest
+
+    spec = parse_dataset(dataset)
+    if storage is not None:
+        for fmt in FORMATS:
+            root = Path(storage) / dataset_dirname(dataset, fmt)
+            if (root / "iobench.json").is_file():
+                m = Manifest.load(root)
+                data = sum(f.bytes for f in m.data_files)
+                if m.num_samples and data:
+                    return max(1, data // m.num_samples)
+    return spec.sample_nbytes or IMAGENET_MEAN_JPEG
+
+
+def fio_path() -> str | None:
+    return shutil.which("fio")
+
+
+def choose_engine(requested: str) -> str:
+    """`fio` when installed (unless forced otherwise by option or $IOBENCH_PROBE_ENGINE)."""
+    forced = os.environ.get(ENGINE_ENV)
+    if forced:
+        if forced not in ENGINES:
+            raise ConfigError(f"${ENGINE_ENV}={forced!r}; choose one of: {', '.join(ENGINES)}")
+        requested = forced if requested == "auto" else requested
+    if requested == "fio" and fio_path() is None:
+        raise UnsupportedError("--engine fio: fio is not installed (apt-get install fio, or "
+                               "scripts/install-system-deps.sh); --engine python measures "
+                               "without it")
+    if requested == "auto":
+        return "fio" if fio_path() else "python"
+    return requested
+
+
+def supports_direct(directory: Path) -> bool:
+    """Whether files in `directory` can be read and written with O_DIRECT."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    path = directory / f".iobench-odirect-{os.getpid()}"
+    buf = mmap.mmap(-1, ALIGN)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError:
+        return False
+    try:
+        os.pwritev(fd, [buf], 0)
+        os.preadv(fd, [buf], 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        buf.close()
+
+
+@dataclass
+class TestResult:
+    """One bandwidth/IOPS test: `op` is write, read or randread; bytes and seconds are totals."""
+
+    name: str
+    op: str
+    bs_bytes: int
+    readers: int
+    bytes: int
+    seconds: float
+    MBps: float
+    iops: float
+    engine: str
+    direct: bool
+    note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _result(name: str, op: str, bs: int, n: int, nbytes: int, ops: int, seconds: float,
+            engine: str, direct: bool, note: str | None = None) -> TestResult:
+    s = max(seconds, 1e-9)
+    return TestResult(name, op, bs, n, nbytes, seconds, nbytes / s / 1e6, ops / s, engine,
+                      direct, note)
+
+
+# ----------------------------------------------------------------- iobench's own engine
+
+def _parallel(n: int, fn: Callable[[int], tuple[int, int]]) -> tuple[int, int, float]:
+    """Run fn(i) in n threads started together; (bytes, ops, wall seconds)."""
+    out: list[tuple[int, int]] = [(0, 0)] * n
+    errors: list[BaseException] = []
+    start = threading.Barrier(n + 1)
+
+    def body(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = fn(i)
+        except BaseException as e:  # surfaced in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter_ns()
+    for t in threads:
+        t.join()
+    seconds = (time.perf_counter_ns() - t0) / 1e9
+    if errors:
+        raise errors[0]
+    return sum(b for b, _ in out), sum(o for _, o in out), seconds
+
+
+class _PyEngine:
+    def __init__(self, cfg: ProbeConfig, work: Path, direct: bool) -> None:
+        self.cfg, self.work, self.direct = cfg, work, direct
+
+    def path(self, i: int) -> Path:
+        return self.work / f"probe.{i}"
+
+    def _open(self, i: int, flags: int) -> int:
+        return os.open(self.path(i), flags | (os.O_DIRECT if self.direct else 0), 0o600)
+
+    def write(self, n: int) -> TestResult:
+        cfg = self.cfg
+        pattern = np.random.default_rng(cfg.seed).integers(0, 256, SEQ_BS, np.uint8).tobytes()
+
+        def one(i: int) -> tuple[int, int]:
+            buf = mmap.mmap(-1, SEQ_BS)
+            buf.write(pattern)
+            fd = self._open(i, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            done = ops = 0
+            try:
+                while done < cfg.file_bytes:
+                    done += os.pwritev(fd, [buf], done)
+                    ops += 1
+                os.fsync(fd)  # bandwidth to the device, not to the page cache
+            finally:
+                os.close(fd)
+                buf.close()
+            return done, ops
+
+        b, o, s = _parallel(n, one)
+        return _result(f"seq_write_{n}", "write", SEQ_BS, n, b, o, s, "python", self.direct,
+                       "each writer writes its own file, fsync at the end (timed)")
+
+    def _prepare_read(self, n: int) -> None:
+        if not self.direct:
+            cache.evict([self.path(i) for i in range(n)])
+
+    def read(self, n: int) -> TestResult:
+        cfg = self.cfg
+        self._prepare_read(n)
+        deadline = [0]
+
+        def one(i: int) -> tuple[int, int]:
+            buf = mmap.mmap(-1, SEQ_BS)
+            fd = self._open(i, os.O_RDONLY)
+            done = ops = off = 0
+            try:
+                if not self.direct:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                while time.perf_counter_ns() < deadline[0]:
+                    k = os.preadv(fd, [buf], off)
+                    if k <= 0:
+                        if not self.direct:
+                            break  # a second pass would read the page cache
+                        off = 0
+                        continue
+                    done, ops, off = done + k, ops + 1, off + k
+            finally:
+                os.close(fd)
+                buf.close()
+            return done, ops
+
+        deadline[0] = time.perf_counter_ns() + int(cfg.runtime_s * 1e9) + 10**8
+        b, o, s = _parallel(n, one)
+        return _result(f"seq_read_{n}", "read", SEQ_BS, n, b, o, s, "python", self.direct)
+
+    def randread(self, n: int, bs: int, tag: str) -> TestResult:
+        cfg = self.cfg
+        self._prepare_read(n)
+        slots = cfg.file_bytes // bs
+        deadline = [0]
+
+        def one(i: int) -> tuple[int, int]:
+            # each block once (a permutation): a buffered re-read would hit the page cache
+            order = np.random.default_rng([cfg.seed, i, bs]).permutation(slots) * bs
+            buf = mmap.mmap(-1, max(bs, ALIGN))
+            view = memoryview(buf)[:bs]
+            fd = self._open(i, os.O_RDONLY)
+            done = ops = 0
+            try:
+                if not self.direct:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                for off in order.tolist():
+                    if ops & 31 == 0 and time.perf_counter_ns() >= deadline[0]:
+                        break
+                    done += os.preadv(fd, [view], off)
+                    ops += 1
+            finally:
+                os.close(fd)
+                view.release()
+                buf.close()
+            return done, ops
+
+        deadline[0] = time.perf_counter_ns() + int(cfg.runtime_s * 1e9)
+        b, o, s = _parallel(n, one)
+        return _result(f"randread_{tag}_{n}", "randread", bs, n, b, o, s, "python", self.direct)
+
+
+# ----------------------------------------------------------------------------- fio engine
+
+class _FioEngine:
+    def __init__(self, cfg: ProbeConfig, work: Path, direct: bool) -> None:
+        self.cfg, self.work, self.direct = cfg, work, direct
+        self.exe = fio_path() or "fio"
+
+    def _run(self, name: str, rw: str, bs: int, n: int, op: str) -> TestResult:
+        cfg = self.cfg
+        args = [self.exe, "--output-format=json", f"--name={name}", f"--directory={self.work}",
+                "--filename_format=probe.$jobnum", f"--numjobs={n}", "--group_reporting",
+                f"--size={cfg.file_bytes}", f"--bs={bs}", f"--rw={rw}", "--ioengine=psync",
+                f"--direct={int(self.direct)}", f"--runtime={max(1, int(cfg.runtime_s * 1000))}ms",
+                f"--randseed={cfg.seed + 1}"]
+        if rw == "write":
+            args += ["--end_fsync=1"]
+        elif self.direct:
+            args += ["--time_based"]  # O_DIRECT re-reads still go to the device
+        else:
+            args += ["--invalidate=1"]  # evicted first; the random map reads each block once
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True,
+                                  timeout=cfg.runtime_s * 10 + 300)
+        except subprocess.TimeoutExpired as e:
+            raise StorageError(f"fio did not finish {name} on {self.work} in time; the storage "
+                               "may hang; --engine python measures without fio") from e
+        if proc.returncode != 0:
+            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+            raise StorageError(f"fio failed on {name} in {self.work}: "
+                               f"{msg[-1] if msg else proc.returncode}; --engine python "
+                               "measures without fio")
+        text = proc.stdout[proc.stdout.index("{"):]  # fio may print notes before the JSON
+        job = json.loads(text)["jobs"][0]
+        side = job["write" if rw == "write" else "read"]
+        seconds = side["runtime"] / 1e3
+        r = _result(name, op, bs, n, int(side["io_bytes"]), int(side["total_ios"]), seconds,
+                    "fio", self.direct)
+        # fio's own figures (its clock): keep them next to ours
+        r.extra = {"fio_bw_bytes": side["bw_bytes"], "fio_iops": side["iops"],
+                   "clat_ns_mean": side.get("clat_ns", {}).get("mean"),
+                   "clat_ns_p99": side.get("clat_ns", {}).get("percentile", {}).get("99.000000")}
+        return r
+
+    def write(self, n: int) -> TestResult:
+        r = self._run(f"seq_write_{n}", "write", SEQ_BS, n, "write")
+        r.note = "each writer writes its own file, fsync at the end (timed)"
+        return r
+
+    def read(self, n: int) -> TestResult:
+        return self._run(f"seq_read_{n}", "read", SEQ_BS, n, "read")
+
+    def randread(self, n: int, bs: int, tag: str) -> TestResult:
+        return self._run(f"randread_{tag}_{n}", "randread", bs, n, "randread")
+
+
+def fio_version() -> str | None:
+    exe = fio_path()
+    if exe is None:
+        return None
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True,
+                              timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# ------------------------------------------------------------------------------- metadata
+
+def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB) -> dict[str, Any]:
+    """Create, stat, open+read+close, unlink `files` small files with `threads` threads.
+
+    Rates are operations per second over the wall time of each phase. The
+    files' data is evicted before the open+read+close phase; their inodes and
+    directory entries stay cached (only dropping the node's caches clears
+    those), so stat rates are an upper bound on a cold metadata server.
+    """
+    base = work / f"meta-{threads}"
+    base.mkdir()
+    per = [files // threads + (1 if i < files % threads else 0) for i in range(threads)]
+    payload = os.urandom(size)
+    dirs = [base / f"t{i}" for i in range(threads)]
+    for d in dirs:
+        d.mkdir()
+
+    def phase(fn: Callable[[Path], int]) -> tuple[int, float]:
+        def one(i: int) -> tuple[int, int]:
+            n = 0
+            for k in range(per[i]):
+                n += fn(dirs[i] / f"f{k:07d}")
+            return n, per[i]
+
+        nbytes, ops, seconds = _parallel(threads, one)
+        return ops, seconds
+
+    def create(p: Path) -> int:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            return os.write(fd, payload)
+        finally:
+            os.close(fd)
+
+    def stat(p: Path) -> int:
+        os.stat(p)
+        return 0
+
+    def open_read_close(p: Path) -> int:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            return len(os.read(fd, size))
+        finally:
+            os.close(fd)
+
+    out: dict[str, Any] = {"threads": threads, "files": files, "file_bytes": size}
+    ops, s = phase(create)
+    out["create_per_s"] = ops / s
+    os.sync()  # the files' data is on the device before it is evicted and read back
+    ops, s = phase(stat)
+    out["stat_per_s"] = ops / s
+    cache.evict(p for d in dirs for p in d.iterdir())
+    ops, s = phase(open_read_close)
+    out["open_read_close_per_s"] = ops / s
+    ops, s = phase(lambda p: (os.unlink(p), 0)[1])
+    out["unlink_per_s"] = ops / s
+    shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------- probe
+
+def _check_storage(storage: Path, need: int) -> None:
+    if not storage.is_dir():
+        raise StorageError(f"--storage {storage} is not a directory; give an existing directory "
+                           "on the tier to measure")
+    if not os.access(storage, os.W_OK | os.X_OK):
+        raise StorageError(f"--storage {storage} is not writable; probe writes scratch files "
+                           "there (and removes them)")
+    st = os.statvfs(storage)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise StorageError(f"not enough space in {storage}: probe needs {need / 1e9:.2f} GB, "
+                           f"{free / 1e9:.2f} GB are free; give a smaller --size or fewer "
+                           "--readers")
+
+
+def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every test on `cfg.storage`; return the `iobench.probe` v1 document.
+
+    Scratch files live in a hidden directory under the storage and are
+    removed afterwards, also on failure or interruption.
+    """
+    from iobench.stage import now_iso
+    from iobench.sysinfo import mount_of, provenance
+
+    log = log or (lambda _msg: None)
+    nmax = max(cfg.readers)
+    _check_storage(cfg.storage, nmax * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
+    engine = choose_engine(cfg.engine)
+    mount = mount_of(cfg.storage)
+    work = Path(tempfile.mkdtemp(prefix=f".iobench-probe-{socket.gethostname()}-",
+                                 dir=cfg.storage))
+    warnings: list[str] = []
+    notes: list[str] = []
+    tests: list[TestResult] = []
+    meta: list[dict[str, Any]] = []
+    try:
+        can_direct = supports_direct(work)
+        direct = can_direct if cfg.direct is None else cfg.direct
+        if direct and not can_direct:
+            raise UnsupportedError(f"{cfg.storage} ({mount.fstype}) does not allow O_DIRECT; "
+                                   "leave out --direct (files are then evicted and read once)")
+        if mount.kind == "memory":
+            warnings.append(f"{cfg.storage} is {mount.fstype}: its data lives in memory, so "
+                            "these figures are memory bandwidth, not storage")
+        eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, direct)
+        sample_bs = cfg.sample_bytes
+        if direct and sample_bs % ALIGN:
+            sample_bs = -(-sample_bs // ALIGN) * ALIGN
+            notes.append(f"O_DIRECT needs aligned reads: sample-size reads use "
+                            f"{sample_bs} bytes (sample size {cfg.sample_bytes} rounded up "
+                            "to 4 KiB)")
+        plan: list[tuple[str, Callable[[], TestResult]]] = []
+        for n in cfg.readers:
+            plan.append((f"sequential write, {n} writer(s)", lambda n=n: eng.write(n)))
+        for n in cfg.readers:
+            plan.append((f"sequential read, {n} reader(s)", lambda n=n: eng.read(n)))
+        for n in cfg.readers:
+            plan.append((f"random 4 KiB reads, {n} reader(s)",
+                         lambda n=n: eng.randread(n, 4 * KiB, "4k")))
+        for n in cfg.readers:
+            plan.append((f"random {sample_bs}-byte reads, {n} reader(s)",
+                         lambda n=n: eng.randread(n, sample_bs, "sample")))
+        for what, fn in plan:
+            log(what)
+            tests.append(fn())
+            log(f"  {tests[-1].MBps:.1f} MB/s, {tests[-1].iops:.0f} IOPS")
+        for n in cfg.readers:
+            log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
+            meta.append(metadata_rates(work, cfg.metadata_files, n))
+    except OSError as e:
+        if isinstance(e, StorageError | UnsupportedError):
+            raise
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageError(f"out of space in {cfg.storage} while probing; give a smaller "
+                               "--size") from e
+        raise StorageError(f"probe failed on {cfg.storage}: {e.strerror or e}") from e
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def best(op: str, bs: int | None = None, key: str = "MBps") -> float | None:
+        vals = [getattr(t, key) for t in tests if t.op == op and (bs is None or t.bs_bytes == bs)]
+        return max(vals) if vals else None
+
+    summary = {
+        "seq_write_MBps": best("write"),
+        "seq_read_MBps": best("read"),
+        "rand4k_read_MBps": best("randread", 4 * KiB),
+        "rand4k_read_iops": best("randread", 4 * KiB, "iops"),
+        "sample_read_MBps": best("randread", sample_bs),
+        "sample_read_iops": best("randread", sample_bs, "iops"),
+        "sample_bytes": cfg.sample_bytes,
+        "create_per_s": max(m["create_per_s"] for m in meta),
+        "stat_per_s": max(m["stat_per_s"] for m in meta),
+        "open_read_close_per_s": max(m["open_read_close_per_s"] for m in meta),
+        "readers_max": nmax,
+    }
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "probe",
+        "created": now_iso(),
+        "label": cfg.label or f"{mount.kind} ({mount.fstype})",
+        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+                   "readers": list(cfg.readers)},
+        "engine": engine,
+        "engine_version": fio_version() if engine == "fio" else "iobench (threads, pread)",
+        "metadata_engine": "iobench",
+        "direct": direct,
+        "cache": ("O_DIRECT: reads and writes bypass the page cache" if direct else
+                  "buffered: files evicted (POSIX_FADV_DONTNEED) before each read test and "
+                  "each block read once"),
+        "storage": asdict(mount),
+        "summary": summary,
+        "tests": [asdict(t) for t in tests],
+        "metadata": meta,
+        "warnings": warnings,
+        "notes": notes + ["random reads are synchronous (psync), one file per reader, like "
+                          "loader workers; metadata: inodes and dentries stay cached"],
+        "provenance": provenance(),
+    }

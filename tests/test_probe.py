@@ -1,0 +1,122 @@
+"""`iobench probe`: storage-tier figures with fio and with iobench's own measurement."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from test_cache import make_dataset
+
+from conftest import cli, run_cmd
+from iobench import procio
+from iobench.errors import ConfigError
+from iobench.probe import ProbeConfig, parse_size, probe_storage, sample_size_for
+
+TINY = ["--size", "4M", "--runtime", "0.2", "--metadata-files", "20", "--readers", "1,2"]
+NAMES = {"seq_write_1", "seq_write_2", "seq_read_1", "seq_read_2", "randread_4k_1",
+         "randread_4k_2", "randread_sample_1", "randread_sample_2"}
+
+
+def _check_doc(doc: dict, engine: str, storage: Path) -> None:
+    assert doc["schema"] == "iobench.probe" and doc["schema_version"] == 1
+    assert doc["engine"] == engine and doc["metadata_engine"] == "iobench"
+    assert {t["name"] for t in doc["tests"]} == NAMES
+    for t in doc["tests"]:
+        assert t["engine"] == engine and t["bytes"] > 0 and t["seconds"] > 0, t
+        assert t["MBps"] == pytest.approx(t["bytes"] / t["seconds"] / 1e6, rel=1e-6)
+        assert t["iops"] > 0 and t["readers"] in (1, 2)
+        if t["op"] == "randread":
+            assert t["bytes"] % t["bs_bytes"] == 0  # whole blocks, no short reads
+    for key, value in doc["summary"].items():
+        assert value is not None and value > 0, key
+    assert [m["threads"] for m in doc["metadata"]] == [1, 2]
+    assert doc["storage"]["path"] == str(storage.resolve())
+    assert not [p for p in storage.iterdir() if p.name.startswith(".iobench-probe")]
+
+
+def _only_result(d: Path) -> dict:
+    (path,) = d.glob("probe-*.json")
+    return json.loads(path.read_text())
+
+
+def test_probe_with_fio(tmp_path):
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed (scripts/install-system-deps.sh installs it)")
+    storage = tmp_path / "tier"
+    storage.mkdir()
+    assert cli("probe", "--storage", storage, *TINY, "--engine", "fio", "--results",
+               tmp_path / "res") == 0
+    doc = _only_result(tmp_path / "res")
+    _check_doc(doc, "fio", storage)
+    assert doc["engine_version"].startswith("fio-")
+    assert all(t["extra"]["fio_bw_bytes"] > 0 for t in doc["tests"])
+
+
+def test_probe_without_fio_on_path(tmp_path):
+    """No fio on PATH: auto falls back to iobench's own measurement, --engine fio says why."""
+    storage = tmp_path / "tier"
+    storage.mkdir()
+    env = {"PATH": str(Path(sys.executable).parent)}
+    r = run_cmd("probe", "--storage", storage, *TINY, "--results", tmp_path / "res", env=env)
+    assert r.returncode == 0, r.stderr
+    _check_doc(_only_result(tmp_path / "res"), "python", storage)
+    r = run_cmd("probe", "--storage", storage, *TINY, "--engine", "fio", env=env)
+    assert r.returncode != 0 and "fio is not installed" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_buffered_python_probe_reads_storage_not_memory(tmp_path, monkeypatch):
+    """Without O_DIRECT the files are evicted and each block read once: the kernel's own
+    count of bytes read from the device covers what the read tests report."""
+    if procio.read_bytes_unavailable(tmp_path) is not None:
+        pytest.skip("the kernel does not count read_bytes on this filesystem")
+    monkeypatch.setenv("IOBENCH_PROBE_ENGINE", "python")
+    cfg = ProbeConfig(storage=tmp_path, file_bytes=8 * 2**20, readers=(1, 2), runtime_s=5,
+                      sample_bytes=100_000, metadata_files=10, direct=False)
+    before = procio.tree_io()
+    doc = probe_storage(cfg)
+    delta = procio.tree_io() - before
+    assert doc["engine"] == "python" and doc["direct"] is False
+    read = sum(t["bytes"] for t in doc["tests"] if t["op"] != "write")
+    assert read >= 4 * 8 * 2**20  # sequential passes alone: 1 + 2 files of 8 MiB, then more
+    assert delta.read_bytes >= 0.9 * read
+    (sample,) = {t["bs_bytes"] for t in doc["tests"] if t["name"].startswith("randread_sample")}
+    assert sample == 100_000  # buffered: the dataset's own sample size, unrounded
+
+
+def test_sample_size_from_dataset(tmp_path):
+    make_dataset(tmp_path / "cifar10-files", [4000, 4000])
+    assert sample_size_for("cifar10", tmp_path) == 1000  # 4 samples per 4000-byte file
+    assert sample_size_for("cifar10") == 32 * 32 * 3
+    assert sample_size_for("cosmoflow") == 128**3 * 4 * 2
+    assert sample_size_for("imagenet") == 110_000
+
+
+def test_parse_size():
+    assert parse_size("4096") == 4096 and parse_size("64k") == 65536
+    assert parse_size("16M") == 16 * 2**20 and parse_size("1.5GiB") == 3 * 2**29
+    with pytest.raises(ConfigError, match="not a size"):
+        parse_size("12X")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--storage", "/does/not/exist"], "is not a directory"),
+    (["--storage", "{tmp}", "--size", "12X"], "not a size"),
+    (["--storage", "{tmp}", "--readers", "0,2"], "must be in [1, 256]"),
+    (["--storage", "{tmp}", "--size", "1M"], "below"),
+    (["--storage", "{tmp}", "--size", "1000T"], "not enough space"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, argv, needle):
+    code = cli("probe", *[a.replace("{tmp}", str(tmp_path)) for a in argv],
+               "--results", tmp_path / "res")
+    err = capsys.readouterr().err
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "res").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".iobench-probe")]
+    assert os.listdir(tmp_path) == []
