@@ -492,3 +492,17 @@ def test_verdict_says_when_the_daemon_was_the_limit() -> None:
     assert d["limited_by"] == "client" and d["emulated"] is True
     with pytest.raises(DatasetError, match="different iobench-pfs daemons"):
         delta(doc, {**later, "pid": 2})
+
+
+@pytest.mark.fuse
+def test_a_daemon_that_cannot_start_is_reported_and_leaves_nothing(
+        pfs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    # The daemon process loads libfuse from here, and fails.
+    monkeypatch.setenv("FUSE_LIBRARY_PATH", str(tmp_path / "no-such-libfuse.so"))
+    mp = tmp_path / "never"
+    with pytest.raises(StorageError, match=r"daemon exited \(status 1\) before mounting"):
+        mount(backing, mp)
+    assert not mp.exists() and not _mounted(mp)
+    assert not list((tmp_path / "run").glob("*.pid"))

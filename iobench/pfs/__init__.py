@@ -25,7 +25,9 @@ Library API (the CLI is `iobench emulate-pfs`):
   `limited_by` (daemon | profile-bandwidth | profile-latency | client | idle)
   and `verdict`, a sentence saying it is an emulation and what set the pace.
   `iobench train` should record `delta(...)["bytes_served"]` as the tier's
-  read bytes: `/proc/<pid>/io` does not see FUSE traffic.
+  read bytes: `/proc/<pid>/io` does not see FUSE traffic. The counters are
+  per mount, i.e. per node: with several ranks on a node, record them once
+  per node (e.g. local rank 0, after a barrier), never summed over its ranks.
 - `is_emulated(path) -> dict | None`: mount, backing, pid, profile and note
   of the emulated tier holding `path`, else None.
 - `fuse_problem() -> str | None`: why FUSE cannot be used here (one line
@@ -52,6 +54,6 @@ from iobench.pfs.stats import NOTE, assess, delta
 
 __all__ = [
     "NOTE", "PROFILES", "PfsMount", "Profile", "assess", "build_config", "delta",
-    "emulated_mounts", "fuse_problem", "get_profile", "is_emulated", "mount", "mount_config", "read_stats",
-    "require_fuse", "stats_for", "status", "unmount",
+    "emulated_mounts", "fuse_problem", "get_profile", "is_emulated", "mount", "mount_config",
+    "read_stats", "require_fuse", "stats_for", "status", "unmount",
 ]

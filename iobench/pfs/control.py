@@ -217,10 +217,10 @@ def build_config(backing: str | Path, mountpoint: str | Path, profile: str | Pro
                      evict_backing=evict_backing)
 
 
-def check_paths(config: PfsConfig) -> None:
+def check_paths(config: PfsConfig) -> bool:
     """Backing and mount point are usable; raise a one-line StorageError/ConfigError otherwise.
 
-    A missing mount point is created (its parent must exist).
+    A missing mount point is created (its parent must exist); returns whether it was.
     """
     b, m = config.backing, config.mountpoint
     if not os.path.exists(b):
@@ -249,6 +249,7 @@ def check_paths(config: PfsConfig) -> None:
             raise StorageError(f"mount point {m} does not exist and neither does its parent "
                                f"{parent}; create it first")
         os.mkdir(m)
+        return True
     try:
         with os.scandir(m) as it:
             entry = next(it, None)
@@ -258,6 +259,7 @@ def check_paths(config: PfsConfig) -> None:
     if entry is not None:
         raise StorageError(f"mount point {m} is not empty (it holds {entry.name!r}, ...); "
                            "FUSE would hide those files: give an empty directory")
+    return False
 
 
 def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = "lustre-light",
@@ -275,7 +277,17 @@ def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = 
 def mount_config(config: PfsConfig) -> PfsMount:
     """`mount` for an already validated PfsConfig."""
     require_fuse()
-    check_paths(config)
+    created = check_paths(config)
+    try:
+        return _start(config)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(config.mountpoint)  # leave nothing behind that we made
+        raise
+
+
+def _start(config: PfsConfig) -> PfsMount:
     paths = state_paths(config.mountpoint)
     paths.pid.parent.mkdir(parents=True, exist_ok=True)
     old = _read_pid(paths)
