@@ -327,6 +327,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
     epochs: list[dict[str, Any]] = []
     warnings: list[str] = []
     t_run = time.perf_counter()
+    run_id = new_run_id(world.hostname)  # named by its start time
 
     for epoch in range(config.epochs):
         report = cache.evict_for_node(manifest, world, evict_pages=not config.warm_cache,
@@ -419,7 +420,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
         warnings.append(io_note)
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-        "run_id": new_run_id(world.hostname),
+        "run_id": run_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "kind": "train",
         "config": config.to_dict(),
