@@ -19,6 +19,7 @@ import math
 import numpy as np
 import torch
 
+from iobench.errors import DatasetError
 from iobench.loaders._reader import RawBatch
 from iobench.loaders.base import Batch
 
@@ -29,7 +30,14 @@ CIFAR_STD = (0.2470, 0.2435, 0.2616)
 CROP = 224
 CIFAR_PAD = 4
 
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class DecodeError(DatasetError):
+    """A stored sample that does not decode; the loader adds the file that holds it."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(f"sample {index} does not decode ({cause})")
+        self.index, self.cause = index, cause
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -149,7 +157,12 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
 
     n = len(indices)
     mv = memoryview(data)
-    images = [decode_jpeg(mv[offsets[i]:offsets[i + 1]]) for i in range(n)]
+    images = []
+    for i in range(n):
+        try:
+            images.append(decode_jpeg(mv[offsets[i]:offsets[i + 1]]))
+        except (ValueError, OSError, SyntaxError) as e:  # simplejpeg: ValueError; PIL: OSError
+            raise DecodeError(int(indices[i]), e) from None
     hs = np.array([im.shape[0] for im in images])
     ws = np.array([im.shape[1] for im in images])
     boxes = rrc_params(hs, ws, seed, epoch, indices).tolist()

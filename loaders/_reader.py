@@ -153,6 +153,10 @@ class BatchReader(ABC):
                                f"for {self.manifest.root}")
         return pos
 
+    def where(self, index: int) -> str:
+        """The file that holds sample `index` (for error messages)."""
+        return str(self.paths[int(self.file_of(np.array([index], dtype=np.int64))[0])])
+
     def read(self, indices: np.ndarray) -> RawBatch:
         """Stored samples and labels of `indices` (int64, any order), in that order."""
         indices = np.asarray(indices, dtype=np.int64)

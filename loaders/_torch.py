@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from iobench import errors
 from iobench.errors import DatasetError
-from iobench.loaders._preprocess import to_batch
+from iobench.loaders._preprocess import DecodeError, to_batch
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
 from iobench.manifest import Manifest
@@ -57,7 +57,12 @@ class BatchFetcher(Dataset):
         epoch, idx = key
         try:
             raw = self.reader.read(idx)
-            return to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode)
+            try:
+                return to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode)
+            except DecodeError as e:
+                raise DatasetError(f"cannot decode sample {e.index} stored in "
+                                   f"{self.reader.where(e.index)} ({e.cause}); the file is "
+                                   "damaged: regenerate or re-stage the dataset") from None
         except Exception as e:  # surfaced in the main process by `unwrap`
             return WorkerFailure(e)
 
