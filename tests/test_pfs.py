@@ -429,12 +429,14 @@ def test_cli_rejects_bad_input_in_one_line(argv: list[str], message: str, capsys
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_fuse_problem_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fuse_problem_names_the_fix(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import ctypes.util
 
     real_exists = os.path.exists
     monkeypatch.setattr(os.path, "exists", lambda p: False if p == "/dev/fuse" else real_exists(p))
     assert "modprobe fuse" in (fuse_problem() or "")
+    assert cli("emulate-pfs", "--check") == 1
+    assert capsys.readouterr().out.startswith("FUSE unusable: /dev/fuse does not exist")
     monkeypatch.undo()
     problem = fuse_problem()
     if problem and "/dev/fuse" in problem:

@@ -9,6 +9,7 @@ machines without Lustre/GPFS, not a real parallel filesystem.
   iobench emulate-pfs --backing DIR --mount MNT [--profile lustre-light]
   iobench emulate-pfs --status MNT      counters and what limited the reads
   iobench emulate-pfs --unmount MNT     unmount, stop the daemon, print final counters
+  iobench emulate-pfs --check           is FUSE usable here? (exit 0 or 1, one line)
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     action.add_argument("--list", action="store_true", help="list emulated mounts on this node")
     action.add_argument("--list-profiles", action="store_true",
                         help="list the profiles, their figures and sources")
+    action.add_argument("--check", action="store_true", help="say in one line whether FUSE is "
+                        "usable here (exit 0) or why not (exit 1); for scripts")
     p.add_argument("--backing", metavar="DIR", help="local directory to serve (read-only)")
     p.add_argument("--profile", default="lustre-light", choices=sorted(PROFILES),
                    help="cost profile (default: lustre-light)")
@@ -60,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.list_profiles:
         return _list_profiles()
+    if args.check:
+        problem = control.fuse_problem()
+        print(f"FUSE unusable: {problem}" if problem else
+              "FUSE usable: `iobench emulate-pfs` can mount an emulated parallel filesystem")
+        return 1 if problem else 0
     if args.list:
         mounts = control.emulated_mounts()
         for m in mounts:
