@@ -45,8 +45,8 @@ class NpyLoader(Loader):
                 time.sleep(self.delay_s)
             raw = np.ascontiguousarray(data[sel])
             x = torch.from_numpy(raw)
-            if self.config.decode:
-                x = x.permute(0, 3, 1, 2).float().div_(255)
+            if self.config.decode:  # channels first, float32
+                x = x.permute(0, x.dim() - 1, *range(1, x.dim() - 1)).float().div_(255)
             yield Batch(x, torch.from_numpy(labels[sel]), torch.from_numpy(sel), raw.nbytes)
 
 
@@ -249,3 +249,27 @@ def test_unwritable_results_dir_fails_before_training(storage: Path, tmp_path: P
     blocker.write_text("x")
     with pytest.raises(StorageError, match="cannot create it"):
         run(_cfg(storage, results=str(blocker / "res")), factory(), World())
+
+
+def test_regression_model_reports_loss(tmp_path: Path) -> None:
+    """cosmoflow: the 3D CNN trains on float targets; loss is reported, accuracy is not."""
+    root = tmp_path / "cosmoflow-hdf5"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(root / "data.npy", rng.integers(0, 50, (16, 32, 32, 32, 4), dtype=np.int16))
+    np.save(root / "labels.npy", rng.random((16, 4), dtype=np.float32))
+    files = tuple(FileEntry(f, (root / f).stat().st_size, "0" * 64, 0 if i == 0 else -1,
+                            16 if i == 0 else 0, "data" if i == 0 else "labels")
+                  for i, f in enumerate(("data.npy", "labels.npy")))
+    Manifest(dataset="cosmoflow", format="hdf5", num_samples=16, num_classes=0,
+             sample={"kind": "array", "shape": [32, 32, 32, 4], "dtype": "int16"},
+             label={"shape": [4], "dtype": "float32"}, layout={}, files=files, seed=0,
+             iobench_version="test", created="2026-01-01T00:00:00Z").write(root)
+    doc = run(TrainConfig(loader="hdf5", storage=str(tmp_path), dataset="cosmoflow", epochs=2,
+                          batch_size=4, workers=0, results=str(tmp_path / "res")),
+              factory(), World())
+    assert doc["compute"]["model"] == "cosmoflow" and doc["compute"]["task"] == "regression"
+    for ep in doc["epochs"]:
+        assert ep["training"]["accuracy"] is None and ep["training"]["loss"] > 0
+    assert doc["summary"]["final_accuracy"] is None
+    _assert_invariant(doc)
