@@ -407,6 +407,10 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
         rec["warnings"] = _cache_warnings(config, mount, manifest, report)
+        if training and training["loss"] is not None and not math.isfinite(training["loss"]):
+            training["loss"] = None  # JSON has no NaN; say it instead
+            rec["warnings"].append(f"training diverged in epoch {epoch + 1} (loss is not "
+                                   "finite); lower --lr")
         for w in rec["warnings"]:
             if w not in warnings:
                 warnings.append(w)

@@ -162,9 +162,9 @@ class _Output:
                 f"stall {s['stall_fraction_max']:.1%} (max {s['stall_s_max']:.2f} s of "
                 f"{s['wall_s']:.2f} s), AU {s['au_mean']:.2f}")
         if t and t["accuracy"] is not None:
-            line += f", train acc {t['accuracy']:.3f}, loss {t['loss']:.3f}"
-        elif t:
-            line += f", train loss {t['loss']:.4f}"
+            line += f", train acc {t['accuracy']:.3f}"
+        if t:
+            line += ", loss diverged" if t["loss"] is None else f", train loss {t['loss']:.4f}"
         self.console.print(line)
 
     def finish(self, doc: dict[str, Any], path: Any) -> None:
