@@ -146,8 +146,8 @@ class _Output:
                    }[c.compute_kind]
         self.console.print(f"[bold]iobench train[/] {c.dataset} via {c.loader} from {c.storage}: "
                            f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
-                           f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}; "
-                           f"compute: {compute}; cache: {cache}")
+                           f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
+        self.console.print(f"compute: {compute}; cache: {cache}")
 
     def epoch(self, rec: dict[str, Any]) -> None:
         if not self.on:
