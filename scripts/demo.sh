@@ -23,7 +23,8 @@ RESULTS="$WORK/results"
 COMMON=(--loader hdf5 --dataset cifar10 --model cnn --epochs "$EPOCHS" --batch-size 64
         --workers 1 --results "$RESULTS")
 
-iobench info "$WORK" 2>/dev/null || { mkdir -p "$WORK"; iobench info "$WORK"; }
+mkdir -p "$WORK"
+iobench info "$WORK"
 
 if [ ! -f "$A/cifar10-hdf5/iobench.json" ]; then
     echo "== generating $SAMPLES cifar10 samples (HDF5) in $A"
