@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from iobench import errors
-from iobench.errors import DatasetError
+from iobench.errors import DatasetError, UnsupportedError
 from iobench.loaders._preprocess import DecodeError, to_batch
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
@@ -162,7 +162,19 @@ class TorchLoader(Loader):
                 yield _pin(b) if pin else b
             return
         self.sampler.epoch = epoch
-        for item in self._dataloader():
+        it = iter(self._dataloader())
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            except RuntimeError as e:  # a worker killed (OOM killer, signal), not a read error
+                if "DataLoader worker" not in str(e):
+                    raise
+                self._dl = None  # its workers are gone: start fresh next epoch
+                raise UnsupportedError(f"a {self.name} loader worker died: {e}; if it ran "
+                                       "out of memory, use fewer --workers or a smaller "
+                                       "batch") from e
             yield unwrap(item)
 
     def close(self) -> None:
