@@ -508,3 +508,31 @@ def test_a_daemon_that_cannot_start_is_reported_and_leaves_nothing(
         mount(backing, mp)
     assert not mp.exists() and not _mounted(mp)
     assert not list((tmp_path / "run").glob("*.pid"))
+
+
+@pytest.mark.fuse
+def test_read_requests_in_flight_overlap_their_latency(pfs, tmp_path: Path) -> None:
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "f").write_bytes(os.urandom(64 * 1024))
+    lat_s, readers, each = 0.1, 40, 4
+    mp = Path(pfs(backing, read_latency_ms=lat_s * 1000, direct_io=True).mountpoint)
+
+    def read(_: int) -> None:
+        fd = os.open(mp / "f", os.O_RDONLY)
+        try:
+            for k in range(each):
+                assert len(os.pread(fd, 4096, 4096 * k)) == 4096
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    wall = time.perf_counter() - t0
+    # Ideal: each * lat = 0.4 s. Ten daemon threads (libfuse's default) would need 1.6 s.
+    assert each * lat_s * 0.95 <= wall < 1.2, wall
+    assert stats_for(mp)["counters"]["read_requests"] == readers * each

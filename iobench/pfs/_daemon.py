@@ -37,6 +37,7 @@ from iobench.pfs.stats import COUNTERS, NOTE, SCHEMA, SCHEMA_VERSION, STATS_NAME
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _STATS_PATH = "/" + STATS_NAME
+MAX_THREADS = 64
 _VIRTUAL_FH_BASE = 1 << 48  # file handles of virtual files; real ones are fds
 _STAT_KEYS = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_ino",
               "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
@@ -375,6 +376,11 @@ def run_daemon(config: PfsConfig) -> int:
     }
     if os.geteuid() == 0:
         options["allow_other"] = True  # so unprivileged training processes can read it
+    if (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12):
+        # Each request in its emulated wait holds a thread: allow many in flight, as a
+        # parallel filesystem client has many RPCs in flight (libfuse's default is 10).
+        options["max_threads"] = MAX_THREADS
+        options["max_idle_threads"] = MAX_THREADS
     try:
         _make_fuse_class(mfusepy)(ops, config.mountpoint, raw_fi=True, **options)
         rc = 0
