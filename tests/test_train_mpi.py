@@ -7,12 +7,14 @@ model, few steps: the whole file runs in about two minutes on two cores.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import cli, run_cmd, run_mpi
+from conftest import VENV_BIN, cli, run_cmd, run_mpi
 from iobench import results
 from iobench.manifest import Manifest
 
@@ -152,3 +154,28 @@ def test_result_is_plain_json(storage: Path, tmp_path: Path) -> None:
     doc = json.loads(path.read_text())
     assert doc["schema"] == "iobench.result" and doc["run_id"] == path.stem
     assert doc["provenance"]["storage"]["fstype"] and doc["provenance"]["versions"]["torch"]
+
+
+def _torchrun(*argv: str | Path, env: dict[str, str] | None = None
+              ) -> subprocess.CompletedProcess[str]:
+    exe = VENV_BIN / "torchrun"
+    if not exe.exists():
+        pytest.skip("torchrun not installed")
+    return subprocess.run([str(exe), "--nproc-per-node", "2", "-m", "iobench", *map(str, argv)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def test_torchrun_two_ranks_and_a_failing_rank(storage: Path, tmp_path: Path) -> None:
+    args = ("train", "--loader", "hdf5", "--storage", storage, "--epochs", "1",
+            "--batch-size", "32", "--workers", "1", "--max-steps", "3")
+    out = _torchrun(*args, "--results", tmp_path / "ok")
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = _only_result(tmp_path / "ok")
+    assert doc["world"]["launcher"] == "torchrun" and doc["world"]["size"] == 2
+    _check_invariant(doc)
+    t0 = time.monotonic()
+    out = _torchrun(*args, "--results", tmp_path / "bad",
+                    env={"IOBENCH_TEST_FAULT": "rank=1,epoch=0,step=1,action=raise"})
+    assert time.monotonic() - t0 < 60 and out.returncode != 0
+    assert "iobench: error: rank 1 failed: RuntimeError: injected fault" in out.stderr
