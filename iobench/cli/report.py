@@ -1,15 +1,24 @@
-"""PLACEHOLDER: `iobench report` is being built; its owner replaces this whole file."""
+"""Write a self-contained report of a results directory: environment, probe figures per tier,
+runs per dataset (with the ratio to the tier's probe limit), staging cost with break-even
+epochs, and PNG plots (embedded in HTML; written next to a .md file)."""
 
 from __future__ import annotations
 
 import argparse
 
-from iobench.errors import UnsupportedError
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("results", metavar="RESULTS_DIR",
+                   help="directory of iobench result files (train, stage, probe, sweep)")
+    p.add_argument("--out", default="report.html",
+                   help="report file: .html (self-contained) or .md (PNGs beside it); "
+                        "default report.html")
+    p.add_argument("--title", default=None, help="report title")
 
 
 def main(args: argparse.Namespace) -> int:
-    raise UnsupportedError("`iobench report` is not built yet")
+    from iobench.report import write_report
+
+    path = write_report(args.results, args.out, args.title)
+    print(f"report: {path}")
+    return 0

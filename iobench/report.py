@@ -1,0 +1,509 @@
+"""A self-contained report of a results directory (HTML with embedded PNGs, or Markdown).
+
+Reads every iobench document in the directory: training results
+(`iobench.result`), staging results (`iobench.stage`), storage probes
+(`iobench.probe`) and sweep records (`iobench.sweep`), and writes the
+environment, the probe figures per tier, a table of runs per dataset (with
+each run's MB/s as a fraction of its tier's probe limit), the staging cost
+with break-even epochs (METRICS.md), and plots: stall time per epoch by run,
+throughput by workers, AU by storage tier, loader MB/s next to the probe
+limits. Report code is the only place (with `compare`) that imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import io
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iobench.errors import ConfigError, DatasetNotFoundError
+
+KNOWN = {"iobench.result": 1, "iobench.stage": 1, "iobench.probe": 1, "iobench.sweep": 1}
+LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
+
+
+@dataclass
+class Collection:
+    """What a results directory holds, by kind; `skipped` lists (file, why) not read."""
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    sweeps: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def load_directory(results_dir: str | Path) -> Collection:
+    """Read every iobench document in `results_dir` (not recursive); damaged files are listed
+    in `skipped`, never fatal. An empty or missing directory is an error."""
+    from iobench.results import ResultError, validate
+
+    d = Path(results_dir)
+    if not d.is_dir():
+        raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
+                                   "directory of your runs (default ./iobench-results)")
+    col = Collection()
+    for p in sorted(d.glob("*.json")):
+        try:
+            with open(p) as f:
+                doc = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            col.skipped.append((p.name, f"unreadable: {e}"))
+            continue
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        if schema not in KNOWN:
+            continue  # not ours (a manifest, someone else's JSON)
+        if not isinstance(doc.get("schema_version"), int) or doc["schema_version"] > KNOWN[schema]:
+            col.skipped.append((p.name, f"{schema} v{doc.get('schema_version')} is newer than "
+                                        "this iobench reads"))
+            continue
+        if schema == "iobench.result":
+            try:
+                validate(doc, p.name)
+            except ResultError as e:
+                col.skipped.append((p.name, str(e)))
+                continue
+            col.runs.append(doc)
+        elif schema == "iobench.stage":
+            if _has(doc, p.name, col, ("stage_s", "stage_bytes", "stage_MBps", "mode", "from",
+                                       "to", "dataset", "created")):
+                col.stages.append(doc)
+        elif schema == "iobench.probe":
+            if _has(doc, p.name, col, ("label", "storage", "summary", "engine", "direct",
+                                       "created")):
+                col.probes.append(doc)
+        else:
+            col.sweeps.append(doc)
+    if not (col.runs or col.stages or col.probes):
+        raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
+                                   "probe results); run `iobench train`, `stage`, `probe` or "
+                                   "`sweep` with --results pointing there")
+    col.runs.sort(key=lambda r: r["created"])
+    return col
+
+
+def _has(doc: dict[str, Any], name: str, col: Collection, keys: Sequence[str]) -> bool:
+    missing = [k for k in keys if k not in doc]
+    if missing:
+        col.skipped.append((name, f"{doc['schema']} document lacks {missing}"))
+    return not missing
+
+
+# ------------------------------------------------------------------------------ figures
+
+def _real(p: str | None) -> str:
+    return os.path.realpath(p) if p else ""
+
+
+def _under(path: str, root: str) -> bool:
+    return bool(root) and (path == root or path.startswith(root.rstrip("/") + "/"))
+
+
+def probe_for(path: str | None, probes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest probe of the deepest directory holding `path` (a dataset root)."""
+    path = _real(path)
+    best = None
+    for p in probes:
+        root = p["storage"]["path"]
+        if _under(path, root) and (best is None or len(root) > len(best["storage"]["path"])
+                                   or (len(root) == len(best["storage"]["path"])
+                                       and p["created"] > best["created"])):
+            best = p
+    return best
+
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One line of a runs table: configuration and figures (means over epochs)."""
+    c, eps = doc["config"], doc["epochs"]
+    sums = [e["summary"] for e in eps]
+    storage = (doc.get("provenance") or {}).get("storage") or {}
+    probe = probe_for(doc["dataset"].get("root") or storage.get("path"), probes)
+    mbps = _mean([s["read_MBps"] for s in sums])
+    limit = probe["summary"].get(LIMIT_KEY) if probe else None
+    statuses = [e["cache"].get("status") for e in eps]
+    cache = ("warm (by choice)" if doc["cache"]["mode"] == "warm" else
+             "COLD FAILED" if "warm" in statuses else
+             "unknown" if "unknown" in statuses else "cold")
+    tier = probe["label"] if probe else f"{storage.get('kind', '?')} ({storage.get('fstype', '?')})"
+    return {
+        "run_id": doc["run_id"], "dataset": doc["dataset"]["dataset"],
+        "format": doc["dataset"]["format"], "loader": c["loader"], "tier": tier,
+        "storage": c["storage"], "root": _real(doc["dataset"].get("root")),
+        "workers": c["workers"], "batch_size": c["batch_size"], "shuffle": c["shuffle"],
+        "ranks": doc["world"]["size"], "compute": doc["compute"]["kind"],
+        "epochs": len(eps), "stall_s": [s["stall_s_max"] for s in sums],
+        "wall_s": [s["wall_s"] for s in sums],
+        "au": _mean([s["au_mean"] for s in sums]), "samples_per_s": _mean([s["samples_per_s"]
+                                                                          for s in sums]),
+        "read_MBps": mbps, "limit_MBps": limit,
+        "ratio": mbps / limit if mbps is not None and limit else None,
+        "cache": cache, "staged": doc.get("staging") is not None,
+        "warnings": doc.get("warnings", []),
+    }
+
+
+def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keys = ("dataset", "format", "loader", "workers", "batch_size", "shuffle", "ranks",
+            "compute")
+    return all(a[k] == b[k] for k in keys)
+
+
+def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Staging cost next to the epoch time it saves: `break_even_epochs` per METRICS.md.
+
+    A staging (from `iobench stage` or a run's `staging` section) is paired
+    with runs of the same configuration reading the source tier (slow) and
+    the staged copy (fast); break-even = stage_s / (epoch_wall_slow -
+    epoch_wall_fast), infinite when staging never pays.
+    """
+    stagings = [{"stage_s": s["stage_s"], "stage_bytes": s["stage_bytes"],
+                 "stage_MBps": s["stage_MBps"], "mode": s["mode"],
+                 "from": _real(s["from"]["root"]), "to": _real(s["to"]["root"]),
+                 "from_kind": s["from"].get("fstype"), "to_kind": s["to"].get("fstype"),
+                 "dataset": s["dataset"]["dataset"], "format": s["dataset"]["format"]}
+                for s in col.stages]
+    for r in col.runs:
+        st = r.get("staging")
+        if st and st.get("from") and st.get("to"):
+            stagings.append({"stage_s": st["stage_s"], "stage_bytes": st["stage_bytes"],
+                             "stage_MBps": st["stage_MBps"], "mode": st.get("mode"),
+                             "from": _real(st["from"]["root"]), "to": _real(st["to"]["root"]),
+                             "from_kind": st["from"].get("fstype"),
+                             "to_kind": st["to"].get("fstype"),
+                             "dataset": r["dataset"]["dataset"], "format": r["dataset"]["format"]})
+    out = []
+    seen = set()
+    for s in stagings:
+        slow = [r for r in rows if r["root"] == s["from"]]
+        fast = [r for r in rows if r["root"] == s["to"]]
+        pairs = [(a, b) for a in slow for b in fast if _same_config(a, b)]
+        if not pairs:
+            key = (s["from"], s["to"], None)
+            if key not in seen:
+                seen.add(key)
+                out.append({**s, "run": None, "epoch_slow_s": None, "epoch_fast_s": None,
+                            "break_even_epochs": None})
+            continue
+        for a, b in pairs:
+            key = (s["from"], s["to"], a["loader"], a["workers"], a["batch_size"], a["shuffle"])
+            if key in seen:
+                continue
+            seen.add(key)
+            slow_s, fast_s = _mean(a["wall_s"]), _mean(b["wall_s"])
+            gain = slow_s - fast_s
+            out.append({**s, "run": f"{a['loader']}, {a['workers']} workers, batch "
+                                    f"{a['batch_size']}, shuffle {a['shuffle']}",
+                        "epoch_slow_s": slow_s, "epoch_fast_s": fast_s,
+                        "break_even_epochs": s["stage_s"] / gain if gain > 0 else math.inf})
+    return out
+
+
+def environment(col: Collection) -> dict[str, Any]:
+    """Host, CPU, memory, GPUs and library versions, from the newest document that has them."""
+    docs = [*col.runs, *col.probes, *col.stages]
+    prov = next((d["provenance"] for d in sorted(docs, key=lambda d: d.get("created", ""),
+                                                  reverse=True) if d.get("provenance")), {})
+    hosts = sorted({d["provenance"]["host"] for d in docs if d.get("provenance")})
+    return {"hosts": hosts, "os": prov.get("os"), "cpu": prov.get("cpu_model"),
+            "cpu_count": prov.get("cpu_count"), "memory_bytes": prov.get("memory_bytes"),
+            "gpus": prov.get("gpus") or [], "versions": prov.get("versions") or {}}
+
+
+# ------------------------------------------------------------------------------- plots
+
+def _short(r: dict[str, Any]) -> str:
+    return (f"{r['loader']} @ {r['tier']}, w{r['workers']} b{r['batch_size']} {r['shuffle']}"
+            + (" staged" if r["staged"] else ""))
+
+
+def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
+    """PNG bytes by name: stall, throughput, au, limits (only those with data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pngs: dict[str, bytes] = {}
+
+    def _legend(ax: Any, entries: int) -> None:
+        if entries <= 6:
+            ax.legend(fontsize=7, loc="best")
+        else:  # many runs: beside the axes, not over the data
+            ax.figure.set_size_inches(12, max(4.5, 0.18 * entries))
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+    def save(fig: Any, name: str) -> None:
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=110)
+        plt.close(fig)
+        pngs[name] = buf.getvalue()
+
+    if rows:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for r in sorted(rows, key=_short):
+            ax.plot(range(1, len(r["stall_s"]) + 1), r["stall_s"], marker="o",
+                    label=f"{r['dataset']}: {_short(r)}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("stall time per epoch, s (slowest rank)")
+        ax.set_title("Data stall per epoch, by run (cold cache)")
+        ax.set_ylim(bottom=0)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        _legend(ax, len(rows))
+        save(fig, "stall")
+
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
+                    r["staged"])].append(r)
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
+            by_w: dict[int, list[float]] = defaultdict(list)
+            for r in rs:
+                if r["samples_per_s"] is not None:
+                    by_w[r["workers"]].append(r["samples_per_s"])
+            ws = sorted(by_w)
+            ax.plot(ws, [sum(by_w[w]) / len(by_w[w]) for w in ws], marker="o",
+                    label=f"{ds}: {loader} @ {tier}, b{bs} {sh}" + (" staged" if staged else ""))
+        ax.set_xlabel("loader workers per rank")
+        ax.set_ylabel("samples/s (mean over epochs)")
+        ax.set_title("Throughput by workers")
+        ax.set_ylim(bottom=0)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        _legend(ax, len(groups))
+        save(fig, "throughput")
+
+        tiers = sorted({r["tier"] for r in rows})
+        loaders = sorted({r["loader"] for r in rows})
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / max(len(loaders), 1)
+        for k, loader in enumerate(loaders):
+            vals = []
+            for t in tiers:
+                aus = [r["au"] for r in rows if r["tier"] == t and r["loader"] == loader
+                       and r["au"] is not None]
+                vals.append(sum(aus) / len(aus) if aus else 0.0)
+            ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=loader)
+        ax.axhline(0.9, color="red", linestyle="--", linewidth=1,
+                   label="AU 0.90 (MLPerf Storage threshold)")
+        ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
+        ax.set_xticklabels(tiers, fontsize=8)
+        ax.set_ylabel("accelerator utilisation (mean over runs)")
+        ax.set_ylim(0, 1.05)
+        ax.set_title("AU by storage tier")
+        ax.legend(fontsize=7)
+        save(fig, "au")
+
+    if col.probes:
+        tiers = sorted({p["label"] for p in col.probes})
+        latest = {t: max((p for p in col.probes if p["label"] == t), key=lambda p: p["created"])
+                  for t in tiers}
+        series = [("probe: sequential read", [latest[t]["summary"]["seq_read_MBps"]
+                                              for t in tiers]),
+                  ("probe: random reads at sample size", [latest[t]["summary"][LIMIT_KEY]
+                                                          for t in tiers])]
+        if rows:
+            series.append(("best loader run", [max((r["read_MBps"] or 0 for r in rows
+                                                    if r["tier"] == t), default=0)
+                                               for t in tiers]))
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(series)
+        for k, (name, vals) in enumerate(series):
+            ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=name)
+        ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(tiers))])
+        ax.set_xticklabels(tiers, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("MB/s (log scale)")
+        ax.set_title("Storage limits (probe) next to what the loaders reached")
+        ax.legend(fontsize=7)
+        save(fig, "limits")
+    return pngs
+
+
+# ------------------------------------------------------------------------------ render
+
+def _f(v: Any, spec: str = ".2f", none: str = "n/a") -> str:
+    if v is None:
+        return none
+    if isinstance(v, float) and math.isinf(v):
+        return "never"
+    return format(v, spec)
+
+
+def _gb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 1e9:.1f} GB"
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    note: str | None = None
+
+
+def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
+    tables: list[Table] = []
+    env = environment(col)
+    v = env["versions"]
+    tables.append(Table("Environment", ["item", "value"], [
+        ["hosts", ", ".join(env["hosts"]) or "n/a"], ["os", env["os"] or "n/a"],
+        ["cpu", f"{env['cpu']} x {env['cpu_count']}"], ["memory", _gb(env["memory_bytes"])],
+        ["gpus", ", ".join(g["name"] for g in env["gpus"]) or "none"],
+        *[[k, str(v.get(k) or "not installed")] for k in
+          ("iobench", "python", "torch", "numpy", "h5py", "hdf5", "netCDF4", "lmdb",
+           "nvidia-dali", "mpi4py", "mpi")]]))
+    if col.probes:
+        trs = []
+        for p in sorted(col.probes, key=lambda p: (p["label"], p["created"])):
+            s, st = p["summary"], p["storage"]
+            trs.append([p["label"], st["path"], f"{st['fstype']} ({st['kind']})",
+                        f"{p['engine']}{', O_DIRECT' if p['direct'] else ', evicted'}",
+                        _f(s["seq_read_MBps"], ".0f"), _f(s["seq_write_MBps"], ".0f"),
+                        _f(s["rand4k_read_iops"], ".0f"), _f(s["rand4k_read_MBps"], ".1f"),
+                        f"{_f(s[LIMIT_KEY], '.0f')} ({s['sample_bytes']} B)",
+                        _f(s["create_per_s"], ".0f"), _f(s["stat_per_s"], ".0f"),
+                        _f(s["open_read_close_per_s"], ".0f"), str(s["readers_max"])])
+        tables.append(Table("Storage tiers (iobench probe, cold cache)",
+                            ["tier", "path", "filesystem", "engine", "seq read MB/s",
+                             "seq write MB/s", "4 KiB rand IOPS", "4 KiB rand MB/s",
+                             "sample rand MB/s", "creates/s", "stats/s", "open+read+close/s",
+                             "readers"], trs,
+                            "Best over the probed reader counts. Random reads: synchronous, one "
+                            "file per reader, like loader workers."))
+    by_ds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_ds[r["dataset"]].append(r)
+    for ds, rs in sorted(by_ds.items()):
+        rs = sorted(rs, key=lambda r: (r["tier"], r["staged"], r["loader"], r["format"],
+                                       r["batch_size"], r["shuffle"], r["workers"], r["ranks"]))
+        trs = [[r["loader"] + (f" ({r['format']})" if r["loader"] == "dali" else ""),
+                r["tier"] + (" [staged]" if r["staged"] else ""), str(r["workers"]),
+                str(r["batch_size"]), r["shuffle"], str(r["ranks"]), r["compute"],
+                " / ".join(_f(x) for x in r["stall_s"]), _f(r["au"]),
+                _f(r["samples_per_s"], ".0f"), _f(r["read_MBps"], ".1f"),
+                _f(r["ratio"], ".2f"), r["cache"]] for r in rs]
+        tables.append(Table(f"Runs: {ds}", ["loader", "storage tier", "workers", "batch", "shuffle",
+                                            "ranks", "compute", "stall s per epoch", "AU",
+                                            "samples/s", "MB/s", "of probe limit", "cache"], trs,
+                            "Stall: slowest rank, per epoch. AU, samples/s, MB/s: mean over "
+                            "epochs. 'of probe limit': MB/s over the tier's random-read MB/s "
+                            "at the sample size (n/a without a probe of that tier)."))
+    st_rows = staging_rows(col, rows)
+    if st_rows:
+        trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",
+                f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
+                _f(s["stage_s"]), _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
+                s["run"] or "no matching runs", _f(s["epoch_slow_s"]), _f(s["epoch_fast_s"]),
+                _f(s["break_even_epochs"], ".1f")] for s in st_rows]
+        tables.append(Table("Staging cost", ["dataset", "mode", "from", "to", "stage s", "MB",
+                                             "MB/s", "compared runs", "epoch s (from)",
+                                             "epoch s (staged)", "break-even epochs"], trs,
+                            "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
+                            "(METRICS.md): staging pays for itself after that many epochs."))
+    failed = [r for s in col.sweeps for r in s.get("runs", []) if r.get("status") == "failed"]
+    if failed:
+        tables.append(Table("Failed sweep runs", ["run", "error"],
+                            [[r["label"], r.get("error") or ""] for r in failed]))
+    warn = sorted({(r["run_id"], w) for r in rows for w in r["warnings"]})
+    warn += [(p["label"], w) for p in col.probes for w in p.get("warnings", [])]
+    if warn or col.skipped:
+        tables.append(Table("Warnings", ["source", "warning"],
+                            [[a, b] for a, b in warn] + [[f, f"not read: {why}"]
+                                                         for f, why in col.skipped]))
+    return tables
+
+
+PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughput by workers",
+               "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier"}
+_CSS = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
+        "margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:3px 7px;font-size:0.85em}"
+        "th{background:#eee}td{text-align:right}td:first-child{text-align:left}"
+        ".note{color:#555;font-size:0.85em}img{max-width:100%}")
+
+
+def render_html(title: str, tables: list[Table], pngs: dict[str, bytes]) -> str:
+    e = html.escape
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+           f"<style>{_CSS}</style></head><body><h1>{e(title)}</h1>"]
+    for t in tables:
+        out.append(f"<h2>{e(t.title)}</h2><table><tr>"
+                   + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in t.rows]
+        out.append("</table>")
+        if t.note:
+            out.append(f"<p class='note'>{e(t.note)}</p>")
+    for name, data in pngs.items():
+        b64 = base64.b64encode(data).decode()
+        out.append(f"<h2>{e(PLOT_TITLES[name])}</h2><img alt='{e(name)}' "
+                   f"src='data:image/png;base64,{b64}'>")
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def render_markdown(title: str, tables: list[Table], png_names: dict[str, str]) -> str:
+    def cell(c: str) -> str:
+        return c.replace("|", "\\|").replace("\n", " ")
+
+    out = [f"# {title}", ""]
+    for t in tables:
+        out += [f"## {t.title}", "", "| " + " | ".join(t.header) + " |",
+                "|" + "|".join("---" for _ in t.header) + "|"]
+        out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
+        out.append("")
+        if t.note:
+            out += [f"_{t.note}_", ""]
+    for name, fname in png_names.items():
+        out += [f"## {PLOT_TITLES[name]}", "", f"![{PLOT_TITLES[name]}]({fname})", ""]
+    return "\n".join(out)
+
+
+def write_report(results_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
+    """Write the report of `results_dir` to `out` (.html, or .md with PNGs next to it)."""
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm", ".md"):
+        raise ConfigError(f"--out {out}: the name must end in .html or .md")
+    col = load_directory(results_dir)
+    rows = [run_row(r, col.probes) for r in col.runs]
+    tables = build_tables(col, rows)
+    pngs = make_plots(rows, col)
+    title = title or f"iobench report: {Path(results_dir).resolve().name}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".md":
+        names = {}
+        for name, data in pngs.items():
+            fname = f"{out.stem}-{name}.png"
+            _write_atomic_bytes(out.parent / fname, data)
+            names[name] = fname
+        _write_atomic_bytes(out, render_markdown(title, tables, names).encode())
+    else:
+        _write_atomic_bytes(out, render_html(title, tables, pngs).encode())
+    return out
+
+
+def _write_atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        from iobench.errors import StorageError
+
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
