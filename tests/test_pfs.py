@@ -536,3 +536,34 @@ def test_read_requests_in_flight_overlap_their_latency(pfs, tmp_path: Path) -> N
     # Ideal: each * lat = 0.4 s. Ten daemon threads (libfuse's default) would need 1.6 s.
     assert each * lat_s * 0.95 <= wall < 1.2, wall
     assert stats_for(mp)["counters"]["read_requests"] == readers * each
+
+
+@pytest.mark.fuse
+def test_other_users_get_only_what_the_backing_modes_allow(pfs) -> None:
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and util-linux setpriv to read as another user")
+    top = Path(tempfile.mkdtemp(prefix="iobench-pfs-perm-", dir="/tmp"))  # tmp_path is 0700
+    try:
+        top.chmod(0o755)
+        backing = top / "backing"
+        backing.mkdir(mode=0o755)
+        (backing / "private").write_text("secret")
+        (backing / "private").chmod(0o600)
+        (backing / "public").write_text("shared")
+        (backing / "public").chmod(0o644)
+        mp = Path(pfs(backing, mp=top / "mnt").mountpoint)
+
+        def cat_as_nobody(name: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                   "cat", str(mp / name)], capture_output=True, text=True,
+                                  timeout=30)
+
+        assert cat_as_nobody("public").stdout == "shared"
+        denied = cat_as_nobody("private")
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+    finally:
+        _force_unmount(str(top / "mnt"), None, Path(os.environ["IOBENCH_PFS_RUN_DIR"]))
+        shutil.rmtree(top, ignore_errors=True)

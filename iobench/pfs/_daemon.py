@@ -375,7 +375,10 @@ def run_daemon(config: PfsConfig) -> int:
         "negative_timeout": _timeouts(config)[0],
     }
     if os.geteuid() == 0:
-        options["allow_other"] = True  # so unprivileged training processes can read it
+        # Unprivileged training processes may read it, but only what the backing's
+        # owners and modes allow them: the kernel checks, not the (root) daemon.
+        options["allow_other"] = True
+        options["default_permissions"] = True
     if (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12):
         # Each request in its emulated wait holds a thread: allow many in flight, as a
         # parallel filesystem client has many RPCs in flight (libfuse's default is 10).
