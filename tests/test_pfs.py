@@ -195,6 +195,15 @@ def test_files_and_formats_are_byte_identical_through_the_mount(pfs, tmp_path: P
     finally:
         env.close()
 
+    # Symbolic links stay inside the tier, absolute ones included.
+    (backing / "rel-link").symlink_to("sub/a.bin")
+    (backing / "abs-link").symlink_to(backing / "sub" / "a.bin")
+    before = stats_for(mp)
+    for link in ("rel-link", "abs-link"):
+        assert (mp / link).read_bytes() == (backing / "sub" / "a.bin").read_bytes()
+    assert os.readlink(mp / "abs-link") == str(mp / "sub" / "a.bin")
+    assert delta(before, stats_for(mp))["bytes_served"] == 2 * 300_001
+
     info = is_emulated(mp / "sub")
     assert info is not None and info["emulated"] is True and "EMULATED" in info["note"]
     assert info["profile"]["name"] == "lustre-light" and info["backing"] == str(backing)

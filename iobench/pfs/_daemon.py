@@ -215,7 +215,15 @@ class PfsOperations:
         return [".", "..", *os.listdir(self._full(path))]
 
     def readlink(self, path: str) -> str:
-        return os.readlink(self._full(path))
+        target = os.readlink(self._full(path))
+        if os.path.isabs(target):
+            # An absolute link into the backing must lead back into the mount, not around it.
+            rel = os.path.relpath(target, self.root)
+            if rel == ".":
+                return self.config.mountpoint
+            if not rel.startswith(".."):
+                return os.path.join(self.config.mountpoint, rel)
+        return target
 
     def statfs(self, path: str) -> dict[str, int]:
         sv = os.statvfs(self._full(path))
