@@ -576,3 +576,16 @@ def test_other_users_get_only_what_the_backing_modes_allow(pfs) -> None:
     finally:
         _force_unmount(str(top / "mnt"), None, Path(os.environ["IOBENCH_PFS_RUN_DIR"]))
         shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.fuse
+def test_stats_for_costs_no_emulated_round_trip(pfs, tmp_path: Path) -> None:
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "f").write_bytes(b"q" * 10)
+    mp = Path(pfs(backing, open_latency_ms=200).mountpoint)
+    docs = [stats_for(mp / "f"), stats_for(mp), is_emulated(mp / "f"), stats_for(mp)]
+    assert all(d is not None for d in docs)
+    # Reading the counters (even for a file's path) is not itself a charged lookup or read.
+    assert docs[-1]["counters"]["lookups"] == 0 and docs[-1]["counters"]["read_requests"] == 0
+    assert docs[-1]["counters"]["metadata_wait_s"] == 0

@@ -8,8 +8,9 @@ SIGTERM/SIGINT (libfuse then unmounts), writes its final stats beside the
 pid file and removes the pid file.
 
 Cost model (figures in `profiles.py`):
-- metadata: `getattr` by path of a non-directory (the kernel's LOOKUP on each
-  open and stat) and each `readdir` sleep `metadata_ms`;
+- metadata: `getattr` by path of a non-directory that is not open (the
+  kernel's LOOKUP on each open and stat) and each `readdir` sleep
+  `metadata_ms`; directories and open files are free (client-side locks);
 - reads: a request arriving at t0 is ready at t0 + `read_ms` (the backing
   `preadv` overlaps with that wait); it then takes its turn on the shared
   link (`bandwidth_MBps`, strict pacing, no burst credit) and the IOPS

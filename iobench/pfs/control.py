@@ -94,15 +94,16 @@ def mount_containing(path: str | Path) -> str | None:
     mounts = emulated_mounts()
     if not mounts:
         return None
-    for candidate in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+    def best_of(candidate: str) -> str | None:
         best = None
         for m in mounts:
             if (candidate == m or candidate.startswith(m.rstrip("/") + "/")) and (
                     best is None or len(m) > len(best)):
                 best = m
-        if best is not None:
-            return best
-    return None
+        return best
+
+    # realpath walks the path (a charged lookup for a file inside the mount): only as fallback.
+    return best_of(os.path.abspath(path)) or best_of(os.path.realpath(path))
 
 
 # ---- stats -----------------------------------------------------------------------------------
