@@ -4,8 +4,8 @@ Layout (docs/design.md): single-file environments, key = global index as
 8-byte big-endian, value = 16-byte header `<4s B B H I I>` (magic `IOBR`,
 version 1, flags, reserved, label bytes, payload bytes), label bytes, payload
 bytes. Environments are opened read-only, lock-free and without readahead
-(random access on shared filesystems), lazily in each worker and thread; a
-read transaction per batch. Fixed-size payloads are copied once, straight
+(random access on shared filesystems), lazily, once per process (shared by its
+threads, closed before a fork); one read transaction per file per batch. Fixed-size payloads are copied once, straight
 from the memory map into the batch array.
 
 `payload_bytes`: the value bytes of each record (header, label, payload).
@@ -13,7 +13,10 @@ from the memory map into the batch array.
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,78 @@ from iobench.loaders._torch import TorchLoader
 HEADER = struct.Struct("<4sBBHII")
 MAGIC = b"IOBR"
 VERSION = 1
+
+
+class _Environments:
+    """This process's LMDB environments, shared by its readers and threads.
+
+    py-lmdb refuses to open an environment twice in one process, and its
+    registry of open files survives a fork: a child could never open what its
+    parent had open. So every environment is closed just before the process
+    forks (waiting for read transactions in flight to end) and reopened on
+    next use; the child starts with an empty registry.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.envs: dict[str, Any] = {}  # path -> open environment
+        self.users: dict[str, int] = {}  # path -> readers holding it
+        self.active = 0  # read transactions in flight
+
+    def acquire(self, path: Path) -> None:
+        with self.cond:
+            self.users[str(path)] = self.users.get(str(path), 0) + 1
+
+    def release(self, path: Path) -> None:
+        with self.cond:
+            key = str(path)
+            self.users[key] = self.users.get(key, 1) - 1
+            if self.users[key] <= 0:
+                del self.users[key]
+                env = self.envs.pop(key, None)
+                if env is not None:
+                    env.close()
+
+    def begin(self, path: Path, reader: BatchReader) -> Any:
+        """The environment at `path`, opened if needed; pair with `end()`."""
+        import lmdb
+
+        with self.cond:
+            key = str(path)
+            env = self.envs.get(key)
+            if env is None:
+                try:
+                    env = lmdb.open(key, subdir=False, readonly=True, lock=False,
+                                    readahead=False, meminit=False, max_readers=4096)
+                except lmdb.Error as e:
+                    raise reader.fail(path, "LMDB cannot open it", e) from None
+                self.envs[key] = env
+            self.active += 1
+            return env
+
+    def end(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    def before_fork(self) -> None:
+        self.cond.acquire()
+        while self.active:
+            self.cond.wait()
+        for env in self.envs.values():
+            env.close()
+        self.envs.clear()
+
+    def after_fork_parent(self) -> None:
+        self.cond.release()
+
+    def after_fork_child(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+_ENVS = _Environments()
+os.register_at_fork(before=_ENVS.before_fork, after_in_parent=_ENVS.after_fork_parent,
+                    after_in_child=_ENVS.after_fork_child)
 
 
 def _keys(idx: np.ndarray) -> list[bytes]:
@@ -42,32 +117,37 @@ class LMDBReader(BatchReader):
         self.sample_nbytes = (int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
                               if self.sample_shape is not None else None)
 
-    def _env(self, pos: int) -> Any:
-        st = self._state()
-        env = st.get(pos)
-        if env is None:
-            import lmdb
+    def _hold(self, pos: int) -> None:
+        """Count this reader as a user of file `pos`'s environment (once per process)."""
+        if getattr(self, "_held_pid", None) != os.getpid():  # new, or inherited over a fork
+            self._held: set[int] = set()
+            self._held_pid = os.getpid()
+        if pos not in self._held:
+            _ENVS.acquire(self.paths[pos])
+            self._held.add(pos)
 
-            path = self.paths[pos]
-            try:
-                env = lmdb.open(str(path), subdir=False, readonly=True, lock=False,
-                                readahead=False, meminit=False, max_readers=4096)
-            except lmdb.Error as e:
-                raise self.fail(path, "LMDB cannot open it", e) from None
-            st[pos] = env
-        return env
+    def __getstate__(self) -> dict[str, Any]:
+        d = super().__getstate__()
+        d.pop("_held", None)
+        d.pop("_held_pid", None)
+        return d
 
-    def _close_state(self, state: dict[str, Any]) -> None:
-        for env in state.values():
-            env.close()
+    def close(self) -> None:
+        if getattr(self, "_held_pid", None) == os.getpid():
+            for pos in self._held:
+                _ENVS.release(self.paths[pos])
+            self._held.clear()
+        super().close()
 
     def _get(self, pos: int, local_idx: np.ndarray, fn: Any) -> None:
         """Call fn(k, value) for each sorted key of file `pos`, inside one read transaction."""
         import lmdb
 
         path = self.paths[pos]
+        self._hold(pos)
+        env = _ENVS.begin(path, self)
         try:
-            with self._env(pos).begin(buffers=True) as txn:
+            with env.begin(buffers=True) as txn:
                 items = txn.cursor().getmulti(_keys(local_idx))
                 if len(items) != len(local_idx):
                     found = {bytes(k) for k, _ in items}
@@ -78,6 +158,8 @@ class LMDBReader(BatchReader):
                     fn(k, value)
         except lmdb.Error as e:
             raise self.fail(path, "LMDB read failed", e) from None
+        finally:
+            _ENVS.end()
 
     def _header(self, path: Any, idx: int, value: Any) -> tuple[int, int]:
         if len(value) < HEADER.size:

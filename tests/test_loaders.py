@@ -387,3 +387,33 @@ def test_bad_config_values_are_named():
         LoaderConfig(worker_type="fiber")
     with pytest.raises(ConfigError, match="unknown loader 'tfrecord'"):
         make_loader("tfrecord", "/nonexistent", LoaderConfig())
+
+
+def test_lmdb_open_in_the_parent_then_forked_workers(dataset_root):
+    """py-lmdb forbids a second open in one process, and its registry survives fork()."""
+    root = dataset_root("cifar10", "lmdb")
+    with make_loader("lmdb", root, cfg(workers=0)) as main_proc, \
+            make_loader("lmdb", root, cfg(workers=2)) as forked, \
+            make_loader("lmdb", root, cfg(workers=2, worker_type="thread")) as threads:
+        a = collect(main_proc)  # environments now open in this process
+        _same(a, collect(forked))
+        _same(a, collect(threads))
+        _same(a, collect(main_proc))
+
+
+def test_a_killed_worker_is_a_clear_error(dataset_root):
+    import os
+    import signal
+
+    from iobench.errors import UnsupportedError
+
+    root = dataset_root("cifar10", "hdf5")
+    with make_loader("hdf5", root, cfg(workers=1, prefetch=1, batch_size=2)) as ld:
+        it = ld.epoch(0)
+        next(it)
+        for w in ld._dl._iterator._workers:  # the DataLoader's worker processes
+            os.kill(w.pid, signal.SIGKILL)
+        with pytest.raises(UnsupportedError, match="worker died"):
+            for _ in it:
+                pass
+        check_raw("cifar10", collect(ld, 1), ld.indices(1))  # the next epoch starts afresh
