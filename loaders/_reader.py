@@ -198,25 +198,6 @@ class BatchReader(ABC):
                             f"{self.format} file written by iobench: regenerate or re-stage it")
 
 
-def scatter_runs(sorted_idx: np.ndarray, order: np.ndarray, out: np.ndarray,
-                 read_run: Any) -> None:
-    """For each contiguous run, read it (`read_run(first_index, count, dest)`) into `out`.
-
-    Reads straight into `out` when the run's batch positions are consecutive
-    (always with shuffle "none"; single samples under "global"), else into a
-    temporary that is scattered once.
-    """
-    for a, b in contiguous_runs(sorted_idx):
-        pos = order[a:b]
-        p0 = int(pos[0])
-        if b - a == 1 or np.all(np.diff(pos) == 1):
-            read_run(int(sorted_idx[a]), b - a, out[p0:p0 + (b - a)])
-        else:
-            tmp = np.empty((b - a, *out.shape[1:]), dtype=out.dtype)
-            read_run(int(sorted_idx[a]), b - a, tmp)
-            out[pos] = tmp
-
-
 def split_by_file(reader: BatchReader, sorted_idx: np.ndarray
                   ) -> list[tuple[int, int, int]]:
     """(file position, start, stop) slices of `sorted_idx` that fall in one data file each."""

@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from iobench.loaders._reader import BatchReader, split_by_file
+from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file
 from iobench.loaders._torch import TorchLoader
+
+LARGE_SAMPLE = 256 * 1024  # bytes; above this, out-of-order samples are read one by one
 
 
 def _h5py() -> Any:
@@ -102,7 +104,6 @@ class HDF5Reader(BatchReader):
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        h5s = _h5py().h5s
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
         stored = np.empty(len(sorted_idx), dtype=np.int64)
         for pos, s, e in split_by_file(self, sorted_idx):
@@ -113,26 +114,33 @@ class HDF5Reader(BatchReader):
             ds = f["samples"]
             dest_pos = order[s:e]
             direct = bool(np.all(np.diff(dest_pos) == 1))
+            if not direct and out[0].nbytes >= LARGE_SAMPLE:
+                # big samples: one read each straight into place beats a read plus a copy
+                for k in range(e - s):
+                    self._read_into(ds, pos, local[k:k + 1], out[int(dest_pos[k]):
+                                                                  int(dest_pos[k]) + 1])
+                continue
             dest = out[int(dest_pos[0]):int(dest_pos[0]) + (e - s)] if direct else \
                 np.empty((e - s, *out.shape[1:]), dtype=out.dtype)
-            fspace = ds.id.get_space()
-            tail = tuple(ds.shape[1:])
-            zeros = (0,) * len(tail)
-            breaks = np.flatnonzero(np.diff(local) != 1) + 1
-            first = True
-            for a, b in zip(np.concatenate(([0], breaks)).tolist(),
-                            np.concatenate((breaks, [len(local)])).tolist(), strict=True):
-                fspace.select_hyperslab((int(local[a]), *zeros), (b - a, *tail),
-                                        op=h5s.SELECT_SET if first else h5s.SELECT_OR)
-                first = False
-            mspace = h5s.create_simple(dest.shape)
-            try:
-                ds.id.read(mspace, fspace, dest)
-            except OSError as err:
-                raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
+            self._read_into(ds, pos, local, dest)
             if not direct:
                 out[dest_pos] = dest
         return labels, stored
+
+    def _read_into(self, ds: Any, pos: int, local: np.ndarray, dest: np.ndarray) -> None:
+        """One H5Dread of the sorted file-local samples `local` (a union of runs) into `dest`."""
+        h5s = _h5py().h5s
+        fspace = ds.id.get_space()
+        tail = tuple(ds.shape[1:])
+        zeros = (0,) * len(tail)
+        op = h5s.SELECT_SET
+        for a, b in contiguous_runs(local):
+            fspace.select_hyperslab((int(local[a]), *zeros), (b - a, *tail), op=op)
+            op = h5s.SELECT_OR
+        try:
+            ds.id.read(h5s.create_simple(dest.shape), fspace, dest)
+        except OSError as err:
+            raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
 
     def _read_sorted_bytes(self, sorted_idx: np.ndarray
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
@@ -145,9 +153,7 @@ class HDF5Reader(BatchReader):
             labels[s:e] = f["labels"][local]
             stored[s:e] = f["stored"][local]
             off = f["offsets"]
-            breaks = np.flatnonzero(np.diff(local) != 1) + 1
-            for a, b in zip(np.concatenate(([0], breaks)).tolist(),
-                            np.concatenate((breaks, [len(local)])).tolist(), strict=True):
+            for a, b in contiguous_runs(local):
                 lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
                 buf = np.empty(hi - lo, dtype=np.uint8)
                 try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from iobench.loaders._reader import BatchReader, split_by_file
+from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file
 from iobench.loaders._torch import TorchLoader
 
 _NC_LOCK = threading.RLock()  # netCDF-C is not thread-safe: one call at a time per process
@@ -32,12 +32,6 @@ def _netcdf4() -> Any:
     import netCDF4
 
     return netCDF4
-
-
-def _runs(local: np.ndarray) -> list[tuple[int, int]]:
-    breaks = np.flatnonzero(np.diff(local) != 1) + 1
-    return list(zip(np.concatenate(([0], breaks)).tolist(),
-                    np.concatenate((breaks, [len(local)])).tolist(), strict=True))
 
 
 class NetCDFReader(BatchReader):
@@ -122,7 +116,7 @@ class NetCDFReader(BatchReader):
             stored[s:e] = f["stored"][local]
             var = f["samples"]
             dest_pos = order[s:e]
-            for a, b in _runs(local):
+            for a, b in contiguous_runs(local):
                 lo = int(local[a])
                 with _NC_LOCK:
                     try:
@@ -143,7 +137,7 @@ class NetCDFReader(BatchReader):
             labels[s:e] = f["labels"][local]
             stored[s:e] = f["stored"][local]
             off = f["offsets"]
-            for a, b in _runs(local):
+            for a, b in contiguous_runs(local):
                 lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
                 with _NC_LOCK:
                     try:
