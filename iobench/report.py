@@ -83,7 +83,7 @@ def load_directory(results_dir: str | Path) -> Collection:
                 col.probes.append(doc)
         else:
             col.sweeps.append(doc)
-    if not (col.runs or col.stages or col.probes):
+    if not (col.runs or col.stages or col.probes or col.sweeps):
         raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
                                    "probe results); run `iobench train`, `stage`, `probe` or "
                                    "`sweep` with --results pointing there")
@@ -171,7 +171,9 @@ def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, 
     epoch_wall_fast), infinite when staging never pays.
     """
     stagings = [{"stage_s": s["stage_s"], "stage_bytes": s["stage_bytes"],
-                 "stage_MBps": s["stage_MBps"], "mode": s["mode"],
+                 "stage_MBps": s["stage_MBps"], "resumed": s.get("skipped_files", 0),
+                 "mode": s["mode"] + (f" (resumed: {s['skipped_files']} files were already "
+                                      "there)" if s.get("skipped_files") else ""),
                  "from": _real(s["from"]["root"]), "to": _real(s["to"]["root"]),
                  "from_kind": s["from"].get("fstype"), "to_kind": s["to"].get("fstype"),
                  "dataset": s["dataset"]["dataset"], "format": s["dataset"]["format"]}
@@ -181,6 +183,7 @@ def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, 
         if st and st.get("from") and st.get("to"):
             stagings.append({"stage_s": st["stage_s"], "stage_bytes": st["stage_bytes"],
                              "stage_MBps": st["stage_MBps"], "mode": st.get("mode"),
+                             "resumed": st.get("skipped_files", 0),
                              "from": _real(st["from"]["root"]), "to": _real(st["to"]["root"]),
                              "from_kind": st["from"].get("fstype"),
                              "to_kind": st["to"].get("fstype"),
@@ -199,16 +202,19 @@ def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, 
                             "break_even_epochs": None})
             continue
         for a, b in pairs:
-            key = (s["from"], s["to"], a["loader"], a["workers"], a["batch_size"], a["shuffle"])
+            key = (s["from"], s["to"], s["stage_s"], a["loader"], a["workers"], a["batch_size"],
+                   a["shuffle"])
             if key in seen:
                 continue
             seen.add(key)
             slow_s, fast_s = _mean(a["wall_s"]), _mean(b["wall_s"])
             gain = slow_s - fast_s
+            # a resumed staging copied only part of the data: its time is no staging cost
+            be = None if s["resumed"] else s["stage_s"] / gain if gain > 0 else math.inf
             out.append({**s, "run": f"{a['loader']}, {a['workers']} workers, batch "
                                     f"{a['batch_size']}, shuffle {a['shuffle']}",
                         "epoch_slow_s": slow_s, "epoch_fast_s": fast_s,
-                        "break_even_epochs": s["stage_s"] / gain if gain > 0 else math.inf})
+                        "break_even_epochs": be})
     return out
 
 

@@ -1,15 +1,49 @@
-"""PLACEHOLDER: `iobench sweep` is being built; its owner replaces this whole file."""
+"""Run a matrix of training runs from a YAML file (datasets x formats/loaders x storage tiers x
+workers x batch sizes x shuffle, optional staging), skipping runs already done, then write the
+report. See scripts/sweeps/laptop.yaml for every key."""
 
 from __future__ import annotations
 
 import argparse
-
-from iobench.errors import UnsupportedError
+import sys
+from dataclasses import replace
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file")
+    p.add_argument("--results", default=None, metavar="DIR",
+                   help="results directory (default: the file's `results`)")
+    p.add_argument("--report", default=None, metavar="FILE",
+                   help="report file, .html or .md (default: the file's `report`, relative "
+                        "to the results directory)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the runs (and which are already done) without running them")
+    p.add_argument("--no-report", action="store_true", help="do not write the report")
 
 
 def main(args: argparse.Namespace) -> int:
-    raise UnsupportedError("`iobench sweep` is not built yet")
+    from iobench.errors import ConfigError
+    from iobench.sweep import load_sweep, run_sweep
+    from iobench.world import get_world
+
+    if get_world().size > 1:
+        raise ConfigError("run `iobench sweep` as one process; it launches each run itself "
+                          "(under mpiexec when the sweep file sets ranks > 1)")
+    cfg = load_sweep(args.sweep)
+    if args.results:
+        cfg = replace(cfg, results=args.results)
+    if args.report:
+        cfg = replace(cfg, report=args.report)
+    record = run_sweep(cfg, dry_run=args.dry_run, write_report=not args.no_report,
+                       log=lambda m: print(m, flush=True))
+    if args.dry_run:
+        return 0
+    counts = record["counts"]
+    failed = [r for r in record["runs"] if r["status"] == "failed"]
+    print(f"sweep {cfg.name}: {counts['done']} run, {counts['skipped']} already done, "
+          f"{counts['failed']} failed")
+    if failed:
+        print(f"iobench: {len(failed)} step(s) of the sweep failed; each is listed in the sweep "
+              "record and the report, with its log", file=sys.stderr)
+        return 1
+    return 0
