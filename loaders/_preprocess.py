@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 from iobench.errors import DatasetError
 from iobench.loaders._reader import RawBatch
@@ -67,33 +68,34 @@ def cifar_params(seed: int, epoch: int, indices: np.ndarray) -> tuple[np.ndarray
     return oy, ox, flip
 
 
-def _normalise(hwc: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
-    """uint8 [B, H, W, C] -> float32 [B, C, H, W], (x / 255 - mean) / std, in one pass.
+def _normalise_chw(chw: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]
+                   ) -> torch.Tensor:
+    """uint8 [B, C, H, W] (any strides) -> float32 [B, C, H, W], (x / 255 - mean) / std.
 
     numpy, single-threaded: torch's intra-op thread pool costs more than it
     gains on batch-sized tensors and competes with the loader's own workers.
     """
-    c = hwc.shape[3]
+    c = chw.shape[1]
     scale = np.array([1.0 / (255.0 * s) for s in std], dtype=np.float32).reshape(1, c, 1, 1)
     shift = np.array([m / s for m, s in zip(mean, std, strict=True)],
                      dtype=np.float32).reshape(1, c, 1, 1)
-    out = np.multiply(hwc.transpose(0, 3, 1, 2), scale, dtype=np.float32)
+    out = np.multiply(chw, scale, dtype=np.float32)
     out -= shift
     return torch.from_numpy(out)
 
 
 def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int) -> torch.Tensor:
     """Pad-4-and-crop, flip, normalise a uint8 [B, 32, 32, 3] batch -> float32 [B, 3, 32, 32]."""
-    b, h, w, _ = samples.shape
+    b, h, w, c = samples.shape
     p = CIFAR_PAD
-    padded = np.zeros((b, h + 2 * p, w + 2 * p, samples.shape[3]), dtype=samples.dtype)
-    padded[:, p:p + h, p:p + w] = samples
+    padded = np.zeros((b, c, h + 2 * p, w + 2 * p), dtype=samples.dtype)
+    padded[:, :, p:p + h, p:p + w] = samples.transpose(0, 3, 1, 2)
     oy, ox, flip = cifar_params(seed, epoch, indices)
-    ar_h, ar_w = np.arange(h), np.arange(w)
-    rows = oy[:, None] + ar_h  # [B, h]
-    cols = np.where(flip[:, None].astype(bool), ox[:, None] + (w - 1 - ar_w), ox[:, None] + ar_w)
-    crops = padded[np.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
-    return _normalise(crops, CIFAR_MEAN, CIFAR_STD)
+    windows = sliding_window_view(padded, (h, w), axis=(2, 3))  # [B, C, 2p+1, 2p+1, h, w]
+    crops = windows[np.arange(b), :, oy, ox]  # one gather for the batch: [B, C, h, w]
+    f = flip.astype(bool)
+    crops[f] = crops[f][..., ::-1]
+    return _normalise_chw(crops, CIFAR_MEAN, CIFAR_STD)
 
 
 def cosmoflow(samples: np.ndarray) -> torch.Tensor:
@@ -174,7 +176,7 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
         if flip:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
         out[i] = np.asarray(crop)
-    return _normalise(out, IMAGENET_MEAN, IMAGENET_STD)
+    return _normalise_chw(out.transpose(0, 3, 1, 2), IMAGENET_MEAN, IMAGENET_STD)
 
 
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
