@@ -83,9 +83,14 @@ class ProbeConfig:
     direct: bool | None = None  # None: O_DIRECT where the filesystem allows it
     seed: int = 0
     label: str | None = None  # the tier's name in reports (default: its filesystem kind)
+    # a writable directory that appears as `storage` (the backing directory of a read-only
+    # mount such as `iobench emulate-pfs`): files are written there and read through `storage`
+    write_via: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage", Path(self.storage))
+        if self.write_via is not None:
+            object.__setattr__(self, "write_via", Path(self.write_via))
         object.__setattr__(self, "readers", parse_readers(self.readers))
         if self.engine not in ENGINES:
             raise ConfigError(f"engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
@@ -139,24 +144,29 @@ def choose_engine(requested: str) -> str:
     return requested
 
 
-def supports_direct(directory: Path) -> bool:
-    """Whether files in `directory` can be read and written with O_DIRECT."""
+def supports_direct(directory: Path, read_directory: Path | None = None) -> bool:
+    """Whether files can be written with O_DIRECT in `directory` and read with O_DIRECT
+    there (or through `read_directory`, where the same files appear)."""
     if not hasattr(os, "O_DIRECT"):
         return False
-    path = directory / f".iobench-odirect-{os.getpid()}"
+    name = f".iobench-odirect-{os.getpid()}"
+    path = directory / name
     buf = mmap.mmap(-1, ALIGN)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    except OSError:
-        return False
-    try:
-        os.pwritev(fd, [buf], 0)
-        os.preadv(fd, [buf], 0)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+        try:
+            os.pwritev(fd, [buf], 0)
+        finally:
+            os.close(fd)
+        fd = os.open((read_directory or directory) / name, os.O_RDONLY | os.O_DIRECT)
+        try:
+            os.preadv(fd, [buf], 0)
+        finally:
+            os.close(fd)
         return True
     except OSError:
         return False
     finally:
-        os.close(fd)
         with contextlib.suppress(OSError):
             path.unlink()
         buf.close()
@@ -216,14 +226,15 @@ def _parallel(n: int, fn: Callable[[int], tuple[int, int]]) -> tuple[int, int, f
 
 
 class _PyEngine:
-    def __init__(self, cfg: ProbeConfig, work: Path, direct: bool) -> None:
-        self.cfg, self.work, self.direct = cfg, work, direct
+    def __init__(self, cfg: ProbeConfig, work: Path, read_work: Path, direct: bool) -> None:
+        self.cfg, self.work, self.read_work, self.direct = cfg, work, read_work, direct
 
-    def path(self, i: int) -> Path:
-        return self.work / f"probe.{i}"
+    def path(self, i: int, read: bool = True) -> Path:
+        return (self.read_work if read else self.work) / f"probe.{i}"
 
     def _open(self, i: int, flags: int) -> int:
-        return os.open(self.path(i), flags | (os.O_DIRECT if self.direct else 0), 0o600)
+        read = flags & (os.O_WRONLY | os.O_RDWR) == 0
+        return os.open(self.path(i, read), flags | (os.O_DIRECT if self.direct else 0), 0o600)
 
     def write(self, n: int) -> TestResult:
         cfg = self.cfg
@@ -316,13 +327,14 @@ class _PyEngine:
 # ----------------------------------------------------------------------------- fio engine
 
 class _FioEngine:
-    def __init__(self, cfg: ProbeConfig, work: Path, direct: bool) -> None:
-        self.cfg, self.work, self.direct = cfg, work, direct
+    def __init__(self, cfg: ProbeConfig, work: Path, read_work: Path, direct: bool) -> None:
+        self.cfg, self.work, self.read_work, self.direct = cfg, work, read_work, direct
         self.exe = fio_path() or "fio"
 
     def _run(self, name: str, rw: str, bs: int, n: int, op: str) -> TestResult:
         cfg = self.cfg
-        args = [self.exe, "--output-format=json", f"--name={name}", f"--directory={self.work}",
+        where = self.work if rw == "write" else self.read_work
+        args = [self.exe, "--output-format=json", f"--name={name}", f"--directory={where}",
                 "--filename_format=probe.$jobnum", f"--numjobs={n}", "--group_reporting",
                 f"--size={cfg.file_bytes}", f"--bs={bs}", f"--rw={rw}", "--ioengine=psync",
                 f"--direct={int(self.direct)}", f"--runtime={max(1, int(cfg.runtime_s * 1000))}ms",
@@ -330,18 +342,18 @@ class _FioEngine:
         if rw == "write":
             args += ["--end_fsync=1"]
         elif self.direct:
-            args += ["--time_based"]  # O_DIRECT re-reads still go to the device
+            args += ["--time_based", "--readonly"]  # O_DIRECT re-reads still go to the device
         else:
-            args += ["--invalidate=1"]  # evicted first; the random map reads each block once
+            args += ["--invalidate=1", "--readonly"]  # evicted; the random map reads each once
         try:
             proc = subprocess.run(args, capture_output=True, text=True,
                                   timeout=cfg.runtime_s * 10 + 300)
         except subprocess.TimeoutExpired as e:
-            raise StorageError(f"fio did not finish {name} on {self.work} in time; the storage "
+            raise StorageError(f"fio did not finish {name} on {where} in time; the storage "
                                "may hang; --engine python measures without fio") from e
         if proc.returncode != 0:
             msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-            raise StorageError(f"fio failed on {name} in {self.work}: "
+            raise StorageError(f"fio failed on {name} in {where}: "
                                f"{msg[-1] if msg else proc.returncode}; --engine python "
                                "measures without fio")
         text = proc.stdout[proc.stdout.index("{"):]  # fio may print notes before the JSON
@@ -381,13 +393,16 @@ def fio_version() -> str | None:
 
 # ------------------------------------------------------------------------------- metadata
 
-def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB) -> dict[str, Any]:
+def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
+                   read_work: Path | None = None) -> dict[str, Any]:
     """Create, stat, open+read+close, unlink `files` small files with `threads` threads.
 
     Rates are operations per second over the wall time of each phase. The
     files' data is evicted before the open+read+close phase; their inodes and
     directory entries stay cached (only dropping the node's caches clears
-    those), so stat rates are an upper bound on a cold metadata server.
+    those), so stat rates are an upper bound on a cold metadata server. With
+    `read_work` (where `work` appears through another mount), stat and
+    open+read+close go through it; create and unlink through `work`.
     """
     base = work / f"meta-{threads}"
     base.mkdir()
@@ -397,11 +412,15 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB) ->
     for d in dirs:
         d.mkdir()
 
-    def phase(fn: Callable[[Path], int]) -> tuple[int, float]:
+    rdirs = [(read_work or work) / d.relative_to(work) for d in dirs]
+
+    def phase(fn: Callable[[Path], int], through_read: bool = False) -> tuple[int, float]:
+        where = rdirs if through_read else dirs
+
         def one(i: int) -> tuple[int, int]:
             n = 0
             for k in range(per[i]):
-                n += fn(dirs[i] / f"f{k:07d}")
+                n += fn(where[i] / f"f{k:07d}")
             return n, per[i]
 
         nbytes, ops, seconds = _parallel(threads, one)
@@ -429,10 +448,10 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB) ->
     ops, s = phase(create)
     out["create_per_s"] = ops / s
     os.sync()  # the files' data is on the device before it is evicted and read back
-    ops, s = phase(stat)
+    ops, s = phase(stat, True)
     out["stat_per_s"] = ops / s
-    cache.evict(p for d in dirs for p in d.iterdir())
-    ops, s = phase(open_read_close)
+    cache.evict(p for d in rdirs for p in d.iterdir())
+    ops, s = phase(open_read_close, True)
     out["open_read_close_per_s"] = ops / s
     ops, s = phase(lambda p: (os.unlink(p), 0)[1])
     out["unlink_per_s"] = ops / s
@@ -441,6 +460,19 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB) ->
 
 
 # ----------------------------------------------------------------------------------- probe
+
+def _complete_files(work: Path, n: int, size: int) -> None:
+    """Extend the readers' files to `size` bytes (untimed; fio stops writing at --runtime)."""
+    block = os.urandom(SEQ_BS)
+    for i in range(n):
+        path = work / f"probe.{i}"
+        with open(path, "ab") as f:
+            have = f.tell()
+            while have < size:
+                have += f.write(block[:size - have])
+            f.flush()
+            os.fsync(f.fileno())
+
 
 def _check_storage(storage: Path, need: int) -> None:
     if not storage.is_dir():
@@ -468,17 +500,26 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
 
     log = log or (lambda _msg: None)
     nmax = max(cfg.readers)
-    _check_storage(cfg.storage, nmax * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
+    if not cfg.storage.is_dir():
+        raise StorageError(f"--storage {cfg.storage} is not a directory; give an existing "
+                           "directory on the tier to measure")
+    writable = cfg.write_via or cfg.storage
+    _check_storage(writable, nmax * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
     engine = choose_engine(cfg.engine)
     mount = mount_of(cfg.storage)
     work = Path(tempfile.mkdtemp(prefix=f".iobench-probe-{socket.gethostname()}-",
-                                 dir=cfg.storage))
+                                 dir=writable))
+    read_work = cfg.storage / work.name if cfg.write_via else work
     warnings: list[str] = []
     notes: list[str] = []
     tests: list[TestResult] = []
     meta: list[dict[str, Any]] = []
     try:
-        can_direct = supports_direct(work)
+        if not read_work.is_dir():
+            raise ConfigError(f"--write-via {cfg.write_via} does not appear as --storage "
+                              f"{cfg.storage} (no {read_work}); give the directory that backs "
+                              "the storage mount")
+        can_direct = supports_direct(work, read_work)
         direct = can_direct if cfg.direct is None else cfg.direct
         if direct and not can_direct:
             raise UnsupportedError(f"{cfg.storage} ({mount.fstype}) does not allow O_DIRECT; "
@@ -486,31 +527,32 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         if mount.kind == "memory":
             warnings.append(f"{cfg.storage} is {mount.fstype}: its data lives in memory, so "
                             "these figures are memory bandwidth, not storage")
-        eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, direct)
+        eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, read_work, direct)
         sample_bs = cfg.sample_bytes
         if direct and sample_bs % ALIGN:
             sample_bs = -(-sample_bs // ALIGN) * ALIGN
             notes.append(f"O_DIRECT needs aligned reads: sample-size reads use "
                             f"{sample_bs} bytes (sample size {cfg.sample_bytes} rounded up "
                             "to 4 KiB)")
-        plan: list[tuple[str, Callable[[], TestResult]]] = []
-        for n in cfg.readers:
-            plan.append((f"sequential write, {n} writer(s)", lambda n=n: eng.write(n)))
-        for n in cfg.readers:
-            plan.append((f"sequential read, {n} reader(s)", lambda n=n: eng.read(n)))
-        for n in cfg.readers:
-            plan.append((f"random 4 KiB reads, {n} reader(s)",
-                         lambda n=n: eng.randread(n, 4 * KiB, "4k")))
-        for n in cfg.readers:
-            plan.append((f"random {sample_bs}-byte reads, {n} reader(s)",
-                         lambda n=n: eng.randread(n, sample_bs, "sample")))
-        for what, fn in plan:
+        def measure(what: str, fn: Callable[[], TestResult]) -> None:
             log(what)
             tests.append(fn())
             log(f"  {tests[-1].MBps:.1f} MB/s, {tests[-1].iops:.0f} IOPS")
+
+        for n in cfg.readers:
+            measure(f"sequential write, {n} writer(s)", lambda n=n: eng.write(n))
+        _complete_files(work, nmax, cfg.file_bytes)  # a time-capped fio write leaves them short
+        for n in cfg.readers:
+            measure(f"sequential read, {n} reader(s)", lambda n=n: eng.read(n))
+        for n in cfg.readers:
+            measure(f"random 4 KiB reads, {n} reader(s)",
+                    lambda n=n: eng.randread(n, 4 * KiB, "4k"))
+        for n in cfg.readers:
+            measure(f"random {sample_bs}-byte reads, {n} reader(s)",
+                    lambda n=n: eng.randread(n, sample_bs, "sample"))
         for n in cfg.readers:
             log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
-            meta.append(metadata_rates(work, cfg.metadata_files, n))
+            meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work))
     except OSError as e:
         if isinstance(e, StorageError | UnsupportedError):
             raise
@@ -555,8 +597,11 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         "summary": summary,
         "tests": [asdict(t) for t in tests],
         "metadata": meta,
+        "write_via": str(cfg.write_via) if cfg.write_via else None,
         "warnings": warnings,
-        "notes": notes + ["random reads are synchronous (psync), one file per reader, like "
+        "notes": notes + ([f"written through {cfg.write_via} (write and create/unlink figures "
+                           "are of that path), read through the storage"]
+                          if cfg.write_via else []) + ["random reads are synchronous (psync), one file per reader, like "
                           "loader workers; metadata: inodes and dentries stay cached"],
         "provenance": provenance(),
     }

@@ -13,7 +13,7 @@ from test_cache import make_dataset
 
 from conftest import cli, run_cmd
 from iobench import procio
-from iobench.errors import ConfigError
+from iobench.errors import ConfigError, StorageError
 from iobench.probe import ProbeConfig, parse_size, probe_storage, sample_size_for
 
 TINY = ["--size", "4M", "--runtime", "0.2", "--metadata-files", "20", "--readers", "1,2"]
@@ -120,3 +120,32 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "res").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".iobench-probe")]
     assert os.listdir(tmp_path) == []
+
+
+def test_read_only_tier_probed_through_its_backing_directory(tmp_path):
+    """An emulated parallel filesystem is read-only: files are written via its backing
+    directory and every read and stat goes through the FUSE mount."""
+    from iobench.errors import IobenchError
+    from iobench.pfs import control
+
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    try:
+        m = control.mount(backing, mnt, "passthrough")
+    except IobenchError as e:
+        pytest.skip(f"cannot mount the emulated parallel filesystem here: {e}")
+    try:
+        with pytest.raises(StorageError, match="not writable"):
+            probe_storage(ProbeConfig(storage=mnt, file_bytes=4 * 2**20, readers=(1,),
+                                      runtime_s=0.1, metadata_files=5, engine="python"))
+        cfg = ProbeConfig(storage=mnt, write_via=backing, file_bytes=4 * 2**20, readers=(1, 2),
+                          runtime_s=0.1, sample_bytes=64 * 1024, metadata_files=10,
+                          engine="python", label="pfs")
+        doc = probe_storage(cfg)
+    finally:
+        m.unmount()
+    assert doc["storage"]["kind"] == "fuse" and doc["write_via"] == str(backing)
+    assert doc["label"] == "pfs" and {t["name"] for t in doc["tests"]} == NAMES
+    assert all(t["bytes"] > 0 for t in doc["tests"])
+    assert doc["summary"]["stat_per_s"] > 0 and doc["summary"]["open_read_close_per_s"] > 0
+    assert os.listdir(backing) == []  # scratch removed

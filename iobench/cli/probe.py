@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fio, python (iobench's own), or auto: fio when installed")
     p.add_argument("--buffered", action="store_true",
                    help="no O_DIRECT even where allowed (files are evicted and read once)")
+    p.add_argument("--write-via", default=None, metavar="DIR",
+                   help="a writable directory that appears as --storage (the backing "
+                        "directory of a read-only mount such as `iobench emulate-pfs`): "
+                        "scratch files are written there and read through --storage")
     p.add_argument("--label", default=None,
                    help="the tier's name in reports (default: its kind and filesystem)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
@@ -60,7 +64,8 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
     return ProbeConfig(storage=args.storage, file_bytes=size, readers=args.readers,
                        runtime_s=args.runtime, sample_bytes=sample,
                        metadata_files=args.metadata_files, engine=args.engine,
-                       direct=False if args.buffered else None, label=args.label)
+                       direct=False if args.buffered else None, label=args.label,
+                       write_via=args.write_via)
 
 
 def main(args: argparse.Namespace) -> int:
