@@ -37,7 +37,10 @@ TOP_KEYS = {"name", "results", "report", "datasets", "formats", "loaders", "tier
             "batch_size", "shuffle", "epochs", "max_steps", "model", "compute_time", "decode",
             "ranks", "launcher", "probe", "run_timeout", "train_args"}
 DATASET_KEYS = {"name", "samples", "samples_per_file", "generate_args"}
-TIER_KEYS = {"name", "path", "generate", "stage_to", "stage_name", "stage_args"}
+TIER_KEYS = {"name", "path", "generate", "stage_to", "stage_name", "stage_args", "write_via",
+             "emulate_pfs"}
+PFS_KEYS = {"backing", "profile", "open_latency_ms", "read_latency_ms", "bandwidth_MBps", "iops",
+            "direct_io", "kernel_cache"}
 PROBE_KEYS = {"size", "runtime", "readers", "metadata_files", "engine"}
 
 
@@ -81,10 +84,21 @@ class TierCfg:
     stage_to: str | None = None  # also stage this tier's datasets there and train from the copy
     stage_name: str | None = None  # the staged tier's name (default: "<name>-staged")
     stage_args: tuple[str, ...] = ()  # more `iobench stage` options, verbatim
+    write_via: str | None = None  # where `path` is writable (a read-only mount's backing dir)
+    # mount an emulated parallel filesystem (iobench emulate-pfs) at `path` for the sweep:
+    # {backing: DIR, profile: NAME, ...overrides}; its backing is then the write_via
+    emulate_pfs: dict[str, Any] | None = None
 
     @property
     def staged_name(self) -> str:
         return self.stage_name or f"{self.name}-staged"
+
+    @property
+    def writable(self) -> str:
+        """Where datasets are generated and probe files written for this tier."""
+        if self.emulate_pfs:
+            return str(self.emulate_pfs["backing"])
+        return self.write_via or self.path
 
 
 @dataclass(frozen=True)
@@ -142,8 +156,18 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
                 raise ConfigError(f"{src}: tiers[{i}].{k} is required (a string)")
         if not isinstance(t.get("generate", True), bool):
             raise ConfigError(f"{src}: tiers[{i}].generate must be true or false")
+        pfs = t.get("emulate_pfs")
+        if pfs is not None:
+            pfs = dict(_unknown(pfs, PFS_KEYS, f"{src}: tiers[{i}].emulate_pfs"))
+            if not isinstance(pfs.get("backing"), str):
+                raise ConfigError(f"{src}: tiers[{i}].emulate_pfs.backing is required: the "
+                                  "directory the emulated filesystem serves")
+            if t.get("write_via"):
+                raise ConfigError(f"{src}: tiers[{i}] has emulate_pfs and write_via: the "
+                                  "emulated tier is written via its backing; drop write_via")
         tiers.append(TierCfg(t["name"], t["path"], t.get("generate", True), t.get("stage_to"),
-                             t.get("stage_name"), tuple(map(str, t.get("stage_args", [])))))
+                             t.get("stage_name"), tuple(map(str, t.get("stage_args", []))),
+                             t.get("write_via"), pfs))
     names = [t.name for t in tiers] + [t.staged_name for t in tiers if t.stage_to]
     if len(set(names)) != len(names):
         raise ConfigError(f"{src}: tier names must be distinct, got {names}")
@@ -383,7 +407,17 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         outcomes.append(out)
         return out
 
+    mounts: list[Any] = []
     try:
+        # 0. emulated parallel filesystems, mounted for the sweep only
+        for t in cfg.tiers:
+            if t.emulate_pfs and any(r.tier in (t.name, t.staged_name) for r in todo):
+                err = _mount_pfs(t, mounts, log)
+                if err:
+                    for d in cfg.datasets:
+                        for fmt in cfg.formats:
+                            failed_prereq[(d.name, fmt, t.name)] = err
+                            failed_prereq[(d.name, fmt, t.staged_name)] = err
         # 1. datasets on every source tier that some remaining run needs
         needed = {(r.dataset, r.format, t.name) for r in todo for t in cfg.tiers
                   if r.tier in (t.name, t.staged_name)}
@@ -391,7 +425,7 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         for t in cfg.tiers:
             for d in cfg.datasets:
                 for fmt in cfg.formats:
-                    if (d.name, fmt, t.name) not in needed:
+                    if (d.name, fmt, t.name) not in needed or (d.name, fmt, t.name) in failed_prereq:
                         continue
                     err = _ensure_dataset(cfg, t, ds_cfg[d.name], fmt, step)
                     if err:
@@ -401,10 +435,15 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
             have = _probed(results)
             for name, path in [(t.name, t.path) for t in cfg.tiers] + \
                               [(t.staged_name, t.stage_to) for t in cfg.tiers if t.stage_to]:
-                if (name, os.path.realpath(path)) in have:
+                if (name, os.path.realpath(path)) in have or not _probe_ok(path, failed_prereq,
+                                                                            name):
                     continue
-                Path(path).mkdir(parents=True, exist_ok=True)
+                via = next((t.writable for t in cfg.tiers if t.name == name
+                            and t.writable != t.path), None)
+                Path(via or path).mkdir(parents=True, exist_ok=True)
                 args = ["probe", "--storage", path, "--label", name, "--results", str(results)]
+                if via:
+                    args += ["--write-via", via]
                 for k, v in cfg.probe.items():
                     args += [f"--{k.replace('_', '-')}",
                              ",".join(map(str, v)) if isinstance(v, list) else str(v)]
@@ -444,6 +483,11 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
             o = step("train", r.label, _train_args(cfg, r, results), cfg.ranks)
             o.config = asdict(r)
     finally:
+        for m in mounts:
+            try:
+                m.unmount()
+            except Exception as e:  # an unmount failure must not hide the sweep's record
+                log(f"could not unmount {m.mountpoint}: {e}")
         record = {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "sweep",
             "name": cfg.name, "created": now_iso(), "started": started,
@@ -503,14 +547,40 @@ def _ensure_dataset(cfg: SweepConfig, tier: TierCfg, d: DatasetCfg, fmt: str,
     if not tier.generate:
         return (f"no dataset at {root} and tier {tier.name!r} has generate: false; generate it "
                 "there first")
-    args = ["generate", "--dataset", d.name, "--format", fmt, "--storage", tier.path]
+    args = ["generate", "--dataset", d.name, "--format", fmt, "--storage", tier.writable]
     if d.samples is not None:
         args += ["--samples", str(d.samples)]
     if d.samples_per_file is not None:
         args += ["--samples-per-file", str(d.samples_per_file)]
-    Path(tier.path).mkdir(parents=True, exist_ok=True)
+    Path(tier.writable).mkdir(parents=True, exist_ok=True)
     o = step("generate", f"{d.name}-{fmt} on {tier.name}", [*args, *d.generate_args], cfg.ranks)
-    return None if o.status == "done" else f"generation failed: {o.error}"
+    if o.status != "done":
+        return f"generation failed: {o.error}"
+    if not (root / "iobench.json").is_file():
+        return f"generated into {tier.writable}, but {root} does not show it"
+    return None
+
+
+def _mount_pfs(tier: TierCfg, mounts: list[Any], log: Callable[[str], None]) -> str | None:
+    """Mount the tier's emulated parallel filesystem; None, or why it could not."""
+    from iobench.errors import IobenchError
+    from iobench.pfs import control
+
+    opts = dict(tier.emulate_pfs or {})
+    backing = Path(opts.pop("backing"))
+    profile = opts.pop("profile", "lustre-light")
+    backing.mkdir(parents=True, exist_ok=True)
+    log(f"[emulate-pfs] mount {tier.path} over {backing} (profile {profile}; EMULATED)")
+    try:
+        mounts.append(control.mount(backing, tier.path, profile, **opts))
+    except (IobenchError, TypeError) as e:
+        log(f"  FAILED: {e}")
+        return f"emulated parallel filesystem not mounted: {e}"
+    return None
+
+
+def _probe_ok(path: str, failed: dict[tuple[str, str, str], str], tier: str) -> bool:
+    return not any(k[2] == tier and "not mounted" in v for k, v in failed.items())
 
 
 def _probed(results: Path) -> set[tuple[str, str]]:

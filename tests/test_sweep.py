@@ -170,3 +170,39 @@ def test_bad_yaml_is_one_line(tmp_path, capsys):
 def test_shipped_sweeps_parse(name):
     cfg = load_sweep(ROOT / "scripts" / "sweeps" / name)
     assert plan_runs(cfg)
+
+
+def test_sweep_mounts_an_emulated_pfs_tier_and_unmounts_it(tmp_path, capsys):
+    from iobench.pfs import control
+
+    problem = control.fuse_problem()
+    if problem:
+        pytest.skip(f"FUSE is not usable here: {problem}")
+    backing, mnt = tmp_path / "backing", tmp_path / "pfs"
+    make_hdf5_dataset(backing)
+    sweep = tmp_path / "pfs.yaml"
+    sweep.write_text(f"""
+results: {tmp_path}/results
+report: report.md
+datasets: [{{name: cifar10, samples: 96}}]
+tiers:
+  - name: pfs
+    path: {mnt}
+    generate: false
+    emulate_pfs: {{backing: {backing}, profile: passthrough}}
+workers: [0]
+batch_size: [32]
+epochs: 1
+max_steps: 1
+compute_time: 0.001
+""")
+    code = cli("sweep", sweep)
+    out = capsys.readouterr()
+    if "emulated parallel filesystem not mounted" in out.out:
+        pytest.skip("cannot mount the emulated parallel filesystem here")
+    assert code == 0, out
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "results").glob("*.json")
+              if '"iobench.result"' in p.read_text()[:200]]
+    assert doc["provenance"]["storage"]["kind"] == "fuse"  # it read through the mount
+    assert control.mount_containing(mnt) is None  # unmounted at the end
+    assert (tmp_path / "results" / "report.md").is_file()
