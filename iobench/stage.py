@@ -524,3 +524,45 @@ def write_result(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> P
         except FileExistsError:
             continue
     raise StorageError(f"cannot find a free result name in {results_dir}")
+
+
+def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
+                       progress: bool = False) -> tuple[Any, dict[str, Any]]:
+    """For `iobench train --stage-to DIR2`: stage the run's dataset, then train from the copy.
+
+    Returns the training config pointing at the staged copy, and the result's
+    `staging` section (stage_s, stage_bytes, stage_MBps, mode, shuffle_scope,
+    tiers). In `shard` mode the loaders must read with `scope="local"`
+    (`staging["shuffle_scope"]`). A collective: every rank calls it, and a
+    failure is raised on every rank (marked as agreed, so the CLI prints it once).
+    """
+    import dataclasses
+
+    from iobench.train import resolve_dataset
+
+    cfg = error = None
+    try:
+        parse_mode(mode)
+        src_root = resolve_dataset(config)
+        fmt = Manifest.load(src_root).format
+        cfg = StageConfig(dataset=config.dataset, format=fmt, source=src_root.parent,
+                          dest=Path(dest), mode=mode, progress=progress)
+        if config.warm_cache:
+            raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
+                              "once, which would warm the cache; drop one of them")
+    except IobenchError as e:
+        error = e
+    try:
+        _gather_ok(world, error)  # no rank enters the copy while another has failed
+        assert cfg is not None
+        doc = stage_dataset(cfg, world)
+    except IobenchError as e:
+        e.iobench_agreed = True  # type: ignore[attr-defined]  # every rank raised it
+        raise
+    staging = {k: doc[k] for k in ("stage_s", "stage_bytes", "stage_MBps", "mode",
+                                   "shuffle_scope", "from", "to", "copied_files",
+                                   "skipped_files", "skipped_bytes", "verified", "dataset_bytes")}
+    # needs an epoch time from the source tier, i.e. another run: `iobench report` pairs them
+    staging["break_even_epochs"] = None
+    staged_storage = str(Path(doc["to"]["root"]).parent)
+    return dataclasses.replace(config, storage=staged_storage), staging

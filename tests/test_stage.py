@@ -243,3 +243,39 @@ def test_out_of_space(tmp_path, small_tmpfs):
         stage_dataset(cfg)
     left = sorted(p.name for p in dest.iterdir())
     assert left == [first.path]  # the old file untouched, the partial copy removed
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["replicate", "shard"])
+def test_train_stage_to_records_staging_and_training_together(tmp_path, mode):
+    from test_sweep import make_hdf5_dataset
+
+    m = make_hdf5_dataset(tmp_path / "slow")
+    r = run_mpi(2, "train", "--loader", "hdf5", "--storage", tmp_path / "slow", "--stage-to",
+                tmp_path / "fast", "--stage-mode", mode, "--epochs", "1", "--max-steps", "1",
+                "--compute-time", "0.001", "--batch-size", "16", "--results", tmp_path / "res")
+    assert r.returncode == 0, r.stderr
+    _assert_copy(m, tmp_path / "fast" / "cifar10-hdf5")
+    (path,) = (tmp_path / "res").glob("*.json")
+    doc = json.loads(path.read_text())
+    assert doc["config"]["storage"] == str(tmp_path / "fast")  # trained from the copy
+    assert doc["dataset"]["root"] == str((tmp_path / "fast" / "cifar10-hdf5").resolve())
+    st = doc["staging"]
+    assert st["mode"] == mode and st["stage_bytes"] == m.total_bytes and st["stage_s"] > 0
+    assert st["shuffle_scope"] == ("local" if mode == "shard" else "global")
+    assert st["from"]["root"] == str(m.root) and st["to"]["fstype"]
+    assert st["time_to_solution_s"] == pytest.approx(st["stage_s"] + doc["summary"]["wall_s"])
+
+
+def test_train_stage_to_bad_destination_is_one_line(tmp_path, capsys):
+    from test_sweep import make_hdf5_dataset
+
+    make_hdf5_dataset(tmp_path / "slow")
+    (tmp_path / "afile").write_text("x")
+    code = cli("train", "--loader", "hdf5", "--storage", tmp_path / "slow", "--stage-to",
+               tmp_path / "afile", "--epochs", "1", "--compute-time", "0.001",
+               "--results", tmp_path / "res")
+    assert code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot create the destination" in err[0]
+    assert not list((tmp_path / "res").glob("*.json")) if (tmp_path / "res").exists() else True

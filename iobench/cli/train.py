@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fail a collective that waits longer than this (a dead rank)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
+    p.add_argument("--stage-to", default=None, metavar="DIR2",
+                   help="stage the dataset to DIR2 first (iobench stage), then train from the "
+                        "copy; the result records staging and training together")
+    p.add_argument("--stage-mode", default="replicate", choices=("replicate", "shard"),
+                   help="with --stage-to: a full copy per node, or each node only its ranks' "
+                        "files (then each rank shuffles within its own files)")
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -110,11 +116,25 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         raise
     distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s)
     try:
+        staging = None
+        if args.stage_to:  # issue 6: stage first, then train from the copy
+            from dataclasses import replace
+
+            from iobench.stage import stage_for_training
+
+            config, staging = stage_for_training(config, args.stage_to, args.stage_mode, world,
+                                                 progress=world.is_root and sys.stderr.isatty())
+        scope = staging["shuffle_scope"] if staging else "global"
         out = _Output(world, config)
-        doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m, c, r, w), world,
+        doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m,
+                                                               replace(c, scope=scope) if
+                                                               staging else c, r, w), world,
                         progress=out.epoch, started=out.start)
         if doc is None:
             return 0
+        if staging:
+            doc["staging"] = {**staging, "time_to_solution_s": staging["stage_s"]
+                              + doc["summary"]["wall_s"]}
         path = results.write_result(doc, config.results)
         out.finish(doc, path)
         return 0
