@@ -73,6 +73,7 @@ class TrainConfig:
     max_steps: int | None = None  # per epoch
     decode: bool = True
     warm_cache: bool = False
+    drop_caches: bool = False  # root only: also drop the node's page cache before each epoch
     lr: float | None = None  # None: the model's default
     amp: bool = False  # CUDA only: bfloat16 autocast
     channels_last: bool = False
@@ -114,6 +115,10 @@ class TrainConfig:
         parse_shuffle(self.shuffle)
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max-steps {self.max_steps} must be >= 1")
+        if self.drop_caches and (self.warm_cache or not os.access("/proc/sys/vm/drop_caches",
+                                                                  os.W_OK)):
+            raise ConfigError("--drop-caches needs root (a writable /proc/sys/vm/drop_caches) "
+                              "and a cold-cache run (no --warm-cache)")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"--lr {self.lr} must be a positive number")
         if not self.timeout_s > 0:
@@ -331,6 +336,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
 
     for epoch in range(config.epochs):
         report = cache.evict_for_node(manifest, world, evict_pages=not config.warm_cache,
+                                      drop_caches=config.drop_caches,
                                       warn_above=RESIDENT_WARN_FRACTION, loud=False)
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         world.barrier()  # ranks start the epoch together

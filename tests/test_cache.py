@@ -253,3 +253,27 @@ def test_read_bytes_not_available_on_tmpfs():
         pytest.skip("/dev/shm is not tmpfs here")
     assert "tmpfs" in procio.read_bytes_unavailable("/dev/shm")
     assert procio.os_read_bytes(procio.IoCounters(0, 10, 1, 1), "/dev/shm") is None
+
+
+def test_train_drop_caches_option(tmp_path):
+    """`iobench train --drop-caches` (root only) drops the node's page cache before each epoch
+    and says so in the result; it is never on by default."""
+    import json
+
+    from test_sweep import make_hdf5_dataset
+
+    from conftest import cli
+
+    make_hdf5_dataset(tmp_path / "s")
+    args = ["train", "--loader", "hdf5", "--storage", tmp_path / "s", "--epochs", "1",
+            "--max-steps", "1", "--compute-time", "0.001", "--batch-size", "16"]
+    assert cli(*args, "--results", tmp_path / "default") == 0
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "default").glob("*.json")]
+    assert doc["epochs"][0]["cache"]["method"] == "fadvise" and not doc["config"]["drop_caches"]
+    if not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        assert cli(*args, "--drop-caches", "--results", tmp_path / "drop") != 0
+        return
+    assert cli(*args, "--drop-caches", "--results", tmp_path / "drop") == 0
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "drop").glob("*.json")]
+    assert doc["epochs"][0]["cache"]["method"] == "drop_caches+fadvise"
+    assert doc["epochs"][0]["cache"]["status"] == "cold"

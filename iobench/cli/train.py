@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="read stored bytes only, no decoding (needs --model none or --compute-time)")
     p.add_argument("--warm-cache", action="store_true",
                    help="do not evict the dataset from the page cache before each epoch")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="root only: also drop the node's whole page cache "
+                        "(/proc/sys/vm/drop_caches) before each epoch")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: per model)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
@@ -71,7 +74,8 @@ def build_config(args: argparse.Namespace) -> Any:
                        epochs=args.epochs, batch_size=args.batch_size, workers=args.workers,
                        worker_type=args.worker_type, shuffle=args.shuffle, seed=args.seed,
                        max_steps=args.max_steps, decode=not args.no_decode,
-                       warm_cache=args.warm_cache, lr=args.lr, amp=args.amp,
+                       warm_cache=args.warm_cache, drop_caches=args.drop_caches, lr=args.lr,
+                       amp=args.amp,
                        channels_last=args.channels_last, timeout_s=args.timeout,
                        results=args.results)
 
