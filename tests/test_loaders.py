@@ -417,3 +417,30 @@ def test_a_killed_worker_is_a_clear_error(dataset_root):
             for _ in it:
                 pass
         check_raw("cifar10", collect(ld, 1), ld.indices(1))  # the next epoch starts afresh
+
+
+@needs_dali
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_dali_gpu_without_a_gpu_says_so(dataset_root):
+    from iobench.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="device='gpu'"):
+        make_loader("dali", dataset_root("cifar10", "hdf5"), cfg(device="gpu"))
+
+
+@pytest.mark.gpu
+@needs_dali
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("dataset", "fmt"), [("cifar10", "hdf5"), ("cifar10", "files"),
+                                              ("cosmoflow", "lmdb"), ("imagenet", "files")])
+def test_dali_on_the_gpu_matches_the_cpu(dataset_root, dataset, fmt):
+    root = dataset_root(dataset, fmt)
+    with make_loader("dali", root, cfg(decode=True, device="gpu", workers=1)) as g, \
+            make_loader("dali", root, cfg(decode=True, workers=1)) as c:
+        for x, y in zip(collect(g), collect(c), strict=True):
+            assert x.samples.is_cuda and not y.samples.is_cuda
+            assert torch.equal(x.indices, y.indices) and torch.equal(x.labels, y.labels)
+            if dataset == "imagenet":  # nvJPEG and DALI's random crop: shape and range only
+                assert x.samples.shape == (len(x.indices), 3, 224, 224)
+            else:
+                torch.testing.assert_close(x.samples.cpu(), y.samples, rtol=1e-4, atol=1e-4)
