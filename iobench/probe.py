@@ -77,7 +77,8 @@ class ProbeConfig:
     file_bytes: int = 256 * MiB  # per reader: one file each
     readers: tuple[int, ...] = (1, 4)
     runtime_s: float = 2.0  # upper bound per test
-    sample_bytes: int = IMAGENET_MEAN_JPEG  # random reads at a dataset's sample size
+    # random reads at datasets' sample sizes (bytes); the first is the headline
+    sample_bytes: int | tuple[int, ...] = IMAGENET_MEAN_JPEG
     metadata_files: int = 1000
     engine: str = "auto"
     direct: bool | None = None  # None: O_DIRECT where the filesystem allows it
@@ -99,8 +100,11 @@ class ProbeConfig:
                               "give --size 4M or more")
         if not 0 < self.runtime_s <= 3600:
             raise ConfigError(f"runtime {self.runtime_s} s must be in (0, 3600]")
-        if not 1 <= self.sample_bytes <= self.file_bytes:
-            raise ConfigError(f"sample size {self.sample_bytes} must be in [1, file size "
+        sizes = ((self.sample_bytes,) if isinstance(self.sample_bytes, int)
+                 else tuple(dict.fromkeys(int(x) for x in self.sample_bytes)))
+        object.__setattr__(self, "sample_bytes", sizes)
+        if not sizes or not all(1 <= x <= self.file_bytes for x in sizes):
+            raise ConfigError(f"sample sizes {list(sizes)} must be in [1, file size "
                               f"{self.file_bytes}]")
         if self.metadata_files < 1:
             raise ConfigError(f"metadata files {self.metadata_files} must be >= 1")
@@ -528,12 +532,12 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
             warnings.append(f"{cfg.storage} is {mount.fstype}: its data lives in memory, so "
                             "these figures are memory bandwidth, not storage")
         eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, read_work, direct)
-        sample_bs = cfg.sample_bytes
-        if direct and sample_bs % ALIGN:
-            sample_bs = -(-sample_bs // ALIGN) * ALIGN
-            notes.append(f"O_DIRECT needs aligned reads: sample-size reads use "
-                            f"{sample_bs} bytes (sample size {cfg.sample_bytes} rounded up "
-                            "to 4 KiB)")
+        block = {s: -(-s // ALIGN) * ALIGN if direct else s for s in cfg.sample_bytes}
+        for s, bs in block.items():
+            if bs != s:
+                notes.append(f"O_DIRECT needs aligned reads: {s}-byte sample reads use {bs} "
+                             "bytes (rounded up to 4 KiB)")
+
         def measure(what: str, fn: Callable[[], TestResult]) -> None:
             log(what)
             tests.append(fn())
@@ -547,9 +551,10 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         for n in cfg.readers:
             measure(f"random 4 KiB reads, {n} reader(s)",
                     lambda n=n: eng.randread(n, 4 * KiB, "4k"))
-        for n in cfg.readers:
-            measure(f"random {sample_bs}-byte reads, {n} reader(s)",
-                    lambda n=n: eng.randread(n, sample_bs, "sample"))
+        for s, bs in block.items():
+            for n in cfg.readers:
+                measure(f"random {bs}-byte reads, {n} reader(s)",
+                        lambda n=n, bs=bs, s=s: eng.randread(n, bs, f"{s}B"))
         for n in cfg.readers:
             log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
             meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work))
@@ -572,9 +577,11 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         "seq_read_MBps": best("read"),
         "rand4k_read_MBps": best("randread", 4 * KiB),
         "rand4k_read_iops": best("randread", 4 * KiB, "iops"),
-        "sample_read_MBps": best("randread", sample_bs),
-        "sample_read_iops": best("randread", sample_bs, "iops"),
-        "sample_bytes": cfg.sample_bytes,
+        "sample_read_MBps": best("randread", block[cfg.sample_bytes[0]]),
+        "sample_read_iops": best("randread", block[cfg.sample_bytes[0]], "iops"),
+        "sample_bytes": cfg.sample_bytes[0],
+        "sample_reads": [{"sample_bytes": s, "bs_bytes": bs, "MBps": best("randread", bs),
+                          "iops": best("randread", bs, "iops")} for s, bs in block.items()],
         "create_per_s": max(m["create_per_s"] for m in meta),
         "stat_per_s": max(m["stat_per_s"] for m in meta),
         "open_read_close_per_s": max(m["open_read_close_per_s"] for m in meta),

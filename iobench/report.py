@@ -121,6 +121,14 @@ def probe_for(path: str | None, probes: Sequence[dict[str, Any]]) -> dict[str, A
     return best
 
 
+def probe_limit(probe: dict[str, Any], sample_bytes: float | None) -> float | None:
+    """The probe's random-read MB/s at the sample size nearest the run's (log scale)."""
+    reads = [r for r in probe["summary"].get("sample_reads") or [] if r.get("MBps")]
+    if not reads or not sample_bytes:
+        return probe["summary"].get(LIMIT_KEY)
+    return min(reads, key=lambda r: abs(math.log(r["sample_bytes"] / sample_bytes)))["MBps"]
+
+
 def _mean(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return sum(vals) / len(vals) if vals else None
@@ -133,7 +141,9 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]]) -> dict[str, 
     storage = (doc.get("provenance") or {}).get("storage") or {}
     probe = probe_for(doc["dataset"].get("root") or storage.get("path"), probes)
     mbps = _mean([s["read_MBps"] for s in sums])
-    limit = probe["summary"].get(LIMIT_KEY) if probe else None
+    ds = doc["dataset"]
+    sample = ds["total_bytes"] / ds["num_samples"] if ds.get("num_samples") else None
+    limit = probe_limit(probe, sample) if probe else None
     statuses = [e["cache"].get("status") for e in eps]
     cache = ("warm (by choice)" if doc["cache"]["mode"] == "warm" else
              "COLD FAILED" if "warm" in statuses else
@@ -378,10 +388,13 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
         for p in sorted(col.probes, key=lambda p: (p["label"], p["created"])):
             s, st = p["summary"], p["storage"]
             trs.append([p["label"], st["path"], f"{st['fstype']} ({st['kind']})",
-                        f"{p['engine']}{', O_DIRECT' if p['direct'] else ', evicted'}",
+                        f"{p['engine']}{', O_DIRECT' if p['direct'] else ', evicted'}"
+                        + (f", written via {p['write_via']}" if p.get("write_via") else ""),
                         _f(s["seq_read_MBps"], ".0f"), _f(s["seq_write_MBps"], ".0f"),
                         _f(s["rand4k_read_iops"], ".0f"), _f(s["rand4k_read_MBps"], ".1f"),
-                        f"{_f(s[LIMIT_KEY], '.0f')} ({s['sample_bytes']} B)",
+                        ", ".join(f"{_f(r['MBps'], '.0f')} ({r['sample_bytes']} B)"
+                                  for r in s.get("sample_reads") or
+                                  [{"MBps": s[LIMIT_KEY], "sample_bytes": s["sample_bytes"]}]),
                         _f(s["create_per_s"], ".0f"), _f(s["stat_per_s"], ".0f"),
                         _f(s["open_read_close_per_s"], ".0f"), str(s["readers_max"])])
         tables.append(Table("Storage tiers (iobench probe, cold cache)",
@@ -390,7 +403,9 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                              "sample rand MB/s", "creates/s", "stats/s", "open+read+close/s",
                              "readers"], trs,
                             "Best over the probed reader counts. Random reads: synchronous, one "
-                            "file per reader, like loader workers."))
+                            "file per reader, like loader workers. A tier written via another "
+                            "directory (a read-only mount's backing) has write and create "
+                            "figures of that directory."))
     by_ds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_ds[r["dataset"]].append(r)
@@ -408,7 +423,8 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                                             "samples/s", "MB/s", "of probe limit", "cache"], trs,
                             "Stall: slowest rank, per epoch. AU, samples/s, MB/s: mean over "
                             "epochs. 'of probe limit': MB/s over the tier's random-read MB/s "
-                            "at the sample size (n/a without a probe of that tier)."))
+                            "at the probed sample size nearest the dataset's (n/a without a "
+                            "probe of that tier)."))
     st_rows = staging_rows(col, rows)
     if st_rows:
         trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",

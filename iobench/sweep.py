@@ -441,7 +441,8 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
                 via = next((t.writable for t in cfg.tiers if t.name == name
                             and t.writable != t.path), None)
                 Path(via or path).mkdir(parents=True, exist_ok=True)
-                args = ["probe", "--storage", path, "--label", name, "--results", str(results)]
+                args = ["probe", "--storage", path, "--label", name, "--results", str(results),
+                        "--sample-size", _sample_sizes(cfg)]
                 if via:
                     args += ["--write-via", via]
                 for k, v in cfg.probe.items():
@@ -581,6 +582,19 @@ def _mount_pfs(tier: TierCfg, mounts: list[Any], log: Callable[[str], None]) -> 
 
 def _probe_ok(path: str, failed: dict[tuple[str, str, str], str], tier: str) -> bool:
     return not any(k[2] == tier and "not mounted" in v for k, v in failed.items())
+
+
+def _sample_sizes(cfg: SweepConfig) -> str:
+    """The sweep's datasets' mean stored bytes per sample (from their manifests where they
+    exist), for the probe's random reads."""
+    from iobench.probe import sample_size_for
+
+    sizes = []
+    for d in cfg.datasets:
+        for t in cfg.tiers:
+            sizes.append(sample_size_for(d.name, t.path))
+            break
+    return ",".join(str(s) for s in dict.fromkeys(sizes))
 
 
 def _probed(results: Path) -> set[tuple[str, str]]:

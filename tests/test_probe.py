@@ -18,7 +18,7 @@ from iobench.probe import ProbeConfig, parse_size, probe_storage, sample_size_fo
 
 TINY = ["--size", "4M", "--runtime", "0.2", "--metadata-files", "20", "--readers", "1,2"]
 NAMES = {"seq_write_1", "seq_write_2", "seq_read_1", "seq_read_2", "randread_4k_1",
-         "randread_4k_2", "randread_sample_1", "randread_sample_2"}
+         "randread_4k_2", "randread_110000B_1", "randread_110000B_2"}
 
 
 def _check_doc(doc: dict, engine: str, storage: Path) -> None:
@@ -32,7 +32,11 @@ def _check_doc(doc: dict, engine: str, storage: Path) -> None:
         if t["op"] == "randread":
             assert t["bytes"] % t["bs_bytes"] == 0  # whole blocks, no short reads
     for key, value in doc["summary"].items():
-        assert value is not None and value > 0, key
+        if key == "sample_reads":
+            assert [r["sample_bytes"] for r in value] == [110_000]
+            assert all(r["MBps"] > 0 and r["iops"] > 0 for r in value)
+        else:
+            assert value is not None and value > 0, key
     assert [m["threads"] for m in doc["metadata"]] == [1, 2]
     assert doc["storage"]["path"] == str(storage.resolve())
     assert not [p for p in storage.iterdir() if p.name.startswith(".iobench-probe")]
@@ -84,8 +88,19 @@ def test_buffered_python_probe_reads_storage_not_memory(tmp_path, monkeypatch):
     read = sum(t["bytes"] for t in doc["tests"] if t["op"] != "write")
     assert read >= 4 * 8 * 2**20  # sequential passes alone: 1 + 2 files of 8 MiB, then more
     assert delta.read_bytes >= 0.9 * read
-    (sample,) = {t["bs_bytes"] for t in doc["tests"] if t["name"].startswith("randread_sample")}
+    (sample,) = {t["bs_bytes"] for t in doc["tests"] if t["name"].startswith("randread_1000")}
     assert sample == 100_000  # buffered: the dataset's own sample size, unrounded
+
+
+def test_several_sample_sizes(tmp_path, monkeypatch):
+    monkeypatch.setenv("IOBENCH_PROBE_ENGINE", "python")
+    cfg = ProbeConfig(storage=tmp_path, file_bytes=4 * 2**20, readers=(1,), runtime_s=0.05,
+                      sample_bytes=(3072, 110_000), metadata_files=5)
+    doc = probe_storage(cfg)
+    assert [r["sample_bytes"] for r in doc["summary"]["sample_reads"]] == [3072, 110_000]
+    names = {t["name"] for t in doc["tests"]}
+    assert {"randread_3072B_1", "randread_110000B_1"} <= names
+    assert doc["summary"]["sample_bytes"] == 3072  # the first is the headline
 
 
 def test_sample_size_from_dataset(tmp_path):
@@ -139,7 +154,7 @@ def test_read_only_tier_probed_through_its_backing_directory(tmp_path):
             probe_storage(ProbeConfig(storage=mnt, file_bytes=4 * 2**20, readers=(1,),
                                       runtime_s=0.1, metadata_files=5, engine="python"))
         cfg = ProbeConfig(storage=mnt, write_via=backing, file_bytes=4 * 2**20, readers=(1, 2),
-                          runtime_s=0.1, sample_bytes=64 * 1024, metadata_files=10,
+                          runtime_s=0.1, sample_bytes=110_000, metadata_files=10,
                           engine="python", label="pfs")
         doc = probe_storage(cfg)
     finally:

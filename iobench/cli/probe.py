@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="upper bound per test in seconds (default 2)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--sample-size", default=None,
-                       help="bytes per random read besides 4 KiB (e.g. 110k); default: from "
-                            "--dataset, else 110 kB (an ImageNet JPEG)")
+                       help="bytes per random read besides 4 KiB, one or more (e.g. 110k or "
+                            "3072,110k); default: from --dataset, else 110 kB (an ImageNet JPEG)")
     group.add_argument("--dataset", choices=list(DATASETS), default=None,
                        help="take the random-read size from this dataset (its manifest under "
                             "--storage if there is one)")
@@ -53,14 +53,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ProbeConfig:
     if args.sample_size is not None:
-        sample = parse_size(args.sample_size)
+        sample = tuple(parse_size(x) for x in args.sample_size.split(","))
     elif args.dataset is not None:
         sample = sample_size_for(args.dataset, args.storage)
     else:
         sample = sample_size_for("imagenet")
     size = parse_size(args.size)
-    if sample > size:
-        raise ConfigError(f"--sample-size {sample} is larger than --size {size}")
+    sizes = (sample,) if isinstance(sample, int) else sample
+    if max(sizes) > size:
+        raise ConfigError(f"--sample-size {max(sizes)} is larger than --size {size}")
     return ProbeConfig(storage=args.storage, file_bytes=size, readers=args.readers,
                        runtime_s=args.runtime, sample_bytes=sample,
                        metadata_files=args.metadata_files, engine=args.engine,
