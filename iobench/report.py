@@ -134,8 +134,21 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One line of a runs table: configuration and figures (means over epochs)."""
+def sweep_tier_names(sweeps: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(real path, tier name) of every tier the sweeps in the directory named."""
+    out = []
+    for s in sweeps:
+        for t in (s.get("config") or {}).get("tiers") or []:
+            out.append((_real(t["path"]), t["name"]))
+            if t.get("stage_to"):
+                out.append((_real(t["stage_to"]), t.get("stage_name") or f"{t['name']}-staged"))
+    return out
+
+
+def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
+            names: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """One line of a runs table: configuration and figures (means over epochs). The tier is
+    named by its probe's label, else by a sweep's tier name, else by its filesystem."""
     c, eps = doc["config"], doc["epochs"]
     sums = [e["summary"] for e in eps]
     storage = (doc.get("provenance") or {}).get("storage") or {}
@@ -148,7 +161,10 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]]) -> dict[str, 
     cache = ("warm (by choice)" if doc["cache"]["mode"] == "warm" else
              "COLD FAILED" if "warm" in statuses else
              "unknown" if "unknown" in statuses else "cold")
-    tier = probe["label"] if probe else f"{storage.get('kind', '?')} ({storage.get('fstype', '?')})"
+    root = _real(doc["dataset"].get("root"))
+    named = [n for n in names if _under(root, n[0])]
+    tier = (probe["label"] if probe else max(named, key=lambda n: len(n[0]))[1] if named
+            else f"{storage.get('kind', '?')} ({storage.get('fstype', '?')})")
     return {
         "run_id": doc["run_id"], "dataset": doc["dataset"]["dataset"],
         "format": doc["dataset"]["format"], "loader": c["loader"], "tier": tier,
@@ -500,7 +516,8 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     if out.suffix.lower() not in (".html", ".htm", ".md"):
         raise ConfigError(f"--out {out}: the name must end in .html or .md")
     col = load_directory(results_dir)
-    rows = [run_row(r, col.probes) for r in col.runs]
+    names = sweep_tier_names(col.sweeps)
+    rows = [run_row(r, col.probes, names) for r in col.runs]
     tables = build_tables(col, rows)
     pngs = make_plots(rows, col)
     title = title or f"iobench report: {Path(results_dir).resolve().name}"

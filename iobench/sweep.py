@@ -409,9 +409,13 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
 
     mounts: list[Any] = []
     try:
-        # 0. emulated parallel filesystems, mounted for the sweep only
+        # 0. emulated parallel filesystems, mounted for the sweep only (when a run or its
+        # probe needs them)
+        probed = _probed(results) if cfg.probe is not None else set()
         for t in cfg.tiers:
-            if t.emulate_pfs and any(r.tier in (t.name, t.staged_name) for r in todo):
+            unprobed = cfg.probe is not None and (t.name, os.path.realpath(t.path)) not in probed
+            if t.emulate_pfs and (unprobed or any(r.tier in (t.name, t.staged_name)
+                                                  for r in todo)):
                 err = _mount_pfs(t, mounts, log)
                 if err:
                     for d in cfg.datasets:
