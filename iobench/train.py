@@ -336,6 +336,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
 
     for epoch in range(config.epochs):
         report = cache.evict_for_node(manifest, world, evict_pages=not config.warm_cache,
+                                      scope=loader.config.scope,  # sharded copies: own files
                                       drop_caches=config.drop_caches,
                                       warn_above=RESIDENT_WARN_FRACTION, loud=False)
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
