@@ -184,14 +184,15 @@ def test_evict_for_node_under_mpi(tmp_path):
         from iobench.world import get_world
         w = get_world()
         rep = cache.evict_for_node(Manifest.load({str(m.root)!r}), w, scope="local")
-        print(json.dumps([w.rank, w.size, rep.to_dict()]))
+        with open(f"{tmp_path}/rank{{w.rank}}.json", "w") as f:  # stdout lines interleave
+            json.dump([w.rank, w.size, rep.to_dict()], f)
     """)
     r = subprocess.run([exe, "-n", "2", sys.executable, "-c", code], capture_output=True,
                        text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     import json
 
-    docs = [json.loads(line) for line in r.stdout.splitlines()]
+    docs = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
     assert sorted(d[0] for d in docs) == [0, 1] and all(d[1] == 2 for d in docs)
     for _, _, rep in docs:
         # both ranks on one node, local scope: the node reads every file, each evicted once
