@@ -220,11 +220,20 @@ def _copy_kernel(fin: int, fout: int, size: int, buf: memoryview,
     return n
 
 
+class _Stopped(Exception):
+    """Another copy thread failed, or the user interrupted: stop after this chunk."""
+
+
 class _Progress:
-    """A rich progress bar with MB/s for this rank's bytes (rank 0 only), thread-safe."""
+    """A rich progress bar with MB/s for this rank's bytes (rank 0 only), thread-safe.
+
+    Copy threads report every chunk here, which is also where they learn to stop
+    (`stop` set after a failure or Ctrl-C), so a large file is not copied to the end.
+    """
 
     def __init__(self, enabled: bool, total: int, label: str) -> None:
         self._lock = threading.Lock()
+        self.stop = threading.Event()
         self._bar = None
         if enabled:
             from rich.progress import (
@@ -242,6 +251,8 @@ class _Progress:
             self._task = self._bar.add_task(label, total=total)
 
     def advance(self, n: int) -> None:
+        if self.stop.is_set():
+            raise _Stopped()
         if self._bar is not None:
             with self._lock:
                 self._bar.advance(self._task, n)
@@ -431,14 +442,21 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         with ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="stage") as pool:
             futures = [pool.submit(_stage_one, e, src_root, dest_root, cfg, counters, lock,
                                    progress, buffers) for e in mine]
-            for f in futures:
-                if f.cancelled():
-                    continue
-                exc = f.exception()
-                if exc is not None and error is None:
-                    error = exc
-                    for g in futures:
-                        g.cancel()
+            try:
+                for f in futures:
+                    if f.cancelled():
+                        continue
+                    exc = f.exception()
+                    if exc is not None and error is None and not isinstance(exc, _Stopped):
+                        error = exc
+                        progress.stop.set()  # the others stop after their current chunk
+                        for g in futures:
+                            g.cancel()
+            except BaseException:  # Ctrl-C: stop the copies, remove their temporary files
+                progress.stop.set()
+                for g in futures:
+                    g.cancel()
+                raise
     except (IobenchError, OSError) as e:
         error = error or e
     finally:

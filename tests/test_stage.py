@@ -279,3 +279,45 @@ def test_train_stage_to_bad_destination_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot create the destination" in err[0]
     assert not list((tmp_path / "res").glob("*.json")) if (tmp_path / "res").exists() else True
+
+
+def test_interrupted_stage_leaves_no_partial_file_and_resumes(tmp_path):
+    """Ctrl-C in the middle of a copy (from a bandwidth-capped emulated parallel filesystem):
+    the temporary file is removed, nothing incomplete is left, and a rerun completes."""
+    import signal
+    import sys
+    import time
+
+    from iobench.errors import IobenchError
+    from iobench.pfs import control
+
+    backing = tmp_path / "backing"
+    m = make_dataset(backing / "cifar10-files", [12_000_000, 1000])
+    try:
+        mount = control.mount(backing, tmp_path / "pfs", "passthrough", bandwidth_MBps=10)
+    except IobenchError as e:
+        pytest.skip(f"cannot mount the emulated parallel filesystem here: {e}")
+    dest = tmp_path / "dst" / "cifar10-files"
+    args = [sys.executable, "-m", "iobench", "stage", "--dataset", "cifar10", "--format",
+            "files", "--from", str(tmp_path / "pfs"), "--to", str(tmp_path / "dst"),
+            "--threads", "1", "--buffer-mib", "1", "--results", str(tmp_path / "res")]
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (
+                dest.is_dir() and any(PARTIAL in p.name and p.stat().st_size > 0
+                                      for p in dest.iterdir())):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "interrupted" in err and "Traceback" not in err
+        left = sorted(p.name for p in dest.iterdir())
+        assert "part-00000.bin" not in left and "iobench.json" not in left
+        assert not [n for n in left if PARTIAL in n]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        mount.unmount()
+    _assert_copy(m, dest)
+    assert Manifest.load(dest).files == m.files
