@@ -44,6 +44,11 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
 _libc.syscall.restype = ctypes.c_long
+_SYNC_FILE_RANGE = getattr(_libc, "sync_file_range", None)
+if _SYNC_FILE_RANGE is not None:
+    _SYNC_FILE_RANGE.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+# SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+_SFR_WRITE_AND_WAIT = 1 | 2 | 4
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # cachestat(2) has the same number on every architecture that uses the generic table.
 _CACHESTAT_NR = {"x86_64": 451, "aarch64": 451, "ppc64le": 451, "riscv64": 451}.get(
@@ -73,12 +78,25 @@ class EvictResult:
     errors: tuple[str, ...]
 
 
-def evict(paths: Iterable[str | Path]) -> EvictResult:
-    """Drop the cached pages of each file (`fdatasync` then `POSIX_FADV_DONTNEED`).
+def _write_back(fd: int) -> None:
+    """Write the file's dirty pages and wait, without a filesystem-level sync.
 
-    Works without root. Dirty pages cannot be dropped, hence the sync first.
-    Some filesystems ignore the advice (tmpfs holds its data in the page
-    cache; NFS may keep pages); callers measure residency afterwards.
+    `sync_file_range` only walks the page cache: a no-op for clean files, so
+    evicting a million files of a read-only dataset costs no metadata-server
+    round trips (`fdatasync` may cost one per file on a parallel filesystem).
+    """
+    if _SYNC_FILE_RANGE is not None and _SYNC_FILE_RANGE(fd, 0, 0, _SFR_WRITE_AND_WAIT) == 0:
+        return
+    with contextlib.suppress(OSError):  # read-only filesystems refuse; pages are clean
+        os.fdatasync(fd)
+
+
+def evict(paths: Iterable[str | Path]) -> EvictResult:
+    """Drop the cached pages of each file (write-back then `POSIX_FADV_DONTNEED`).
+
+    Works without root. Dirty pages cannot be dropped, hence the write-back
+    first. Some filesystems ignore the advice (tmpfs holds its data in the
+    page cache; NFS may keep pages); callers measure residency afterwards.
     """
     n = nbytes = 0
     errors: list[str] = []
@@ -89,8 +107,7 @@ def evict(paths: Iterable[str | Path]) -> EvictResult:
             errors.append(f"{p}: {e.strerror}")
             continue
         try:
-            with contextlib.suppress(OSError):  # read-only filesystems refuse; pages are clean
-                os.fdatasync(fd)
+            _write_back(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             nbytes += os.fstat(fd).st_size
             n += 1

@@ -278,3 +278,13 @@ def test_train_drop_caches_option(tmp_path):
     (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "drop").glob("*.json")]
     assert doc["epochs"][0]["cache"]["method"] == "drop_caches+fadvise"
     assert doc["epochs"][0]["cache"]["status"] == "cold"
+
+
+def test_evict_drops_freshly_written_dirty_pages(tmp_path):
+    """Pages still dirty (written, not yet on disk) are written back, then dropped."""
+    p = tmp_path / "dirty.bin"
+    with open(p, "wb") as f:
+        f.write(os.urandom(4 * MiB))
+    assert cache.resident_fraction([p]) > 0.95
+    ev = cache.evict([p])
+    assert not ev.errors and cache.resident_fraction([p]) < 0.05
