@@ -380,6 +380,14 @@ def _gb(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 1e9:.1f} GB"
 
 
+def _stalls(xs: list[float]) -> str:
+    """Every epoch's stall, or for long runs the first and last ones and the mean."""
+    if len(xs) <= 8:
+        return " / ".join(_f(x) for x in xs)
+    return (" / ".join(_f(x) for x in xs[:3]) + " / ... / " + " / ".join(_f(x) for x in xs[-2:])
+            + f" (mean {_f(sum(xs) / len(xs))} over {len(xs)})")
+
+
 @dataclass
 class Table:
     title: str
@@ -431,7 +439,7 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
         trs = [[r["loader"] + (f" ({r['format']})" if r["loader"] == "dali" else ""),
                 r["tier"] + (" [staged]" if r["staged"] else ""), str(r["workers"]),
                 str(r["batch_size"]), r["shuffle"], str(r["ranks"]), r["compute"],
-                " / ".join(_f(x) for x in r["stall_s"]), _f(r["au"]),
+                _stalls(r["stall_s"]), _f(r["au"]),
                 _f(r["samples_per_s"], ".0f"), _f(r["read_MBps"], ".1f"),
                 _f(r["ratio"], ".2f"), r["cache"]] for r in rs]
         tables.append(Table(f"Runs: {ds}", ["loader", "storage tier", "workers", "batch", "shuffle",
