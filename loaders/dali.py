@@ -9,6 +9,11 @@
   list for the epoch in order (the pipeline is rebuilt each epoch, since the
   readers take their file list when built).
 
+`workers` sets DALI's Python workers and CPU threads; `worker_type` does not
+apply (DALI's workers are always processes). `prefetch` is DALI's
+`prefetch_queue_depth`, and batches in flight per worker for the parallel
+source.
+
 Order, sharding and shuffling come from `iobench.sampling`, exactly as for
 the other loaders, so every loader delivers the same samples in the same
 batches. Operators run on the CPU (`device_id=None`) unless
