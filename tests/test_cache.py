@@ -288,3 +288,33 @@ def test_evict_drops_freshly_written_dirty_pages(tmp_path):
     assert cache.resident_fraction([p]) > 0.95
     ev = cache.evict([p])
     assert not ev.errors and cache.resident_fraction([p]) < 0.05
+
+
+@pytest.mark.dali
+def test_tree_io_counts_live_dali_workers(tmp_path):
+    """DALI's parallel external-source workers are processes too: their reads are counted
+    while the pipeline lives, and not in the rank's own counters."""
+    pytest.importorskip("nvidia.dali")
+    from test_sweep import make_hdf5_dataset
+
+    from iobench.loaders import LoaderConfig, make_loader
+
+    if procio.read_bytes_unavailable(tmp_path) is not None:
+        pytest.skip("the kernel does not count read_bytes on this filesystem")
+    m = make_hdf5_dataset(tmp_path / "d", n=2048, per_file=512)
+    paths = [m.path_of(f) for f in m.files]
+    data = sum(f.bytes for f in m.data_files)
+    loader = make_loader("dali", m, LoaderConfig(batch_size=64, workers=2, decode=False), 0, 1)
+    try:
+        for _ in loader.epoch(0):  # start-up: DALI's libraries are read in, workers start
+            pass
+        cache.evict(paths)
+        before_tree, before_self = procio.tree_io(), procio.read_io(os.getpid())
+        samples = sum(len(b.indices) for b in loader.epoch(1))
+        after_tree, after_self = procio.tree_io(), procio.read_io(os.getpid())
+    finally:
+        loader.close()
+    assert samples == m.num_samples
+    delta = after_tree - before_tree
+    assert delta.processes >= 3 and delta.read_bytes >= 0.9 * data
+    assert after_self["read_bytes"] - before_self["read_bytes"] < 0.25 * data
