@@ -225,7 +225,8 @@ def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, 
             if key not in seen:
                 seen.add(key)
                 out.append({**s, "run": None, "epoch_slow_s": None, "epoch_fast_s": None,
-                            "break_even_epochs": None})
+                            "break_even_epochs": None, "epochs": None, "in_place_s": None,
+                            "staged_total_s": None})
             continue
         for a, b in pairs:
             key = (s["from"], s["to"], s["stage_s"], a["loader"], a["workers"], a["batch_size"],
@@ -240,7 +241,10 @@ def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, 
             out.append({**s, "run": f"{a['loader']}, {a['workers']} workers, batch "
                                     f"{a['batch_size']}, shuffle {a['shuffle']}",
                         "epoch_slow_s": slow_s, "epoch_fast_s": fast_s,
-                        "break_even_epochs": be})
+                        "break_even_epochs": be,
+                        # time to solution for the runs' epoch count, in place vs staged
+                        "epochs": a["epochs"], "in_place_s": slow_s * a["epochs"],
+                        "staged_total_s": s["stage_s"] + fast_s * a["epochs"]})
     return out
 
 
@@ -455,12 +459,19 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                 f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
                 _f(s["stage_s"]), _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
                 s["run"] or "no matching runs", _f(s["epoch_slow_s"]), _f(s["epoch_fast_s"]),
-                _f(s["break_even_epochs"], ".1f")] for s in st_rows]
+                _f(s["break_even_epochs"], ".1f"),
+                "n/a" if s["epochs"] is None else
+                f"{_f(s['in_place_s'])} / {_f(s['staged_total_s'])} ({s['epochs']} epochs)"]
+               for s in st_rows]
         tables.append(Table("Staging cost", ["dataset", "mode", "from", "to", "stage s", "MB",
                                              "MB/s", "compared runs", "epoch s (from)",
-                                             "epoch s (staged)", "break-even epochs"], trs,
+                                             "epoch s (staged)", "break-even epochs",
+                                             "time to solution s: in place / staged"], trs,
                             "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
-                            "(METRICS.md): staging pays for itself after that many epochs."))
+                            "(METRICS.md): staging pays for itself after that many epochs. "
+                            "Time to solution: epochs x epoch time in place, against stage_s + "
+                            "epochs x epoch time from the copy (epoch wall time, eviction "
+                            "excluded)."))
     failed = [r for s in col.sweeps for r in s.get("runs", []) if r.get("status") == "failed"]
     if failed:
         tables.append(Table("Failed sweep runs", ["run", "error"],
