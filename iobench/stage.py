@@ -132,6 +132,11 @@ def _check_manifest(m: Manifest, cfg: StageConfig) -> None:
     if (m.dataset, m.format) != (cfg.dataset, cfg.format):
         raise DatasetError(f"{m.root} holds {m.dataset}/{m.format}, not "
                            f"{cfg.dataset}/{cfg.format}: check --dataset/--format/--from")
+    for f in m.files:  # a damaged manifest must not make us write outside the destination
+        parts = Path(f.path).parts
+        if not parts or Path(f.path).is_absolute() or ".." in parts or f.path == MANIFEST_NAME:
+            raise DatasetError(f"manifest in {m.root} lists the file {f.path!r}, which is not "
+                               "a plain path inside the dataset: the manifest is damaged")
 
 
 def _sha256_file(path: Path, buf: memoryview) -> tuple[int, str]:

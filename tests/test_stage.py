@@ -321,3 +321,14 @@ def test_interrupted_stage_leaves_no_partial_file_and_resumes(tmp_path):
         mount.unmount()
     _assert_copy(m, dest)
     assert Manifest.load(dest).files == m.files
+
+
+def test_manifest_paths_cannot_escape_the_destination(tmp_path):
+    import dataclasses
+
+    m = _dataset(tmp_path)
+    bad = dataclasses.replace(m.files[0], path="../../escaped.bin")
+    dataclasses.replace(m, files=(bad, *m.files[1:]), root=None).write(m.root)
+    with pytest.raises(DatasetError, match="not a plain path"):
+        stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst"))
+    assert not (tmp_path / "escaped.bin").exists()
