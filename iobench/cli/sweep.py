@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,8 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", default=None, metavar="DIR",
                    help="results directory (default: the file's `results`)")
     p.add_argument("--report", default=None, metavar="FILE",
-                   help="report file, .html or .md (default: the file's `report`, relative "
-                        "to the results directory)")
+                   help="report file, .html or .md (default: the sweep file's `report`, "
+                        "which is relative to the results directory)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs (and which are already done) without running them")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
@@ -32,8 +33,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_sweep(args.sweep)
     if args.results:
         cfg = replace(cfg, results=args.results)
-    if args.report:
-        cfg = replace(cfg, report=args.report)
+    if args.report:  # given on the command line: relative to the current directory
+        cfg = replace(cfg, report=str(Path(args.report).absolute()))
     record = run_sweep(cfg, dry_run=args.dry_run, write_report=not args.no_report,
                        log=lambda m: print(m, flush=True))
     if args.dry_run:
