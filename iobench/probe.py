@@ -98,6 +98,8 @@ class ProbeConfig:
         if self.file_bytes < SEQ_BS:
             raise ConfigError(f"file size {self.file_bytes} bytes is below {SEQ_BS} (4 MiB); "
                               "give --size 4M or more")
+        # whole 4 MiB blocks: sequential I/O (O_DIRECT too) never writes a partial block
+        object.__setattr__(self, "file_bytes", self.file_bytes // SEQ_BS * SEQ_BS)
         if not 0 < self.runtime_s <= 3600:
             raise ConfigError(f"runtime {self.runtime_s} s must be in (0, 3600]")
         sizes = ((self.sample_bytes,) if isinstance(self.sample_bytes, int)
@@ -250,7 +252,8 @@ class _PyEngine:
             fd = self._open(i, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             done = ops = 0
             try:
-                while done < cfg.file_bytes:
+                # like fio: at most the runtime (the files are completed untimed afterwards)
+                while done < cfg.file_bytes and time.perf_counter_ns() < deadline[0]:
                     done += os.pwritev(fd, [buf], done)
                     ops += 1
                 os.fsync(fd)  # bandwidth to the device, not to the page cache
@@ -259,6 +262,7 @@ class _PyEngine:
                 buf.close()
             return done, ops
 
+        deadline = [time.perf_counter_ns() + int(cfg.runtime_s * 1e9)]
         b, o, s = _parallel(n, one)
         return _result(f"seq_write_{n}", "write", SEQ_BS, n, b, o, s, "python", self.direct,
                        "each writer writes its own file, fsync at the end (timed)")
