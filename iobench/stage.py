@@ -430,7 +430,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
             # an older, different dataset here must not pass for this one mid-way
             with contextlib.suppress(FileNotFoundError):
                 (dest_root / MANIFEST_NAME).unlink()
-    except (IobenchError, OSError) as e:
+    except Exception as e:  # whatever it is, every rank must hear of it (no rank left waiting)
         error = e
     _gather_ok(world, error)
     assert manifest is not None and src_root is not None and dest_root is not None
@@ -462,13 +462,11 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                 for g in futures:
                     g.cancel()
                 raise
-    except (IobenchError, OSError) as e:
+    except Exception as e:
         error = error or e
     finally:
         progress.close()
     rank_s = (time.perf_counter_ns() - t0) / 1e9
-    if error is not None and not isinstance(error, IobenchError | OSError):
-        raise error
     _gather_ok(world, error)
     world.barrier()
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
