@@ -474,7 +474,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     if local_index == 0:  # manifest last: its presence means the copy is complete
         try:
             _write_dest_manifest(manifest, dest_root, cfg, world, node_files, src_root, ranks)
-        except (IobenchError, OSError) as e:
+        except Exception as e:  # every rank must hear of it
             error = e
     _gather_ok(world, error)
 
