@@ -243,7 +243,10 @@ def residency(paths: Iterable[str | Path]) -> Residency:
         except OSError:
             unknown += 1
             continue
-        r = resident_bytes(p)
+        try:
+            r = resident_bytes(p)
+        except OSError:  # never fail a rank (its peers wait at a barrier) over a measurement
+            r = None
         if r is None and size > 0:
             unknown += 1
         total += size
