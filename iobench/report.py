@@ -169,7 +169,10 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
         "run_id": doc["run_id"], "dataset": doc["dataset"]["dataset"],
         "format": doc["dataset"]["format"], "loader": c["loader"], "tier": tier,
         "storage": c["storage"], "root": _real(doc["dataset"].get("root")),
-        "workers": c["workers"], "batch_size": c["batch_size"], "shuffle": c["shuffle"],
+        "workers": c["workers"], "batch_size": c["batch_size"],
+        # a shard-staged run shuffles within each rank's own files
+        "shuffle": c["shuffle"] + (" (local)" if (doc.get("staging") or {}).get(
+            "shuffle_scope") == "local" else ""),
         "ranks": doc["world"]["size"], "compute": doc["compute"]["kind"],
         "epochs": len(eps), "stall_s": [s["stall_s_max"] for s in sums],
         "wall_s": [s["wall_s"] for s in sums],
