@@ -265,6 +265,14 @@ def test_train_stage_to_records_staging_and_training_together(tmp_path, mode):
     assert st["shuffle_scope"] == ("local" if mode == "shard" else "global")
     assert st["from"]["root"] == str(m.root) and st["to"]["fstype"]
     assert st["time_to_solution_s"] == pytest.approx(st["stage_s"] + doc["summary"]["wall_s"])
+    from iobench import report
+
+    col = report.load_directory(tmp_path / "res")
+    rows = [report.run_row(d, col.probes) for d in col.runs]
+    (row,) = report.staging_rows(col, rows)  # listed, though no in-place run to compare yet
+    assert row["mode"] == mode and row["stage_s"] == st["stage_s"]
+    assert row["break_even_epochs"] is None and row["run"] is None
+    assert rows[0]["shuffle"] == ("global (local)" if mode == "shard" else "global")
 
 
 def test_train_stage_to_bad_destination_is_one_line(tmp_path, capsys):
