@@ -53,6 +53,41 @@ def contiguous_runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), stops.tolist(), strict=True))
 
 
+def willneed(fd: int, ranges: list[tuple[int, int]]) -> None:
+    """Tell the kernel to start fetching each (offset, length) byte range of `fd` now.
+
+    Issued for a whole batch before the first read, so its I/O is in flight
+    together (queue depth) instead of one synchronous request at a time.
+    """
+    for off, length in ranges:
+        if length > 0:
+            os.posix_fadvise(fd, off, length, os.POSIX_FADV_WILLNEED)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_MADV_WILLNEED = 3
+_madvise: Any = None
+
+
+def madvise_willneed(views: list[Any]) -> None:
+    """`madvise(MADV_WILLNEED)` the pages under each buffer (e.g. LMDB values in its map)."""
+    global _madvise
+    if _madvise is None:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _madvise = libc.madvise
+    for v in views:
+        n = len(v)
+        if n < _PAGE:
+            continue  # the lookup already faulted its page in
+        addr = np.frombuffer(v, dtype=np.uint8).ctypes.data
+        start = addr - addr % _PAGE
+        _madvise(start, addr + n - start, _MADV_WILLNEED)  # advice only: errors are harmless
+
+
 def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None) -> None:
     """Each file exists and has the size the manifest records; else a DatasetError naming it."""
     for f in manifest.files if entries is None else entries:
@@ -196,6 +231,27 @@ class BatchReader(ABC):
         detail = f" ({err})" if err is not None else ""
         return DatasetError(f"cannot read {path}: {what}{detail}; the file is damaged or not a "
                             f"{self.format} file written by iobench: regenerate or re-stage it")
+
+
+def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np.ndarray
+                 ) -> None:
+    """Prefetch every run of a batch at once, for readers whose open-file entries give
+    `fd` (None: not contiguous), `base` (file offset of the data), `item` (bytes per
+    sample) and, for JPEG, `offsets`."""
+    for pos, s, e in groups:
+        f = reader._open(pos)
+        if f["fd"] is None:
+            continue
+        local = sorted_idx[s:e] - reader.starts[pos]
+        base, item = f["base"], f["item"]
+        if reader.kind == "jpeg":
+            off = f["offsets"]
+            ranges = [(base + int(off[local[a]]), int(off[local[b - 1] + 1] - off[local[a]]))
+                      for a, b in contiguous_runs(local)]
+        else:
+            ranges = [(base + int(local[a]) * item, (b - a) * item)
+                      for a, b in contiguous_runs(local)]
+        willneed(f["fd"], ranges)
 
 
 def split_by_file(reader: BatchReader, sorted_idx: np.ndarray

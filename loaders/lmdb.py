@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from iobench.loaders._reader import BatchReader, split_by_file
+from iobench.loaders._reader import BatchReader, madvise_willneed, split_by_file
 from iobench.loaders._torch import TorchLoader
 
 HEADER = struct.Struct("<4sBBHII")
@@ -154,6 +154,9 @@ class LMDBReader(BatchReader):
                     missing = [int(i) for i, k in zip(local_idx, _keys(local_idx), strict=True)
                                if k not in found]
                     raise self.fail(path, f"samples {missing[:5]} are missing")
+                # readahead is off (random access): ask for every value's pages at once,
+                # rather than one synchronous page fault at a time while copying
+                madvise_willneed([v for _, v in items])
                 for k, (_, value) in enumerate(items):
                     fn(k, value)
         except lmdb.Error as e:

@@ -7,6 +7,9 @@ a process goes through one lock, so `worker_type="thread"` serialises reads
 library state and read in parallel. HDF5 file locking is turned off through
 `HDF5_USE_FILE_LOCKING=FALSE` before netCDF4 is imported (shared filesystems).
 
+Contiguous variables have their batch's byte ranges prefetched at once
+(`posix_fadvise(WILLNEED)`, offsets from the HDF5 layout), as for HDF5.
+
 `payload_bytes`: uncompressed samples count their array bytes; compressed
 variables count each chunk's stored size, read once per file from the
 HDF5 chunk index (through h5py, which is safe alongside netCDF4: checked
@@ -21,7 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file
+from iobench.loaders._reader import (
+    BatchReader,
+    advise_batch,
+    contiguous_runs,
+    split_by_file,
+)
 from iobench.loaders._torch import TorchLoader
 
 _NC_LOCK = threading.RLock()  # netCDF-C is not thread-safe: one call at a time per process
@@ -66,7 +74,8 @@ class NetCDFReader(BatchReader):
                     jpeg = v["jpeg"]
                     if offsets.shape != (n + 1,) or offsets[-1] != jpeg.shape[0]:
                         raise self.fail(path, "JPEG offsets do not match the jpeg variable")
-                    entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets))
+                    entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets), item=1,
+                                 base=self._h5_layout(pos, "jpeg", n)[0])
                 else:
                     var = v["samples"]
                     if var.shape != (n, *self.sample_shape) or var.dtype != self.sample_dtype:
@@ -77,9 +86,10 @@ class NetCDFReader(BatchReader):
                     compressed = any(filters.get(k) for k in
                                      ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle"))
                     raw = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
-                    stored = (self._chunk_sizes(pos, n) if compressed
-                              else np.full(n, raw, dtype=np.int64))
-                    entry.update(samples=var, stored=stored)
+                    base, stored = self._h5_layout(pos, "samples", n)
+                    if not compressed:
+                        stored = np.full(n, raw, dtype=np.int64)
+                    entry.update(samples=var, stored=stored, base=base, item=raw)
             except KeyError as e:
                 ds.close()
                 raise self.fail(path, f"missing variable {e}") from None
@@ -89,27 +99,41 @@ class NetCDFReader(BatchReader):
             except Exception:
                 ds.close()
                 raise
+        entry["fd"] = os.open(path, os.O_RDONLY) if entry["base"] is not None else None
         st[pos] = entry
         return entry
 
-    def _chunk_sizes(self, pos: int, n: int) -> np.ndarray:
+    def _h5_layout(self, pos: int, name: str, n: int) -> tuple[int | None, np.ndarray]:
+        """File offset of variable `name` when contiguous, and its per-sample stored bytes.
+
+        A NetCDF-4 file is an HDF5 file: h5py reads its layout (netCDF4 does not say).
+        """
         import h5py
 
         from iobench.loaders.hdf5 import stored_sizes
 
-        with h5py.File(self.paths[pos], "r", locking=False) as h:
-            return stored_sizes(h["samples"], n)
+        try:
+            with h5py.File(self.paths[pos], "r", locking=False) as h:
+                ds = h[name]
+                return ds.id.get_offset(), (stored_sizes(ds, n) if name == "samples"
+                                            else np.zeros(n, dtype=np.int64))
+        except (OSError, KeyError) as e:
+            raise self.fail(self.paths[pos], "cannot read its HDF5 layout", e) from None
 
     def _close_state(self, state: dict[str, Any]) -> None:
         with _NC_LOCK:
             for entry in state.values():
                 entry["nc"].close()
+                if entry["fd"] is not None:
+                    os.close(entry["fd"])
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
         stored = np.empty(len(sorted_idx), dtype=np.int64)
-        for pos, s, e in split_by_file(self, sorted_idx):
+        groups = split_by_file(self, sorted_idx)
+        advise_batch(self, groups, sorted_idx)
+        for pos, s, e in groups:
             f = self._open(pos)
             local = sorted_idx[s:e] - self.starts[pos]
             labels[s:e] = f["labels"][local]
@@ -131,7 +155,9 @@ class NetCDFReader(BatchReader):
         parts: list[Any] = []
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
         stored = np.empty(len(sorted_idx), dtype=np.int64)
-        for pos, s, e in split_by_file(self, sorted_idx):
+        groups = split_by_file(self, sorted_idx)
+        advise_batch(self, groups, sorted_idx)
+        for pos, s, e in groups:
             f = self._open(pos)
             local = sorted_idx[s:e] - self.starts[pos]
             labels[s:e] = f["labels"][local]
