@@ -207,7 +207,7 @@ def _cosmoflow(rng: np.random.Generator, params: np.ndarray) -> np.ndarray:
     amp = k ** np.float32(slope / 2.0)
     amp[0, 0, 0] = 0.0
     modes = rng.standard_normal((2, *amp.shape), dtype=np.float32)
-    delta = np.fft.irfftn((modes[0] + 1j * modes[1]) * amp, s=(n, n, n)).astype(np.float32)
+    delta = np.fft.irfftn((modes[0] + 1j * modes[1]) * amp, s=(n, n, n), axes=(0, 1, 2)).astype(np.float32)
     delta *= np.float32(sigma8) / (delta.std() + np.float32(1e-12))
     var = float(sigma8 * sigma8)
     out = np.empty((n, n, n, 4), dtype=np.int16)

@@ -1,15 +1,35 @@
-"""PLACEHOLDER: `iobench verify` is being built; its owner replaces this whole file."""
+"""Check a dataset against its manifest: sizes, sha256 checksums, and that every file
+opens with its format's library. Exit code 0 only when all is well."""
 
 from __future__ import annotations
 
 import argparse
-
-from iobench.errors import UnsupportedError
+import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument("path", help="the dataset root (the directory holding iobench.json)")
+    p.add_argument("--jobs", type=int, default=1, help="checking processes per rank (default: 1)")
 
 
 def main(args: argparse.Namespace) -> int:
-    raise UnsupportedError("`iobench verify` is not built yet")
+    from iobench.errors import ConfigError
+    from iobench.generators.verify import verify_dataset
+    from iobench.manifest import Manifest
+    from iobench.world import get_world
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs} must be >= 1")
+    world = get_world()
+    problems = verify_dataset(args.path, jobs=args.jobs, world=world)
+    if not world.is_root:
+        return 1 if problems else 0
+    for p in problems:
+        print(p, file=sys.stderr)
+    m = Manifest.load(args.path)
+    if problems:
+        print(f"{m.root}: {len(problems)} problem(s) in {len(m.files)} files", file=sys.stderr)
+        return 1
+    print(f"{m.root}: OK ({len(m.files)} files, {m.num_samples} samples, "
+          f"{m.total_bytes / 1e6:.1f} MB)")
+    return 0

@@ -1,0 +1,68 @@
+"""Check a dataset against its manifest: every file present, its size and sha256, and
+that it opens with its format's library holding the expected samples."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+from iobench.errors import IobenchError
+from iobench.generators import get_writer
+from iobench.generators.base import sha256_file
+from iobench.manifest import FileEntry, Manifest
+from iobench.world import World
+
+
+def check_entry(manifest: Manifest, entry: FileEntry) -> str | None:
+    """One problem with `entry` as a line of text, or None when it is fine."""
+    path = manifest.path_of(entry)
+    if not path.is_file():
+        return f"missing: {path}"
+    size = path.stat().st_size
+    if size != entry.bytes:
+        kind = "truncated" if size < entry.bytes else "too long"
+        return f"{kind}: {path} has {size} bytes, manifest says {entry.bytes}"
+    try:
+        digest = sha256_file(path)
+    except OSError as e:
+        return f"unreadable: {path}: {e.strerror}"
+    if digest != entry.sha256:
+        return f"checksum mismatch: {path} (sha256 {digest[:12]}..., manifest {entry.sha256[:12]}...)"
+    from iobench.datasets import parse_dataset
+
+    writer = get_writer(manifest.format, parse_dataset(manifest.dataset), manifest.seed)
+    try:
+        writer.check(path, entry)
+    except IobenchError as e:
+        return f"unreadable: {e}"
+    return None
+
+
+_M: dict[str, Manifest] = {}
+
+
+def _check_one(entry: FileEntry) -> str | None:
+    return check_entry(_M["m"], entry)
+
+
+def verify_dataset(root: str | Path, jobs: int = 1, world: World | None = None) -> list[str]:
+    """All problems found (empty when the dataset is intact), on every rank.
+
+    Files are split over MPI ranks (r::R) and, within a rank, `jobs` processes.
+    """
+    world = world or World()
+    manifest = Manifest.load(root)
+    mine = list(manifest.files[world.rank::world.size])
+    if jobs > 1 and len(mine) > 1:
+        _M["m"] = manifest
+        with mp.get_context("fork").Pool(jobs) as pool:
+            found = pool.map(_check_one, mine, chunksize=max(1, len(mine) // (jobs * 8)))
+    else:
+        found = [check_entry(manifest, e) for e in mine]
+    problems = [p for p in found if p]
+    stray = []
+    if world.is_root:
+        listed = {f.path for f in manifest.files}
+        stray = [f"temporary file left behind: {p}" for p in Path(manifest.root).rglob(".*.tmp")
+                 if str(p.relative_to(manifest.root)) not in listed]
+    return sorted(sum(world.allgather(problems), []) + stray)

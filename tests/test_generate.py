@@ -1,0 +1,292 @@
+"""`iobench generate` / `verify`: round trips through each format's own library,
+determinism across ranks and jobs, resume, refusal, damage detection, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import cli, run_cmd, run_mpi
+from iobench.datasets import DATASETS
+from iobench.generators import GenerateConfig, generate_dataset
+from iobench.generators.lmdb import HEADER, MAGIC, key
+from iobench.generators.synth import make_sample
+from iobench.generators.verify import verify_dataset
+from iobench.manifest import Manifest
+
+TINY = {"cifar10": (40, 16), "imagenet": (5, 2), "cosmoflow": (3, 2)}
+
+
+def _read_back(m: Manifest, i: int):
+    """Sample i and its label, read with the format's own library (not iobench's loaders)."""
+    spec = DATASETS[m.dataset]
+    if m.format == "files":
+        entry = next(f for f in m.data_files if f.first_sample == i)
+        path = m.path_of(entry)
+        labels = np.load(m.root / "labels.npy")
+        if path.suffix == ".npy":
+            return np.load(path), labels[i]
+        if path.suffix == ".png":
+            from PIL import Image
+
+            return np.asarray(Image.open(path)), labels[i]
+        return path.read_bytes(), labels[i]
+    entry = next(f for f in m.data_files if f.first_sample <= i < f.first_sample + f.num_samples)
+    path, j = m.path_of(entry), i - entry.first_sample
+    if m.format == "hdf5":
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            if spec.sample_kind == "jpeg":
+                off = f["offsets"][...]
+                return f["jpeg"][off[j]:off[j + 1]].tobytes(), f["labels"][j]
+            return f["samples"][j], f["labels"][j]
+    if m.format == "netcdf":
+        import xarray as xr
+
+        with xr.open_dataset(path, engine="netcdf4", mask_and_scale=False) as ds:
+            if spec.sample_kind == "jpeg":
+                off = ds["offsets"].values
+                return ds["jpeg"].values[off[j]:off[j + 1]].tobytes(), ds["labels"].values[j]
+            return ds["samples"].values[j], ds["labels"].values[j]
+    import lmdb
+
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        rec = txn.get(key(i))
+    env.close()
+    magic, _v, _f, _r, nl, npay = HEADER.unpack_from(rec)
+    assert magic == MAGIC
+    label = np.frombuffer(rec, dtype=spec.label_dtype, count=nl // np.dtype(spec.label_dtype).itemsize,
+                          offset=HEADER.size)
+    payload = rec[HEADER.size + nl:HEADER.size + nl + npay]
+    if spec.sample_kind == "jpeg":
+        return payload, label[0]
+    return np.frombuffer(payload, dtype=spec.sample_dtype).reshape(spec.sample_shape), (
+        label if spec.label_shape else label[0])
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "netcdf", "lmdb", "files"])
+@pytest.mark.parametrize("dataset", ["cifar10", "imagenet", "cosmoflow"])
+def test_round_trip(tmp_path, dataset, fmt):
+    n, spf = TINY[dataset]
+    m = generate_dataset(GenerateConfig(dataset=dataset, format=fmt, storage=tmp_path,
+                                        samples=n, samples_per_file=spf, seed=3))
+    spec = DATASETS[dataset]
+    assert m.num_samples == n and m.dataset == dataset and m.format == fmt
+    assert sum(f.num_samples for f in m.data_files) == n
+    assert m.total_bytes == sum((m.root / f.path).stat().st_size for f in m.files)
+    for i in {0, n // 2, n - 1}:
+        want, want_label = make_sample(spec, 3, i)
+        got, got_label = _read_back(m, i)
+        if isinstance(want, bytes):
+            assert got == want
+        else:
+            assert np.array_equal(np.asarray(got), want)
+        assert np.allclose(np.asarray(got_label), np.asarray(want_label))
+    assert verify_dataset(m.root) == []
+    assert not list(m.root.rglob("*.tmp")) and not (m.root / ".iobench-partial").exists()
+
+
+def test_jpeg_sizes_look_like_imagenet(tmp_path):
+    m = generate_dataset(GenerateConfig(dataset="imagenet", format="hdf5", storage=tmp_path,
+                                        samples=24, samples_per_file=24))
+    jb = m.extra["jpeg_bytes"]
+    assert 60_000 < jb["mean"] < 160_000 and jb["std"] > 5_000
+    blob, _ = make_sample(DATASETS["imagenet"], 0, 0)
+    import simplejpeg
+
+    h, w = simplejpeg.decode_jpeg_header(blob)[:2]
+    assert 300 <= h <= 500 and 300 <= w <= 500
+
+
+def test_cifar10_signal_is_learnable():
+    spec = DATASETS["cifar10"]
+    xs, ys = zip(*(make_sample(spec, 0, i) for i in range(1200)), strict=True)
+    x = np.stack(xs).reshape(1200, -1).astype(np.float32)
+    y = np.asarray(ys)
+    means = np.stack([x[:1000][y[:1000] == c].mean(0) for c in range(10)])
+    pred = np.argmin(((x[1000:, None, :] - means[None]) ** 2).sum(-1), axis=1)
+    assert (pred == y[1000:]).mean() > 0.4  # chance is 0.1
+
+
+def test_cosmoflow_signal_depends_on_parameters():
+    spec = DATASETS["cosmoflow"]
+    (a, la), (b, lb) = make_sample(spec, 0, 0), make_sample(spec, 0, 1)
+    assert a.shape == (128, 128, 128, 4) and a.dtype == np.int16 and la.shape == (4,)
+    # mean count per voxel follows the 4th parameter (nbar = 20 + 40 u3)
+    for arr, lab in ((a, la), (b, lb)):
+        assert abs(arr[..., 3].mean() - (20 + 40 * lab[3])) < 0.15 * (20 + 40 * lab[3])
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "iobench.json"}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("fmt", ["hdf5", "netcdf", "lmdb"])
+def test_deterministic_across_ranks_and_jobs(tmp_path, fmt):
+    args = ["generate", "--dataset", "cifar10", "--format", fmt, "--samples", "100",
+            "--samples-per-file", "16", "--seed", "5"]
+    assert cli(*args, "--storage", tmp_path / "one") == 0
+    assert cli(*args, "--storage", tmp_path / "jobs", "--jobs", "2") == 0
+    r = run_mpi(2, *args, "--storage", tmp_path / "mpi")
+    assert r.returncode == 0, r.stderr
+    ref = _digests(tmp_path / "one" / f"cifar10-{fmt}")
+    assert len(ref) == 7
+    assert _digests(tmp_path / "jobs" / f"cifar10-{fmt}") == ref
+    assert _digests(tmp_path / "mpi" / f"cifar10-{fmt}") == ref
+    m1 = Manifest.load(tmp_path / "one" / f"cifar10-{fmt}")
+    m2 = Manifest.load(tmp_path / "mpi" / f"cifar10-{fmt}")
+    assert m1.files == m2.files
+
+
+def test_resume_after_killed_run(tmp_path):
+    argv = [sys.executable, "-m", "iobench", "generate", "--dataset", "cosmoflow", "--format",
+            "hdf5", "--samples", "12", "--samples-per-file", "1", "--storage", str(tmp_path)]
+    root = tmp_path / "cosmoflow-hdf5"
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((root / ".iobench-partial").glob("task-*"))) < 3:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (root / "iobench.json").exists()
+    done_before = len(list((root / ".iobench-partial").glob("task-*")))
+    assert 3 <= done_before < 12
+    # damage one completed file: resume must redo it rather than trust it
+    victim = sorted(root.glob("part-*.h5"))[0]
+    with open(victim, "r+b") as f:
+        f.seek(5000)
+        f.write(b"\xff" * 8)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "kept from an earlier run" in r.stderr
+    assert verify_dataset(root) == []
+    fresh = generate_dataset(GenerateConfig(dataset="cosmoflow", format="hdf5", samples=12,
+                                            samples_per_file=1, storage=tmp_path / "fresh"))
+    assert _digests(root) == _digests(fresh.root)
+
+
+def test_refuses_other_dataset_without_force(tmp_path, capsys):
+    base = ["generate", "--storage", tmp_path, "--samples", "20"]
+    assert cli(*base) == 0
+    assert cli(*base) == 0  # same dataset: already complete, nothing to do
+    assert "already complete" in capsys.readouterr().err
+    assert cli("generate", "--storage", tmp_path, "--samples", "30") == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and len(err.strip().splitlines()) == 1
+    assert Manifest.load(tmp_path / "cifar10-hdf5").num_samples == 20
+    assert cli("generate", "--storage", tmp_path, "--samples", "30", "--force") == 0
+    assert Manifest.load(tmp_path / "cifar10-hdf5").num_samples == 30
+
+
+def test_verify_names_each_problem(tmp_path, capsys):
+    m = generate_dataset(GenerateConfig(dataset="cifar10", format="files", storage=tmp_path,
+                                        samples=30))
+    files = [m.path_of(f) for f in m.data_files]
+    files[0].write_bytes(files[0].read_bytes()[:-10])  # truncated
+    data = bytearray(files[1].read_bytes())
+    data[len(data) // 2] ^= 0x40  # flipped byte
+    files[1].write_bytes(bytes(data))
+    files[2].unlink()  # missing
+    assert cli("verify", m.root, "--jobs", "2") == 1
+    err = capsys.readouterr().err
+    assert f"truncated: {files[0]}" in err
+    assert f"checksum mismatch: {files[1]}" in err
+    assert f"missing: {files[2]}" in err
+    assert "3 problem(s)" in err
+
+
+def test_verify_catches_damage_in_containers(tmp_path):
+    m = generate_dataset(GenerateConfig(dataset="cifar10", format="lmdb", storage=tmp_path,
+                                        samples=40, samples_per_file=20))
+    p = m.path_of(m.data_files[1])
+    with open(p, "r+b") as f:
+        f.truncate(p.stat().st_size // 2)
+    probs = verify_dataset(m.root)
+    assert len(probs) == 1 and probs[0].startswith("truncated") and str(p) in probs[0]
+
+
+def test_out_of_space_leaves_no_partial_file(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs",
+                                            str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        r = run_cmd("generate", "--dataset", "cosmoflow", "--samples", "2", "--storage", mnt)
+        assert r.returncode == 2
+        assert "out of space" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+        assert not list(mnt.rglob("*.tmp")) and not list(mnt.rglob("*.h5"))
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--dataset", "mnist"], "invalid choice: 'mnist'"),
+    (["--format", "zarr"], "invalid choice: 'zarr'"),
+    (["--samples", "-5"], "--samples -5 must be >= 1"),
+    (["--samples-per-file", "0"], "--samples-per-file 0 must be >= 1"),
+    (["--dataset", "imagenet", "--compression", "gzip"], "already compressed"),
+    (["--format", "netcdf", "--compression", "lzf"], "not available for NetCDF-4"),
+    (["--jobs", "0"], "--jobs 0 must be >= 1"),
+])
+def test_bad_options_one_line(tmp_path, argv, needle):
+    r = run_cmd("generate", "--storage", tmp_path, *argv)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_unwritable_target_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run_cmd("generate", "--storage", blocker / "sub")
+    assert r.returncode == 2 and "cannot create --storage" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_verify_without_manifest(tmp_path):
+    r = run_cmd("verify", tmp_path)
+    assert r.returncode == 2 and "iobench.json is missing" in r.stderr
+
+
+def test_standard_tools_read_the_files(tmp_path):
+    for fmt in ("hdf5", "netcdf", "lmdb"):
+        generate_dataset(GenerateConfig(format=fmt, storage=tmp_path, samples=10))
+    tools = {"h5ls": [tmp_path / "cifar10-hdf5" / "part-00000.h5"],
+             "ncdump": ["-h", tmp_path / "cifar10-netcdf" / "part-00000.nc"],
+             "mdb_stat": ["-n", tmp_path / "cifar10-lmdb" / "part-00000.lmdb"]}
+    ran = 0
+    for tool, args in tools.items():
+        if shutil.which(tool):
+            r = subprocess.run([tool, *map(str, args)], capture_output=True, text=True)
+            assert r.returncode == 0, (tool, r.stderr)
+            ran += 1
+    if not ran:
+        pytest.skip("none of h5ls, ncdump, mdb_stat is installed (hdf5-tools, netcdf-bin, "
+                    "lmdb-utils)")
+
+
+def test_png_and_npy_open_with_standard_libraries(tmp_path):
+    from PIL import Image
+
+    m = generate_dataset(GenerateConfig(dataset="cifar10", format="files", storage=tmp_path,
+                                        samples=4))
+    png = m.path_of(m.data_files[0])
+    assert png.suffix == ".png" and png.parent.name.startswith("c")
+    with Image.open(io.BytesIO(png.read_bytes())) as im:
+        assert im.size == (32, 32) and im.mode == "RGB"
