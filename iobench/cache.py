@@ -453,7 +453,9 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     elif worst is not None and worst > warn_above:
         status = "warm"
         why = ("the storage is tmpfs: its data lives in the page cache and cannot be evicted"
-               if kind == "memory" else "the filesystem ignored POSIX_FADV_DONTNEED")
+               if kind == "memory" else "a live process keeps its pages mapped (an mmap "
+               "reader such as LMDB: close it between epochs), or the filesystem ignored "
+               "POSIX_FADV_DONTNEED")
         warning = (f"COLD CACHE FAILED: {worst:.0%} of the dataset is still in the page cache "
                    f"after eviction (threshold {warn_above:.0%}); {why}. Figures from this "
                    "epoch measure memory, not storage")

@@ -318,3 +318,18 @@ def test_tree_io_counts_live_dali_workers(tmp_path):
     delta = after_tree - before_tree
     assert delta.processes >= 3 and delta.read_bytes >= 0.9 * data
     assert after_self["read_bytes"] - before_self["read_bytes"] < 0.25 * data
+
+
+def test_pages_a_live_mapping_holds_are_reported_not_hidden(tmp_path, capsys):
+    """A reader that keeps the file mapped (like LMDB) pins its pages: eviction cannot drop
+    them, and the report says so loudly instead of pretending the cache is cold."""
+    import mmap
+
+    m = make_dataset(tmp_path / "d", [2 * MiB], aux=False)
+    path = m.path_of(m.files[0])
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        assert sum(mm[i] for i in range(0, len(mm), 4096)) >= 0  # touch every page
+        rep = cache.evict_for_node(m, World())
+    assert rep.status == "warm" and rep.resident_fraction > 0.9
+    assert "mapped" in rep.warning and "COLD CACHE FAILED" in capsys.readouterr().err
+    assert cache.evict_for_node(m, World()).status == "cold"  # unmapped: evicted
