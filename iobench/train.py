@@ -471,6 +471,10 @@ def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Man
         return out
     if report.warning and mount.kind != "memory":
         out.append(report.warning)
+        if report.status == "warm" and manifest.format == "lmdb":
+            out.append("LMDB readers map the database file: pages a live reader (e.g. a "
+                       "persistent loader worker) keeps mapped cannot be evicted, so cold-cache "
+                       "epochs after the first are not assured with this loader")
     return out
 
 
