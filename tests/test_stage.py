@@ -340,3 +340,12 @@ def test_manifest_paths_cannot_escape_the_destination(tmp_path):
     with pytest.raises(DatasetError, match="not a plain path"):
         stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst"))
     assert not (tmp_path / "escaped.bin").exists()
+
+
+@pytest.mark.mpi
+def test_failure_under_mpi_is_one_line(tmp_path):
+    r = run_mpi(2, "stage", "--dataset", "cifar10", "--format", "hdf5", "--from",
+                tmp_path / "nowhere", "--to", tmp_path / "dst", "--results", tmp_path / "res")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0], r.stderr

@@ -50,9 +50,16 @@ def config_from_args(args: argparse.Namespace) -> StageConfig:
 
 
 def main(args: argparse.Namespace) -> int:
+    from iobench.errors import IobenchError
+
     cfg = config_from_args(args)
     world = get_world()
-    doc = stage_dataset(cfg, world)
+    try:
+        doc = stage_dataset(cfg, world)
+    except IobenchError as e:
+        if world.rank == 0:
+            raise  # every rank raised it (stage_dataset agrees on failures): print it once
+        return e.exit_code
     if world.rank == 0:
         path = write_result(doc, args.results, "stage")
         mbps = doc["stage_MBps"]
