@@ -349,3 +349,21 @@ def test_failure_under_mpi_is_one_line(tmp_path):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not exist" in lines[0], r.stderr
+
+
+def test_stage_under_torchrun(tmp_path):
+    import shutil as _sh
+    import sys
+
+    exe = _sh.which("torchrun", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("torchrun not found")
+    m = _dataset(tmp_path)
+    r = subprocess.run([exe, "--nproc-per-node", "2", "-m", "iobench", "stage", "--dataset",
+                        "cifar10", "--format", "files", "--from", str(tmp_path / "src"), "--to",
+                        str(tmp_path / "dst"), "--results", str(tmp_path / "res")],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    _assert_copy(m, tmp_path / "dst" / "cifar10-files")
+    (doc,) = _results(tmp_path / "res")
+    assert doc["config"]["launcher"] == "torchrun" and len(doc["per_rank"]) == 2

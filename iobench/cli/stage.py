@@ -54,12 +54,20 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     world = get_world()
+    torchrun = world.launcher == "torchrun" and world.size > 1
+    if torchrun:  # collectives go through torch.distributed there (gloo: CPU only)
+        from iobench import distributed
+
+        distributed.init_process_group(world, False)
     try:
         doc = stage_dataset(cfg, world)
     except IobenchError as e:
         if world.rank == 0:
             raise  # every rank raised it (stage_dataset agrees on failures): print it once
         return e.exit_code
+    finally:
+        if torchrun:
+            distributed.destroy_process_group()
     if world.rank == 0:
         path = write_result(doc, args.results, "stage")
         mbps = doc["stage_MBps"]
