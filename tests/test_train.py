@@ -273,3 +273,18 @@ def test_regression_model_reports_loss(tmp_path: Path) -> None:
         assert ep["training"]["accuracy"] is None and ep["training"]["loss"] > 0
     assert doc["summary"]["final_accuracy"] is None
     _assert_invariant(doc)
+
+
+def test_dali_format_found_or_asked(tmp_path: Path) -> None:
+    from iobench.train import resolve_dataset
+
+    (tmp_path / "cifar10-lmdb").mkdir()
+    (tmp_path / "cifar10-lmdb" / "iobench.json").write_text("{}")
+    cfg = TrainConfig(loader="dali", storage=str(tmp_path), results=str(tmp_path / "r"))
+    assert resolve_dataset(cfg) == tmp_path / "cifar10-lmdb"  # the only format there
+    (tmp_path / "cifar10-files").mkdir()
+    (tmp_path / "cifar10-files" / "iobench.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"several formats \(lmdb, files\); pick one with --format"):
+        resolve_dataset(cfg)
+    assert resolve_dataset(TrainConfig(loader="dali", storage=str(tmp_path), format="files")
+                           ) == tmp_path / "cifar10-files"
