@@ -46,7 +46,9 @@ from iobench.loaders._preprocess import (
     CROP,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    DecodeError,
     cifar_params,
+    to_batch,
 )
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
@@ -270,39 +272,66 @@ class DaliLoader(Loader):
         return torch.from_numpy(np.concatenate(parts).astype(np.uint8, copy=False)), \
             torch.from_numpy(offsets)
 
-    def _run(self, pipe: Any) -> Any:
+    def _run(self, pipe: Any, idx_all: np.ndarray | None = None, step: int = 0) -> Any:
+        """pipe.run(), with a DALI failure turned into one DatasetError naming the file."""
         try:
             return pipe.run()
-        except StopIteration:
+        except (StopIteration, IobenchError):
             raise
-        except IobenchError:
-            raise
-        except Exception as e:  # a reader error inside a DALI worker: keep the message, one line
-            msg = str(e)
-            for line in msg.splitlines():
-                if "cannot read" in line or "is missing" in line:
-                    raise DatasetError(line.split("Error: ", 1)[-1].strip()) from None
-            raise DatasetError(f"DALI pipeline failed reading {self.manifest.root}: "
-                               f"{msg.strip().splitlines()[-1] if msg.strip() else type(e).__name__}"
-                               ) from e
+        except Exception as e:
+            self._pipe = None  # DALI pipelines are unusable after a critical error
+            raise self._explain(e, idx_all, step) from None
+
+    def _explain(self, e: BaseException, idx_all: np.ndarray | None, step: int) -> DatasetError:
+        msg = str(e)
+        for line in msg.splitlines():  # our own reader's error, raised in a DALI worker
+            if "cannot read" in line or "is missing" in line:
+                return DatasetError(line.split("Error: ", 1)[-1].strip())
+        if idx_all is not None:
+            # DALI's own readers and decoders do not name the file: find it with ours,
+            # in the batches DALI may have been working on (it prefetches ahead)
+            bs = self.config.batch_size
+            stop = min(len(idx_all), (step + self.config.prefetch + 2) * bs)
+            try:
+                for s in range(step * bs, stop, bs):
+                    b = idx_all[s:s + bs]
+                    raw = self.reader.read(b)
+                    if self.config.decode and self.jpeg:
+                        to_batch(self.manifest.dataset, raw, b, 0, 0, True)
+            except DecodeError as bad:
+                return DatasetError(f"cannot decode sample {bad.index} stored in "
+                                    f"{self.reader.where(bad.index)} ({bad.cause}); the file "
+                                    "is damaged: regenerate or re-stage the dataset")
+            except DatasetError as found:
+                return found
+        lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+        after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln == "encountered:"]
+        why = after[0] if after else (lines[0] if lines else type(e).__name__)
+        return DatasetError(f"DALI pipeline failed reading {self.manifest.root}: {why}")
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
         c = self.config
         idx_all = self.order(epoch)
         steps = self.steps_per_epoch()
         files = self.manifest.format == "files"
-        if files:
-            self.close()
-            self._pipe = self._files_pipeline(epoch, idx_all)
-        elif self._pipe is None or self._next_epoch != epoch:
-            self.close()
-            self._pipe = self._container_pipeline(epoch)
+        try:
+            if files:
+                self.close()
+                self._pipe = self._files_pipeline(epoch, idx_all)
+            elif self._pipe is None or self._next_epoch != epoch:
+                self.close()
+                self._pipe = self._container_pipeline(epoch)
+        except IobenchError:
+            raise
+        except Exception as e:  # DALI checks its readers' files when it builds
+            self._pipe = None
+            raise self._explain(e, idx_all if files else None, 0) from None
         self._next_epoch = None  # a pipeline left mid-epoch is rebuilt next time
         pipe = self._pipe
         for k in range(steps):
             idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
             n = len(idx)
-            outs = self._run(pipe)
+            outs = self._run(pipe, idx_all if files else None, k)
             if files:
                 labels = torch.from_numpy(np.ascontiguousarray(self.reader.labels()[idx]))
                 nbytes = int(self.reader.sizes[idx].sum())

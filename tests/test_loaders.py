@@ -352,9 +352,12 @@ def _copy(src: Path, tmp_path: Path) -> tuple[Path, Manifest]:
     return dst, Manifest.load(dst)
 
 
-@pytest.mark.parametrize("loader", ALL_LOADERS)
-def test_truncated_file_is_named(tmp_path, dataset_root, loader):
-    fmt = "netcdf" if loader == "dali" else loader
+ERROR_CASES = [(fmt, fmt) for fmt in FORMATS] + \
+    [pytest.param("dali", fmt, marks=needs_dali) for fmt in ("netcdf", "lmdb", "files")]
+
+
+@pytest.mark.parametrize(("loader", "fmt"), ERROR_CASES)
+def test_truncated_file_is_named(tmp_path, dataset_root, loader, fmt):
     root, m = _copy(dataset_root("cifar10", fmt), tmp_path)
     victim = m.path_of(m.data_files[1])
     size = victim.stat().st_size
@@ -365,11 +368,11 @@ def test_truncated_file_is_named(tmp_path, dataset_root, loader):
         collect(ld)
 
 
-@pytest.mark.parametrize("loader", ALL_LOADERS)
-def test_damaged_file_fails_in_the_main_process_naming_it(tmp_path, dataset_root, loader):
+@pytest.mark.parametrize(("loader", "fmt"), ERROR_CASES)
+def test_damaged_file_fails_in_the_main_process_naming_it(tmp_path, dataset_root, loader, fmt):
     """Same size as the manifest says, garbage inside: the worker's error comes back whole."""
-    fmt = {"dali": "lmdb"}.get(loader, loader)
-    root, m = _copy(dataset_root("imagenet" if fmt == "files" else "cifar10", fmt), tmp_path)
+    dataset = "imagenet" if fmt == "files" else "cifar10"  # a JPEG that does not decode
+    root, m = _copy(dataset_root(dataset, fmt), tmp_path)
     victim = m.path_of(m.data_files[-1])
     size = victim.stat().st_size
     with open(victim, "r+b") as f:
