@@ -475,3 +475,15 @@ def test_compressed_data_and_stored_chunk_bytes(tmp_path, fmt, compression):
             check_raw("cifar10", batches, ld.indices(0))
             for b in batches:
                 assert b.payload_bytes == sum(chunk_bytes[i] for i in b.indices.tolist())
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_epoch_left_early_then_the_next_is_complete(dataset_root, worker_type):
+    """`train --max-steps` leaves epochs early: persistent workers must start the next cleanly."""
+    root = dataset_root("cifar10", "netcdf")
+    with make_loader("netcdf", root, cfg(workers=2, worker_type=worker_type)) as ld:
+        it = ld.epoch(0)
+        next(it)
+        it.close()
+        check_raw("cifar10", collect(ld, 1), ld.indices(1))
+        check_raw("cifar10", collect(ld, 2), ld.indices(2))
