@@ -253,13 +253,18 @@ def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Te
 def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         progress: Callable[[dict[str, Any]], None] | None = None,
         counters: Callable[[], dict[str, int]] | None = None,
-        started: Callable[[], None] | None = None) -> dict[str, Any] | None:
+        started: Callable[[], None] | None = None,
+        live: Callable[[int, int, int, EpochClock], None] | None = None,
+        live_interval_s: float = 2.0) -> dict[str, Any] | None:
     """Train for `config.epochs` on this rank; return the result document on rank 0.
 
     torch.distributed must already be initialised when `world.size > 1`
     (`iobench.distributed.init_process_group`). `started()` is called on
     rank 0 once every rank has its dataset and loader; `progress(epoch_record)`
-    on rank 0 after each epoch. `counters()`, if given, returns byte
+    on rank 0 after each epoch. `live(epoch, step, steps, clock)` is called on
+    rank 0 at most every `live_interval_s` during an epoch, at the start of a
+    step's compute (inside an emulated step it costs nothing; with a model it
+    is part of that step's compute, never of the stall). `counters()`, if given, returns byte
     counters of a storage tier; their per-epoch deltas (rank 0's) are stored
     as `tier_bytes`.
     """
@@ -285,7 +290,9 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     if started is not None and world.is_root:
         started()
     try:
-        return _train(config, loader, manifest, mount, world, device, kind, progress, counters)
+        live_cb = live if world.is_root else None
+        return _train(config, loader, manifest, mount, world, device, kind, progress, counters,
+                      live_cb, int(live_interval_s * 1e9))
     finally:
         loader.close()
 
@@ -293,7 +300,9 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
 def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysinfo.MountInfo,
            world: World, device: torch.device, kind: str,
            progress: Callable[[dict[str, Any]], None] | None,
-           counters: Callable[[], dict[str, int]] | None) -> dict[str, Any] | None:
+           counters: Callable[[], dict[str, int]] | None,
+           live: Callable[[int, int, int, EpochClock], None] | None,
+           live_interval_ns: int) -> dict[str, Any] | None:
     spec = DATASETS[config.dataset]
     threads = _torch_threads(world, config)
     torch.set_num_threads(threads)
@@ -346,8 +355,11 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         seen = 0
+        steps_total = loader.steps_per_epoch()
+        if config.max_steps is not None:
+            steps_total = min(steps_total, config.max_steps)
         clock = EpochClock()
-        clock.start()
+        last_live = clock.start()
         it: Iterator[Any] = iter(loader.epoch(epoch))
         step = 0
         try:
@@ -358,6 +370,9 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
                     break
                 x, y = _to_device(batch, device)
                 t_ready = clock.batch_ready()
+                if live is not None and t_ready - last_live >= live_interval_ns:
+                    live(epoch, step + 1, steps_total, clock)
+                    last_live = t_ready
                 _maybe_fault(fault, world.rank, epoch, step)
                 end = None
                 if kind == "model":

@@ -288,3 +288,19 @@ def test_dali_format_found_or_asked(tmp_path: Path) -> None:
         resolve_dataset(cfg)
     assert resolve_dataset(TrainConfig(loader="dali", storage=str(tmp_path), format="files")
                            ) == tmp_path / "cifar10-files"
+
+
+def test_live_progress_inside_the_epoch(storage: Path) -> None:
+    calls = []
+
+    def live(epoch, step, steps, clock):
+        calls.append((epoch, step, steps, clock.samples))
+        time.sleep(0.002)  # a slow terminal: costs compute time, never stall
+
+    doc = run(_cfg(storage, compute_time_s=0.01, epochs=1, max_steps=5), factory(), World(),
+              live=live, live_interval_s=0.0)
+    assert [c[1] for c in calls] == [1, 2, 3, 4, 5]
+    assert all(c[2] == 5 for c in calls) and calls[-1][3] == 4 * 32
+    r = doc["epochs"][0]["ranks"][0]
+    assert r["compute_mean_s"] >= 0.01  # the callback ran inside the emulated step
+    _assert_invariant(doc)

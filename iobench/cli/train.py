@@ -133,7 +133,8 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m,
                                                                replace(c, scope=scope) if
                                                                staging else c, r, w), world,
-                        progress=out.epoch, started=out.start)
+                        progress=out.epoch, started=out.start, live=out.live,
+                        live_interval_s=out.live_interval_s)
         if doc is None:
             return 0
         if staging:
@@ -158,6 +159,7 @@ class _Output:
         self.console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self.world = world
         self.shown: set[str] = set()
+        self.redraw = False
 
     def start(self) -> None:
         if not self.on:
@@ -173,9 +175,32 @@ class _Output:
                            f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
         self.console.print(f"compute: {compute}; cache: {cache}")
 
+    @property
+    def live_interval_s(self) -> float:
+        # a terminal gets a line redrawn in place; a log file a line a minute
+        return 1.0 if sys.stdout.isatty() else 60.0
+
+    def live(self, epoch: int, step: int, steps: int, clock: Any) -> None:
+        """Progress inside an epoch (rank 0's own figures so far)."""
+        import time
+
+        elapsed = (time.perf_counter_ns() - clock.start_ns) / 1e9
+        line = (f"epoch {epoch + 1}/{self.config.epochs}: step {step}/{steps}, "
+                f"{clock.samples / elapsed:.0f} samples/s, "
+                f"stall {sum(clock.wait_ns) / 1e9 / elapsed:.1%} so far (rank 0)")
+        if sys.stdout.isatty():
+            sys.stdout.write(f"\r{line}\x1b[K")
+            sys.stdout.flush()
+            self.redraw = True
+        else:
+            print(line, flush=True)
+
     def epoch(self, rec: dict[str, Any]) -> None:
         if not self.on:
             return
+        if self.redraw:  # clear the live line
+            sys.stdout.write("\r\x1b[K")
+            self.redraw = False
         for w in rec["warnings"]:
             if w not in self.shown:
                 self.shown.add(w)
