@@ -467,8 +467,9 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
                             failed_prereq[(d.name, fmt, t.name)]
                         continue
                     dest = Path(t.stage_to) / dataset_dirname(d.name, fmt)
-                    if (dest / "iobench.json").is_file() and _staged_before(results, dest):
-                        continue
+                    src = Path(t.path) / dataset_dirname(d.name, fmt)
+                    if _same_dataset(src, dest) and _staged_before(results, dest):
+                        continue  # staged before, and the source has not changed since
                     o = step("stage", f"{d.name}-{fmt} {t.name} -> {t.staged_name}",
                              ["stage", "--dataset", d.name, "--format", fmt, "--from", t.path,
                               "--to", t.stage_to, "--results", str(results), "--no-progress",
@@ -610,6 +611,17 @@ def _probed(results: Path) -> set[tuple[str, str]]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+def _same_dataset(src: Path, dest: Path) -> bool:
+    """Whether `dest` holds a complete copy of the dataset now at `src` (same files)."""
+    from iobench.errors import IobenchError
+    from iobench.manifest import Manifest
+
+    try:
+        return Manifest.load(src).files == Manifest.load(dest).files
+    except IobenchError:
+        return False
 
 
 def _staged_before(results: Path, dest: Path) -> bool:
