@@ -265,7 +265,8 @@ def run(cfg: BenchReadConfig, world: World,
                 fig = measure(lambda name=name, lc=lc: make_loader(name, manifest, lc,
                                                                    world.rank, world.size),
                               manifest, cfg, world)
-                rows.append({"loader": name, "workers": w, "worker_type": cfg.worker_type,
+                wtype = "process" if name == "dali" else cfg.worker_type  # DALI: processes
+                rows.append({"loader": name, "workers": w, "worker_type": wtype,
                              "shuffle": shuffle, **fig})
     for r in rows:
         base = naive_by_workers.get(r["workers"])
