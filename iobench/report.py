@@ -462,7 +462,7 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                 f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
                 _f(s["stage_s"]), _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
                 s["run"] or "no matching runs", _f(s["epoch_slow_s"]), _f(s["epoch_fast_s"]),
-                _f(s["break_even_epochs"], ".1f"),
+                _f(s["break_even_epochs"], ".2f"),
                 "n/a" if s["epochs"] is None else
                 f"{_f(s['in_place_s'])} / {_f(s['staged_total_s'])} ({s['epochs']} epochs)"]
                for s in st_rows]
@@ -492,8 +492,14 @@ PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughpu
                "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier"}
 _CSS = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
         "margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:3px 7px;font-size:0.85em}"
-        "th{background:#eee}td{text-align:right}td:first-child{text-align:left}"
+        "th{background:#eee}td.n{text-align:right}td.bad{color:#b00;font-weight:bold}"
         ".note{color:#555;font-size:0.85em}img{max-width:100%}")
+
+
+def _cls(cell: str) -> str:
+    if "FAILED" in cell:
+        return " class='bad'"
+    return " class='n'" if cell[:1].isdigit() or cell in ("n/a", "never") else ""
 
 
 def render_html(title: str, tables: list[Table], pngs: dict[str, bytes]) -> str:
@@ -503,7 +509,8 @@ def render_html(title: str, tables: list[Table], pngs: dict[str, bytes]) -> str:
     for t in tables:
         out.append(f"<h2>{e(t.title)}</h2><table><tr>"
                    + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>")
-        out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in t.rows]
+        out += ["<tr>" + "".join(f"<td{_cls(c)}>{e(c)}</td>" for c in row) + "</tr>"
+                for row in t.rows]
         out.append("</table>")
         if t.note:
             out.append(f"<p class='note'>{e(t.note)}</p>")
