@@ -304,3 +304,27 @@ def test_live_progress_inside_the_epoch(storage: Path) -> None:
     r = doc["epochs"][0]["ranks"][0]
     assert r["compute_mean_s"] >= 0.01  # the callback ran inside the emulated step
     _assert_invariant(doc)
+
+
+def test_tmpfs_says_memory_and_null_os_bytes(tmp_path: Path) -> None:
+    """On tmpfs the kernel counts no storage reads and nothing can be evicted: say so."""
+    import shutil
+    import tempfile
+
+    from iobench.sysinfo import mount_of
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or mount_of(shm).kind != "memory":
+        pytest.skip("no tmpfs at /dev/shm")
+    storage = Path(tempfile.mkdtemp(prefix="iobench-test-", dir=shm))
+    try:
+        make_npy_dataset(storage, n=64)
+        doc = run(_cfg(storage, model="none", epochs=1, results=str(tmp_path)), factory(),
+                  World())
+    finally:
+        shutil.rmtree(storage)
+    r = doc["epochs"][0]["ranks"][0]
+    assert r["os_read_bytes"] is None and doc["epochs"][0]["summary"]["os_read_bytes"] is None
+    assert doc["cache"]["os_read_bytes_available"] is False
+    assert "tmpfs" in doc["cache"]["os_read_bytes_note"]
+    assert any("memory" in w and "do not measure storage" in w for w in doc["warnings"])
