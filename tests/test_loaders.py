@@ -29,7 +29,14 @@ try:
     HAVE_DALI = True
 except ImportError:
     HAVE_DALI = False
-needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI not installed")
+DALI_MARKS = [pytest.mark.dali, pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI not installed")]
+
+
+def needs_dali(f):
+    """Mark a test `dali` and skip it where DALI is not installed."""
+    for mark in DALI_MARKS:
+        f = mark(f)
+    return f
 
 
 @functools.cache
@@ -93,7 +100,7 @@ def check_raw(dataset: str, batches: list, expect_indices: np.ndarray) -> None:
 
 
 LOADER_CASES = [(fmt, ds, fmt) for fmt in FORMATS for ds in SIZES] + \
-    [pytest.param("dali", ds, fmt, marks=needs_dali) for fmt in FORMATS for ds in SIZES]
+    [pytest.param("dali", ds, fmt, marks=DALI_MARKS) for fmt in FORMATS for ds in SIZES]
 
 
 @pytest.mark.parametrize(("loader", "dataset", "fmt"), LOADER_CASES)
@@ -147,7 +154,7 @@ def reference_cifar10(idx: list[int], epoch: int, seed: int) -> np.ndarray:
 
 
 DECODE_CASES = [(fmt, fmt) for fmt in FORMATS] + \
-    [pytest.param("dali", fmt, marks=needs_dali) for fmt in FORMATS]
+    [pytest.param("dali", fmt, marks=DALI_MARKS) for fmt in FORMATS]
 
 
 @pytest.mark.parametrize(("loader", "fmt"), DECODE_CASES)
@@ -318,7 +325,7 @@ def test_local_scope_reads_only_own_files(dataset_root):
 
 # ------------------------------------------------------------------------------- errors
 
-ALL_LOADERS = [*FORMATS, pytest.param("dali", marks=needs_dali)]
+ALL_LOADERS = [*FORMATS, pytest.param("dali", marks=DALI_MARKS)]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -353,7 +360,7 @@ def _copy(src: Path, tmp_path: Path) -> tuple[Path, Manifest]:
 
 
 ERROR_CASES = [(fmt, fmt) for fmt in FORMATS] + \
-    [pytest.param("dali", fmt, marks=needs_dali) for fmt in ("netcdf", "lmdb", "files")]
+    [pytest.param("dali", fmt, marks=DALI_MARKS) for fmt in ("netcdf", "lmdb", "files")]
 
 
 @pytest.mark.parametrize(("loader", "fmt"), ERROR_CASES)

@@ -32,8 +32,8 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 CASES = [("hdf5", "hdf5", 0), ("hdf5", "hdf5", 2), ("lmdb", "lmdb", 1),
-         pytest.param("dali", "hdf5", 1, marks=pytest.mark.skipif(not HAVE_DALI,
-                                                                  reason="no DALI"))]
+         pytest.param("dali", "hdf5", 1, marks=[pytest.mark.dali, pytest.mark.skipif(
+             not HAVE_DALI, reason="NVIDIA DALI not installed")])]
 
 
 @pytest.mark.parametrize("shuffle", ["global", "block"])
