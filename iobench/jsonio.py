@@ -21,6 +21,10 @@ def write_json_atomic(path: str | Path, doc: dict[str, Any], *, exclusive: bool 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes 0600; manifests and results must be readable like any file
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=False, default=_default)
             f.write("\n")

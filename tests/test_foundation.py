@@ -80,6 +80,7 @@ def test_json_atomic_and_exclusive(tmp_path):
     p = tmp_path / "r.json"
     write_json_atomic(p, {"schema": "t", "schema_version": 1, "x": np.int64(3)})
     assert read_json(p, schema="t", max_version=1)["x"] == 3
+    assert p.stat().st_mode & 0o044 == 0o044  # readable by others (shared clusters)
     with pytest.raises(FileExistsError):
         write_json_atomic(p, {"schema": "t", "schema_version": 1}, exclusive=True)
     assert list(tmp_path.iterdir()) == [p]  # no temporary left behind
