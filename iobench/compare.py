@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from iobench.errors import StorageError
+from iobench.metrics import fmt_rate
 from iobench.results import find_results, load_result
 
 
@@ -92,8 +93,8 @@ def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
     for r in rows:
         table.add_row(f"{r['run'] + 1}", str(r["epoch"] + 1), _fmt(r["stall_s"], ".2f"),
                       _fmt(r["stall_fraction"] and 100 * r["stall_fraction"], ".1f"),
-                      _fmt(r["au"], ".2f"), _fmt(r["samples_per_s"], ".0f"),
-                      _fmt(r["read_MBps"], ".1f"), _fmt(r["wall_s"], ".2f"),
+                      _fmt(r["au"], ".2f"), fmt_rate(r["samples_per_s"]),
+                      fmt_rate(r["read_MBps"]), _fmt(r["wall_s"], ".2f"),
                       _fmt(r["stall_vs_first"], ".2f"), _fmt(r["samples_per_s_vs_first"], ".2f"),
                       _fmt(r["accuracy"], ".3f"),
                       end_section=r is not rows[-1] and rows[rows.index(r) + 1]["run"] != r["run"])

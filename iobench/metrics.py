@@ -140,3 +140,10 @@ def epoch_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "read_MBps": nbytes / MB / wall if wall > 0 else None,
         "os_read_bytes": _opt_sum([r.get("os_read_bytes") for r in ranks]),
     }
+
+
+def fmt_rate(value: float | None) -> str:
+    """A rate for tables: 3 significant digits below 100 (0.412), whole numbers above."""
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"

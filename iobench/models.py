@@ -29,9 +29,14 @@ class ModelSpec:
     name: str
     datasets: tuple[str, ...]
     task: str  # "classification" (cross-entropy, accuracy) or "regression" (MSE)
-    default_lr: float  # for SGD with momentum 0.9
+    default_lr: float  # for SGD with momentum 0.9, at a global batch of `ref_batch` samples
     build: Callable[[int], nn.Module]  # num_outputs -> module
     about: str
+    ref_batch: int = 256
+
+    def lr_for(self, global_batch: int) -> float:
+        """Default learning rate for `global_batch` samples per step (linear scaling rule)."""
+        return self.default_lr * global_batch / self.ref_batch
 
 
 class SmallCNN(nn.Module):
@@ -155,15 +160,15 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec("cnn", ("cifar10",), "classification", 0.05,
-                  lambda n: SmallCNN(n), "small 3-conv CNN (~0.1 M parameters)"),
+                  lambda n: SmallCNN(n), "small 3-conv CNN (~0.1 M parameters)", ref_batch=64),
         ModelSpec("resnet18", ("cifar10",), "classification", 0.05,
                   lambda n: ResNet(BasicBlock, [2, 2, 2, 2], n, cifar_stem=True),
-                  "ResNet-18, CIFAR variant (~11 M parameters)"),
+                  "ResNet-18, CIFAR variant (~11 M parameters)", ref_batch=64),
         ModelSpec("resnet50", ("imagenet",), "classification", 0.1,
                   lambda n: ResNet(Bottleneck, [3, 4, 6, 3], n, cifar_stem=False),
                   "ResNet-50 v1.5 (~25.6 M parameters)"),
         ModelSpec("cosmoflow", ("cosmoflow",), "regression", 0.002,
-                  lambda n: CosmoFlow(n), "CosmoFlow 3D CNN, 4 regression outputs"),
+                  lambda n: CosmoFlow(n), "CosmoFlow 3D CNN, 4 regression outputs", ref_batch=8),
     )
 }
 

@@ -39,7 +39,7 @@ from iobench.errors import (
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, rank_figures
-from iobench.models import MODELS, build_model, count_parameters, parse_model, resolve_model
+from iobench.models import build_model, count_parameters, parse_model, resolve_model
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.world import World
@@ -308,7 +308,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
     torch.set_num_threads(threads)
     use_cuda = device.type == "cuda"
     model = opt = None
-    task = None
+    task = lr = None
     model_name = config.model_name
     params = None
     if kind == "model":
@@ -325,7 +325,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             model = DDP(model, device_ids=[device.index] if use_cuda else None)
-        lr = config.lr or mspec.default_lr
+        lr = config.lr or mspec.lr_for(config.batch_size * world.size)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
                               weight_decay=5e-4 if task == "classification" else 0.0)
         loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else torch.nn.MSELoss()
@@ -456,7 +456,7 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
                   "device": device.type},
         "compute": {"kind": kind, "model": model_name, "parameters": params, "task": task,
                     "compute_time_s": config.compute_time_s,
-                    "lr": (config.lr or MODELS[model_name].default_lr) if model_name else None,
+                    "lr": lr if model_name else None,
                     "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
                     "amp": config.amp and use_cuda, "channels_last": config.channels_last,
                     "decode": config.decode, "torch_threads": threads},

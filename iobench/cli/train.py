@@ -184,9 +184,11 @@ class _Output:
         """Progress inside an epoch (rank 0's own figures so far)."""
         import time
 
+        from iobench.metrics import fmt_rate
+
         elapsed = (time.perf_counter_ns() - clock.start_ns) / 1e9
         line = (f"epoch {epoch + 1}/{self.config.epochs}: step {step}/{steps}, "
-                f"{clock.samples / elapsed:.0f} samples/s, "
+                f"{fmt_rate(clock.samples / elapsed)} samples/s, "
                 f"stall {sum(clock.wait_ns) / 1e9 / elapsed:.1%} so far (rank 0)")
         if sys.stdout.isatty():
             sys.stdout.write(f"\r{line}\x1b[K")
@@ -196,6 +198,8 @@ class _Output:
             print(line, flush=True)
 
     def epoch(self, rec: dict[str, Any]) -> None:
+        from iobench.metrics import fmt_rate
+
         if not self.on:
             return
         if self.redraw:  # clear the live line
@@ -207,7 +211,7 @@ class _Output:
                 self.console.print(f"[bold red]WARNING:[/] {w}")
         s, t = rec["summary"], rec["training"]
         line = (f"epoch {rec['epoch'] + 1}/{self.config.epochs}: {s['steps']} steps, "
-                f"{s['samples_per_s']:.0f} samples/s, {s['read_MBps']:.1f} MB/s, "
+                f"{fmt_rate(s['samples_per_s'])} samples/s, {fmt_rate(s['read_MBps'])} MB/s, "
                 f"stall {s['stall_fraction_max']:.1%} (max {s['stall_s_max']:.2f} s of "
                 f"{s['wall_s']:.2f} s), AU {s['au_mean']:.2f}")
         if t and t["accuracy"] is not None:
@@ -218,6 +222,8 @@ class _Output:
 
     def finish(self, doc: dict[str, Any], path: Any) -> None:
         from rich.table import Table
+
+        from iobench.metrics import fmt_rate
 
         comp = doc["compute"]
         words = _COMPUTE_WORDS[comp["kind"]].format(model=comp["model"], params=comp["parameters"] or 0,
@@ -232,7 +238,7 @@ class _Output:
             res = e["cache"]["resident_fraction"]
             table.add_row(str(e["epoch"] + 1), f"{s['wall_s']:.2f}", f"{s['stall_s_max']:.2f}",
                           f"{s['stall_fraction_max']:.1%}", f"{s['au_mean']:.2f}",
-                          f"{s['samples_per_s']:.0f}", f"{s['read_MBps']:.1f}",
+                          fmt_rate(s["samples_per_s"]), fmt_rate(s["read_MBps"]),
                           "n/a" if s["os_read_bytes"] is None else f"{s['os_read_bytes'] / 1e6:.1f}",
                           "unknown" if res is None else f"{res:.0%}",
                           "" if t.get("loss") is None else f"{t['loss']:.3f}",
