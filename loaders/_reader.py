@@ -148,6 +148,7 @@ class BatchReader(ABC):
         self.counts = np.array([f.num_samples for f in data], dtype=np.int64)
         self._local = threading.local()
         self._pid = os.getpid()
+        self.prefetch_block: int | None = None  # samples per block to prefetch whole
 
     # -- lazily opened per-process, per-thread state ---------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -237,20 +238,32 @@ def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np
                  ) -> None:
     """Prefetch every run of a batch at once, for readers whose open-file entries give
     `fd` (None: not contiguous), `base` (file offset of the data), `item` (bytes per
-    sample) and, for JPEG, `offsets`."""
+    sample) and, for JPEG, `offsets`.
+
+    With `reader.prefetch_block = K` (set for `shuffle="block"`), whole blocks of K
+    samples around each index are prefetched: the block shuffle reads each block
+    completely within a few batches, so one large request replaces many small ones.
+    """
+    block = getattr(reader, "prefetch_block", None)
     for pos, s, e in groups:
         f = reader._open(pos)
         if f["fd"] is None:
             continue
-        local = sorted_idx[s:e] - reader.starts[pos]
+        first, count = int(reader.starts[pos]), int(reader.counts[pos])
+        local = sorted_idx[s:e] - first
+        if block:
+            b = np.unique(sorted_idx[s:e] // block)
+            spans = zip((np.maximum(b * block, first) - first).tolist(),
+                        (np.minimum((b + 1) * block, first + count) - first).tolist(),
+                        strict=True)
+        else:
+            spans = ((int(local[a]), int(local[b - 1]) + 1) for a, b in contiguous_runs(local))
         base, item = f["base"], f["item"]
         if reader.kind == "jpeg":
             off = f["offsets"]
-            ranges = [(base + int(off[local[a]]), int(off[local[b - 1] + 1] - off[local[a]]))
-                      for a, b in contiguous_runs(local)]
+            ranges = [(base + int(off[lo]), int(off[hi] - off[lo])) for lo, hi in spans]
         else:
-            ranges = [(base + int(local[a]) * item, (b - a) * item)
-                      for a, b in contiguous_runs(local)]
+            ranges = [(base + lo * item, (hi - lo) * item) for lo, hi in spans]
         willneed(f["fd"], ranges)
 
 

@@ -129,6 +129,8 @@ class TorchLoader(Loader):
                                f"{m.format!r} dataset; use the {m.format!r} or 'dali' loader")
         self.check()
         self.reader = self.reader_cls(m)
+        if config.shuffle == "block":  # each block is read whole within a few batches
+            self.reader.prefetch_block = config.block_size
         self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode)
         self.sampler = EpochBatches(EpochOrder(self), config.batch_size)
         self._dl: DataLoader | None = None

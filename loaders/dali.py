@@ -155,6 +155,8 @@ class DaliLoader(Loader):
         else:
             check_files(m)
         self.reader = _reader_for(m)
+        if config.shuffle == "block":
+            self.reader.prefetch_block = config.block_size
         self.order = EpochOrder(self)
         self.jpeg = m.sample["kind"] == "jpeg"
         self.ext = m.data_files[0].path.rsplit(".", 1)[-1].lower()

@@ -8,7 +8,9 @@ into a temporary scattered once. Labels and JPEG offsets are read once per
 file and worker. Before reading, the byte ranges of every run of the batch
 are handed to the kernel at once (`posix_fadvise(WILLNEED)`, for contiguous
 datasets, whose file offset HDF5 reports), so a cold batch's I/O is in flight
-together rather than one request after another. Files are opened with HDF5 file locking off (shared
+together rather than one request after another; under `shuffle="block"` whole
+blocks are requested, since the block shuffle reads each block completely
+within a few batches (one large request instead of many small ones). Files are opened with HDF5 file locking off (shared
 filesystems) and only in the process and thread that read.
 
 `payload_bytes`: uncompressed samples count their array bytes; compressed
