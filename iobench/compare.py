@@ -15,7 +15,7 @@ from typing import Any
 
 from iobench.errors import StorageError
 from iobench.metrics import fmt_rate
-from iobench.results import find_results, load_result
+from iobench.results import ResultError, find_results, load_result
 
 
 def load_runs(paths: list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
@@ -106,6 +106,68 @@ def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
     return table
 
 
+def _save_png(fig: Any, path: Path) -> Path:
+    """Write a figure atomically (temporary name, then rename) and close it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
+    """Training accuracy (classification) or loss (regression) per epoch, one line per run.
+
+    Runs without a real model have no curve; a ResultError says so when none has one.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = []
+    for doc, label in zip(docs, unique_labels(docs), strict=True):
+        pts = [(e["epoch"] + 1, e["training"]) for e in doc["epochs"] if e.get("training")]
+        if pts:
+            curves.append((label, doc["compute"].get("task"), pts))
+    if not curves:
+        raise ResultError("no run trained a real model (compute kind `model`): no accuracy or "
+                          "loss curve to draw; drop --accuracy-plot")
+    fig, ax = plt.subplots(figsize=(7.0, 4.5))
+    metric = "accuracy" if all(t == "classification" for _, t, _ in curves) else "loss"
+    for i, (label, _, pts) in enumerate(curves):
+        ys = [float("nan") if t[metric] is None else t[metric] for _, t in pts]
+        ax.plot([e for e, _ in pts], ys, marker="o", label=f"{i + 1}: {label}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"training {metric} (all ranks)")
+    ax.set_title(f"Training {metric} per epoch")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    if metric == "accuracy":
+        from iobench.datasets import DATASETS
+
+        classes = {DATASETS[d["config"]["dataset"]].num_classes for d in docs
+                   if d["config"]["dataset"] in DATASETS and d["epochs"][0].get("training")}
+        for k in sorted(c for c in classes if c > 0):
+            ax.axhline(1 / k, color="grey", linestyle="--", linewidth=1)
+            ax.annotate(f"chance, {k} classes", (0.01, 1 / k), xycoords=("axes fraction", "data"),
+                        textcoords="offset points", xytext=(0, 3), fontsize=8, color="grey")
+        ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _save_png(fig, Path(path))
+
+
 def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
     """Bar chart of stall time (max over ranks) per epoch, grouped by epoch, one bar per run.
 
@@ -138,16 +200,4 @@ def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
-    finally:
-        plt.close(fig)
-    return path
+    return _save_png(fig, path)

@@ -71,3 +71,19 @@ def test_cli_plot_needs_png(two_runs, capsys) -> None:
     _, paths = two_runs
     assert cli("compare", str(paths[0]), "--plot", "out.pdf") != 0
     assert "ending in .png" in capsys.readouterr().err
+
+
+def test_accuracy_plot(two_runs, tmp_path: Path, capsys) -> None:
+    out, paths = two_runs
+    # the emulated runs have no model: a clear error, not an empty plot
+    assert cli("compare", str(paths[0]), "--accuracy-plot", str(tmp_path / "a.png")) != 0
+    assert "no run trained a real model" in capsys.readouterr().err
+    storage = tmp_path / "s"
+    make_npy_dataset(storage, n=128)
+    cfg = TrainConfig(loader="hdf5", storage=str(storage), epochs=3, batch_size=32, workers=0,
+                      model="cnn", results=str(tmp_path / "r"))
+    model_run = results.write_result(run(cfg, factory(), World()), tmp_path / "r")
+    png = tmp_path / "acc.png"
+    assert cli("compare", str(model_run), str(paths[0]), "--accuracy-plot", str(png)) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "train acc" in capsys.readouterr().out

@@ -16,17 +16,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="result .json files or directories of them (the first is the baseline)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw stall time per epoch, grouped by run, into this PNG")
+    p.add_argument("--accuracy-plot", default=None, metavar="FILE.png",
+                   help="also draw training accuracy (loss for regression) per epoch, per run")
 
 
 def main(args: argparse.Namespace) -> int:
     from iobench import compare
 
-    if args.plot is not None and not args.plot.lower().endswith(".png"):
-        raise ConfigError(f"--plot {args.plot}: give a file name ending in .png")
+    for opt, value in (("--plot", args.plot), ("--accuracy-plot", args.accuracy_plot)):
+        if value is not None and not value.lower().endswith(".png"):
+            raise ConfigError(f"{opt} {value}: give a file name ending in .png")
     runs = compare.load_runs(args.results)
     docs = [d for _, d in runs]
     compare.render_table(docs)
     if args.plot:
         path = compare.plot_stall(docs, args.plot)
         print(f"plot: {path}")
+    if args.accuracy_plot:
+        path = compare.plot_training(docs, args.accuracy_plot)
+        print(f"accuracy plot: {path}")
     return 0
