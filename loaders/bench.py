@@ -84,6 +84,9 @@ class BenchReadConfig:
             raise ConfigError(f"batch_size={self.batch_size} and epochs={self.epochs} must be >= 1")
         if self.dd_max_files < 1:
             raise ConfigError(f"dd_max_files={self.dd_max_files} must be >= 1")
+        LoaderConfig(batch_size=self.batch_size, worker_type=self.worker_type,  # validates
+                     block_size=self.block_size, shuffle_window=self.shuffle_window,
+                     seed=self.seed, device=self.device)
         if self.max_batches is not None and self.max_batches < 1:
             raise ConfigError(f"max_batches={self.max_batches} must be >= 1 (or None)")
 
