@@ -24,15 +24,18 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
     storage = tmp_path_factory.mktemp("mpi")
     out = {}
-    for fmt in ("hdf5", "lmdb"):
+    for fmt in ("hdf5", "netcdf", "lmdb", "files"):
         m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=storage,
                                             samples=42, samples_per_file=16, seed=3))
         out[fmt] = str(m.root)
     return out
 
 
-CASES = [("hdf5", "hdf5", 0), ("hdf5", "hdf5", 2), ("lmdb", "lmdb", 1),
+CASES = [("hdf5", "hdf5", 0), ("hdf5", "hdf5", 2), ("netcdf", "netcdf", 1), ("lmdb", "lmdb", 1),
+         ("files", "files", 1),
          pytest.param("dali", "hdf5", 1, marks=[pytest.mark.dali, pytest.mark.skipif(
+             not HAVE_DALI, reason="NVIDIA DALI not installed")]),
+         pytest.param("dali", "files", 1, marks=[pytest.mark.dali, pytest.mark.skipif(
              not HAVE_DALI, reason="NVIDIA DALI not installed")])]
 
 
