@@ -24,7 +24,7 @@ SCHEMA_VERSION = 1
 REQUIRED: tuple[str, ...] = ("schema", "schema_version", "run_id", "created", "kind", "config",
                              "world", "compute", "cache", "dataset", "provenance", "epochs",
                              "summary", "warnings")
-OPTIONAL: tuple[str, ...] = ("staging",)  # filled by `iobench train --stage-to`
+OPTIONAL: tuple[str, ...] = ("staging", "tier")  # --stage-to; an emulated pfs tier
 EPOCH_REQUIRED: tuple[str, ...] = ("epoch", "summary", "ranks", "cache", "training")
 RANK_REQUIRED: tuple[str, ...] = ("rank", "host", "steps", "samples", "batch_bytes", "wall_s",
                                   "stall_s", "compute_s", "first_batch_s", "stall_fraction", "au",

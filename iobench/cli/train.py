@@ -130,13 +130,18 @@ def _main(args: argparse.Namespace, world: Any) -> int:
                                                  progress=world.is_root and sys.stderr.isatty())
         scope = staging["shuffle_scope"] if staging else "global"
         out = _Output(world, config)
+        counters, tier = _emulated_tier(config)
+        if tier is not None and world.is_root:
+            out.console.print(f"[bold yellow]{tier['note']}[/] (profile "
+                              f"{tier['profile'].get('name')}, backing {tier['backing']})")
         doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m,
                                                                replace(c, scope=scope) if
                                                                staging else c, r, w), world,
                         progress=out.epoch, started=out.start, live=out.live,
-                        live_interval_s=out.live_interval_s)
+                        live_interval_s=out.live_interval_s, counters=counters)
         if doc is None:
             return 0
+        doc["tier"] = tier
         if staging:
             doc["staging"] = {**staging, "time_to_solution_s": staging["stage_s"]
                               + doc["summary"]["wall_s"]}
@@ -145,6 +150,31 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         return 0
     finally:
         distributed.destroy_process_group()
+
+
+def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
+    """Counters of the emulated parallel filesystem holding the dataset, if it is on one.
+
+    The kernel does not count FUSE reads (`os_read_bytes` is null there), so the
+    daemon's own counters (bytes served, requests, opens) become each epoch's
+    `tier_bytes`. They are per mount, so rank 0 reads its node's.
+    """
+    from iobench import pfs
+    from iobench.train import resolve_dataset
+
+    try:
+        root = resolve_dataset(config)
+    except IobenchError:
+        return None, None  # train.run reports a missing dataset on every rank
+    tier = pfs.is_emulated(root)
+    if tier is None:
+        return None, None
+
+    def counters() -> dict[str, float]:
+        doc = pfs.stats_for(root) or {}
+        return dict(doc.get("counters", {}))
+
+    return counters, tier
 
 
 class _Output:
