@@ -65,12 +65,11 @@ def willneed(fd: int, ranges: list[tuple[int, int]]) -> None:
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-_MADV_WILLNEED = 3
+_MADV_WILLNEED, _MADV_DONTNEED = 3, 4
 _madvise: Any = None
 
 
-def madvise_willneed(views: list[Any]) -> None:
-    """`madvise(MADV_WILLNEED)` the pages under each buffer (e.g. LMDB values in its map)."""
+def _advise_pages(views: list[Any], advice: int) -> None:
     global _madvise
     if _madvise is None:
         import ctypes
@@ -82,10 +81,43 @@ def madvise_willneed(views: list[Any]) -> None:
     for v in views:
         n = len(v)
         if n < _PAGE:
-            continue  # the lookup already faulted its page in
+            continue  # a small value's page came in with its lookup
         addr = np.frombuffer(v, dtype=np.uint8).ctypes.data
         start = addr - addr % _PAGE
-        _madvise(start, addr + n - start, _MADV_WILLNEED)  # advice only: errors are harmless
+        _madvise(start, addr + n - start, advice)  # advice only: errors are harmless
+
+
+def madvise_willneed(views: list[Any]) -> None:
+    """`madvise(MADV_WILLNEED)` the pages under each buffer (e.g. LMDB values in its map)."""
+    _advise_pages(views, _MADV_WILLNEED)
+
+
+def file_mappings(path: str | Path) -> list[tuple[int, int]]:
+    """(start, end) addresses of this process's shared mappings of `path` (/proc/self/maps)."""
+    target = os.path.realpath(path)
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].strip() == target and parts[1][3] == "s":
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                out.append((lo, hi))
+    return out
+
+
+def unmap_pages(ranges: list[tuple[int, int]]) -> None:
+    """`madvise(MADV_DONTNEED)` over shared file mappings found by `file_mappings` (only!).
+
+    The data stays in the page cache and is refaulted when touched again, but
+    pages no process maps can be evicted, so a cold-cache epoch can follow.
+    On private or anonymous memory DONTNEED would discard the contents: never
+    pass other ranges.
+    """
+    global _madvise
+    if _madvise is None:
+        _advise_pages([], _MADV_WILLNEED)  # loads libc's madvise
+    for lo, hi in ranges:
+        _madvise(lo, hi - lo, _MADV_DONTNEED)
 
 
 def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None) -> None:

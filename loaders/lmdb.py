@@ -6,7 +6,11 @@ version 1, flags, reserved, label bytes, payload bytes), label bytes, payload
 bytes. Environments are opened read-only, lock-free and without readahead
 (random access on shared filesystems), lazily, once per process (shared by its
 threads, closed before a fork); one read transaction per file per batch. Fixed-size payloads are copied once, straight
-from the memory map into the batch array.
+from the memory map into the batch array. A batch's value pages are requested
+together (`madvise(WILLNEED)`, readahead being off), and after each batch the
+process unmaps the file (`madvise(DONTNEED)` over its mapping; the pages stay
+in the page cache): pages a process maps cannot be evicted, and iobench
+evicts the dataset before every epoch.
 
 `payload_bytes`: the value bytes of each record (header, label, payload).
 """
@@ -21,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from iobench.loaders._reader import BatchReader, madvise_willneed, split_by_file
+from iobench.loaders._reader import (
+    BatchReader,
+    file_mappings,
+    madvise_willneed,
+    split_by_file,
+    unmap_pages,
+)
 from iobench.loaders._torch import TorchLoader
 
 HEADER = struct.Struct("<4sBBHII")
@@ -42,6 +52,7 @@ class _Environments:
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.envs: dict[str, Any] = {}  # path -> open environment
+        self.maps: dict[str, list[tuple[int, int]]] = {}  # path -> its mapping(s)
         self.users: dict[str, int] = {}  # path -> readers holding it
         self.active = 0  # read transactions in flight
 
@@ -56,6 +67,7 @@ class _Environments:
             if self.users[key] <= 0:
                 del self.users[key]
                 env = self.envs.pop(key, None)
+                self.maps.pop(key, None)
                 if env is not None:
                     env.close()
 
@@ -73,12 +85,18 @@ class _Environments:
                 except lmdb.Error as e:
                     raise reader.fail(path, "LMDB cannot open it", e) from None
                 self.envs[key] = env
+                self.maps[key] = file_mappings(key)
             self.active += 1
             return env
 
-    def end(self) -> None:
+    def end(self, path: Path) -> None:
+        """A read transaction on `path` ended: unmap its pages if no other is in flight."""
         with self.cond:
             self.active -= 1
+            if self.active == 0:
+                # pages a process maps cannot be evicted: let go of them (they stay in the
+                # page cache) so the next epoch can start cold with the environment open
+                unmap_pages(self.maps.get(str(path), []))
             self.cond.notify_all()
 
     def before_fork(self) -> None:
@@ -88,6 +106,7 @@ class _Environments:
         for env in self.envs.values():
             env.close()
         self.envs.clear()
+        self.maps.clear()
 
     def after_fork_parent(self) -> None:
         self.cond.release()
@@ -156,13 +175,14 @@ class LMDBReader(BatchReader):
                     raise self.fail(path, f"samples {missing[:5]} are missing")
                 # readahead is off (random access): ask for every value's pages at once,
                 # rather than one synchronous page fault at a time while copying
-                madvise_willneed([v for _, v in items])
-                for k, (_, value) in enumerate(items):
+                values = [v for _, v in items]
+                madvise_willneed(values)
+                for k, value in enumerate(values):
                     fn(k, value)
         except lmdb.Error as e:
             raise self.fail(path, "LMDB read failed", e) from None
         finally:
-            _ENVS.end()
+            _ENVS.end(path)
 
     def _header(self, path: Any, idx: int, value: Any) -> tuple[int, int]:
         if len(value) < HEADER.size:

@@ -528,3 +528,24 @@ def test_block_shuffle_prefetches_whole_blocks(tmp_path):
             resident[mode] = last
     assert resident["block"] >= block_bytes
     assert resident["block"] > resident["global"] + block_bytes // 2
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_lmdb_pages_can_be_evicted_between_epochs(tmp_path, workers):
+    """Mapped pages cannot be evicted: the LMDB reader unmaps them after each batch, so the
+    next epoch starts cold although its (persistent) workers keep the environment open."""
+    from iobench import cache
+    from iobench.generators import GenerateConfig, generate_dataset
+
+    m = generate_dataset(GenerateConfig(dataset="cifar10", format="lmdb", storage=tmp_path,
+                                        samples=600, samples_per_file=300, seed=SEED))
+    paths = [m.path_of(f) for f in m.data_files]
+    cache.evict(paths)
+    if cache.resident_fraction(paths) != 0.0:
+        pytest.skip("cannot evict or measure page-cache residency here (tmpfs, no rights)")
+    with make_loader("lmdb", m.root, cfg(workers=workers, batch_size=32)) as ld:
+        for epoch in range(2):
+            check_raw("cifar10", collect(ld, epoch), ld.indices(epoch))
+            assert cache.resident_fraction(paths) > 0.5  # it was read through the cache
+            cache.evict(paths)
+            assert cache.resident_fraction(paths) < 0.05
