@@ -7,7 +7,9 @@
 - files: DALI's own readers, `fn.readers.file` (+ `fn.decoders.image`) for
   JPEG/PNG trees and `fn.readers.numpy` for `.npy`, given this rank's file
   list for the epoch in order (the pipeline is rebuilt each epoch, since the
-  readers take their file list when built).
+  readers take their file list when built). They read with plain reads
+  (`dont_use_mmap`): mapped pages could not be evicted between epochs, and
+  mmap is slow on parallel filesystems.
 
 `workers` sets DALI's Python workers and CPU threads; `worker_type` does not
 apply (DALI's workers are always processes). `prefetch` is DALI's
@@ -239,10 +241,10 @@ class DaliLoader(Loader):
         with pipe:
             if self.ext == "npy":
                 x = fn.readers.numpy(file_root=str(m.root), files=rel, random_shuffle=False,
-                                     pad_last_batch=True, name="reader")
+                                     pad_last_batch=True, dont_use_mmap=True, name="reader")
             else:
                 x, _ = fn.readers.file(file_root=str(m.root), files=rel, random_shuffle=False,
-                                       pad_last_batch=True, name="reader")
+                                       pad_last_batch=True, dont_use_mmap=True, name="reader")
                 if not self.jpeg:  # PNG is lossless storage: decode to the stored array
                     x = fn.decoders.image(x, device="cpu", output_type=self._dali.types.RGB)
             aug = None
