@@ -31,7 +31,39 @@ def run_label(doc: dict[str, Any]) -> str:
     what = {"model": comp.get("model"), "emulated": f"emulated {comp.get('compute_time_s')} s",
             "none": "ingest only"}[comp["kind"]]
     where = c["storage"] + (f" ({fs})" if fs else "")
+    if doc.get("tier"):
+        where += f" [EMULATED pfs, {doc['tier']['profile'].get('name')}]"
+    if doc.get("staging"):
+        src = doc["staging"].get("from")
+        where += f" [staged from {src.get('root') if isinstance(src, dict) else src}]"
     return f"{c['loader']} @ {where}, {what}"
+
+
+def break_even(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each staged run, the staging cost against run 1 (in place), per METRICS.md.
+
+    `break_even_epochs` = stage_s / (mean epoch wall of run 1 - mean epoch wall
+    of the staged run); None (never pays) when staging does not make epochs faster.
+    """
+    if not docs:
+        return []
+    def mean_wall(d: dict[str, Any]) -> float:
+        walls = [e["summary"]["wall_s"] for e in d["epochs"]]
+        return sum(walls) / len(walls) if walls else float("nan")
+
+    slow = mean_wall(docs[0])
+    out = []
+    for i, d in enumerate(docs):
+        st = d.get("staging")
+        if not st or i == 0:
+            continue
+        fast = mean_wall(d)
+        saved = slow - fast
+        out.append({"run": i, "stage_s": st["stage_s"], "stage_bytes": st["stage_bytes"],
+                    "stage_MBps": st.get("stage_MBps"), "epoch_wall_in_place_s": slow,
+                    "epoch_wall_staged_s": fast,
+                    "break_even_epochs": st["stage_s"] / saved if saved > 0 else None})
+    return out
 
 
 def unique_labels(docs: list[dict[str, Any]]) -> list[str]:
@@ -82,6 +114,7 @@ def _fmt(v: Any, spec: str) -> str:
 def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
     """Print (and return) the side-by-side rich table."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -101,8 +134,19 @@ def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
     console.print(table)
     for i, (doc, label) in enumerate(zip(docs, unique_labels(docs), strict=True)):
         warn = f"  [bold red]{len(doc['warnings'])} warning(s)[/]" if doc["warnings"] else ""
-        console.print(f"run {i + 1}: {label}; cache {doc['cache']['mode']}; "
+        console.print(f"run {i + 1}: {escape(label)}; cache {doc['cache']['mode']}; "
                       f"{doc['world']['size']} rank(s); {doc['run_id']}{warn}")
+    for b in break_even(docs):
+        when = (f"pays for itself after {b['break_even_epochs']:.1f} epochs"
+                if b["break_even_epochs"] is not None else "never pays for itself")
+        console.print(f"staging (run {b['run'] + 1}): {b['stage_bytes'] / 1e6:.1f} MB in "
+                      f"{b['stage_s']:.2f} s; mean epoch {b['epoch_wall_staged_s']:.2f} s vs "
+                      f"{b['epoch_wall_in_place_s']:.2f} s in place (run 1): {when} "
+                      "(break_even_epochs = stage_s / epoch time saved)")
+    if any(d.get("tier") for d in docs):
+        from iobench.pfs.stats import NOTE
+
+        console.print(f"[yellow]{NOTE}[/]")
     return table
 
 

@@ -1,47 +1,62 @@
 #!/usr/bin/env bash
-# `make demo`: the iobench quick start (about 2-3 minutes on 2 cores).
+# `make demo`: the iobench quick start (a few minutes on 2 cores).
 #
-#   1. generate a small cifar10 dataset (HDF5) once, on storage location A;
-#   2. stage (copy) it to storage location B;
-#   3. train 3 epochs from each location: real model, cold page cache;
-#   4. compare the two runs: stall time per epoch, table and plot.
+#   1. generate a small cifar10 dataset (HDF5) once on the local disk;
+#   2. serve it through an EMULATED parallel filesystem ("pfs": FUSE with
+#      Lustre-like metadata latency, request latency and a bandwidth cap),
+#      when FUSE is usable here (root and /dev/fuse); otherwise say so and
+#      use a plain local directory in its place;
+#   3. train 3 epochs from "pfs" in place (real model, cold cache);
+#   4. train again with --stage-to: copy to a local "nvme" directory first
+#      (iobench stage, checksummed), then train from the copy;
+#   5. compare stall time per epoch, with the break-even of staging.
 #
-# Both locations are local directories on this machine; on a cluster, make A
-# the parallel filesystem (Lustre/GPFS) and B the node-local NVMe:
-#   DEMO_A=/lustre/$USER/iobench DEMO_B=/local/nvme/$USER bash scripts/demo.sh
+# On a cluster, point it at the real tiers instead of the emulation:
+#   DEMO_PFS=/lustre/$USER/iobench DEMO_NVME=/tmp/nvme bash scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
-WORK="${DEMO_WORK:-demo-work}"
-A="${DEMO_A:-$WORK/storage-a}"   # e.g. the parallel filesystem
-B="${DEMO_B:-$WORK/storage-b}"   # e.g. node-local NVMe
-SAMPLES="${DEMO_SAMPLES:-4096}"
+WORK="${DEMO_WORK:-$PWD/demo-work}"
+SAMPLES="${DEMO_SAMPLES:-8192}"
 EPOCHS="${DEMO_EPOCHS:-3}"
+PROFILE="${DEMO_PROFILE:-lustre-busy}"
 RESULTS="$WORK/results"
+NVME="${DEMO_NVME:-$WORK/nvme}"
 COMMON=(--loader hdf5 --dataset cifar10 --model cnn --epochs "$EPOCHS" --batch-size 64
         --workers 1 --results "$RESULTS")
-
 mkdir -p "$WORK"
-iobench info "$WORK"
+rm -rf "$RESULTS" "$NVME"
 
-if [ ! -f "$A/cifar10-hdf5/iobench.json" ]; then
-    echo "== generating $SAMPLES cifar10 samples (HDF5) in $A"
-    iobench generate --dataset cifar10 --format hdf5 --samples "$SAMPLES" --storage "$A"
+if [ -n "${DEMO_PFS:-}" ]; then
+    PFS="$DEMO_PFS"
+    [ -f "$PFS/cifar10-hdf5/iobench.json" ] ||
+        iobench generate --dataset cifar10 --format hdf5 --samples "$SAMPLES" --storage "$PFS"
+else
+    BACKING="$WORK/pfs-backing"
+    echo "== generating $SAMPLES cifar10 samples (HDF5) on the local disk: $BACKING"
+    iobench generate --dataset cifar10 --format hdf5 --samples "$SAMPLES" --storage "$BACKING"
+    if why=$(iobench emulate-pfs --check 2>&1); then
+        PFS="$WORK/pfs"
+        mkdir -p "$PFS"
+        iobench emulate-pfs --unmount "$PFS" >/dev/null 2>&1 || true   # a leftover from a killed demo
+        echo "== serving it through an emulated parallel filesystem ($PROFILE) at $PFS"
+        iobench emulate-pfs --backing "$BACKING" --mount "$PFS" --profile "$PROFILE"
+        trap 'iobench emulate-pfs --unmount "$PFS" >/dev/null 2>&1 || iobench emulate-pfs --unmount "$PFS" --lazy >/dev/null 2>&1 || true' EXIT
+    else
+        echo "== no emulated parallel filesystem here ($why); comparing two local directories instead"
+        PFS="$BACKING"
+    fi
 fi
-if [ ! -f "$B/cifar10-hdf5/iobench.json" ]; then
-    echo "== staging the dataset from $A to $B"
-    iobench stage --dataset cifar10 --format hdf5 --from "$A" --to "$B" \
-        --results "$WORK/staging"
-fi
 
-echo "== training from $A (cold cache every epoch)"
-iobench train --storage "$A" "${COMMON[@]}"
-first=$(ls -t "$RESULTS"/*.json | head -1)
-echo "== training from $B (cold cache every epoch)"
-iobench train --storage "$B" "${COMMON[@]}"
-second=$(ls -t "$RESULTS"/*.json | head -1)
+iobench info "$PFS"
 
-echo "== comparison (run 1 = $A, run 2 = $B)"
-iobench compare "$first" "$second" --plot "$WORK/stall.png"
+echo "== 1. training in place from $PFS (cold cache every epoch)"
+iobench train --storage "$PFS" "${COMMON[@]}"
+echo "== 2. staging to $NVME (iobench stage), then training from the copy"
+iobench train --storage "$PFS" --stage-to "$NVME" "${COMMON[@]}"
+
+echo "== comparison: stall time per epoch (run 1: in place on $PFS; run 2: staged to $NVME)"
+mapfile -t runs < <(ls -tr "$RESULTS"/*.json)
+iobench compare "${runs[@]}" --plot "$WORK/stall.png"

@@ -87,3 +87,18 @@ def test_accuracy_plot(two_runs, tmp_path: Path, capsys) -> None:
     assert cli("compare", str(model_run), str(paths[0]), "--accuracy-plot", str(png)) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "train acc" in capsys.readouterr().out
+
+
+def test_break_even_of_staging_follows_metrics():
+    from iobench.compare import break_even
+
+    def doc(walls, staging=None):
+        return {"epochs": [{"summary": {"wall_s": w}} for w in walls], "staging": staging}
+
+    in_place = doc([10.0, 12.0])  # mean epoch 11 s
+    staged = doc([6.0, 6.0], {"stage_s": 15.0, "stage_bytes": 10**9, "stage_MBps": 66.7})
+    slower = doc([12.0, 12.0], {"stage_s": 1.0, "stage_bytes": 1, "stage_MBps": 1.0})
+    rows = break_even([in_place, staged, slower])
+    assert [r["run"] for r in rows] == [1, 2]
+    assert rows[0]["break_even_epochs"] == 15.0 / (11.0 - 6.0)
+    assert rows[1]["break_even_epochs"] is None  # staging never pays
