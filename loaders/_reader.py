@@ -266,6 +266,9 @@ class BatchReader(ABC):
                             f"{self.format} file written by iobench: regenerate or re-stage it")
 
 
+BLOCK_PREFETCH_MAX = 64 << 20  # bytes: larger blocks are prefetched sample by sample
+
+
 def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np.ndarray
                  ) -> None:
     """Prefetch every run of a batch at once, for readers whose open-file entries give
@@ -274,7 +277,8 @@ def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np
 
     With `reader.prefetch_block = K` (set for `shuffle="block"`), whole blocks of K
     samples around each index are prefetched: the block shuffle reads each block
-    completely within a few batches, so one large request replaces many small ones.
+    completely within a few batches, so one large request replaces many small ones
+    (blocks over BLOCK_PREFETCH_MAX bytes are not: their samples are large already).
     """
     block = getattr(reader, "prefetch_block", None)
     for pos, s, e in groups:
@@ -290,13 +294,22 @@ def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np
                         strict=True)
         else:
             spans = ((int(local[a]), int(local[b - 1]) + 1) for a, b in contiguous_runs(local))
-        base, item = f["base"], f["item"]
-        if reader.kind == "jpeg":
-            off = f["offsets"]
-            ranges = [(base + int(off[lo]), int(off[hi] - off[lo])) for lo, hi in spans]
-        else:
-            ranges = [(base + lo * item, (hi - lo) * item) for lo, hi in spans]
+        ranges = _byte_ranges(f, reader.kind, spans)
+        if block and max((n for _, n in ranges), default=0) > BLOCK_PREFETCH_MAX:
+            # blocks of big samples: a block would flood the page cache; the samples
+            # themselves are large requests already
+            ranges = _byte_ranges(f, reader.kind, ((int(local[a]), int(local[b - 1]) + 1)
+                                                    for a, b in contiguous_runs(local)))
         willneed(f["fd"], ranges)
+
+
+def _byte_ranges(f: dict[str, Any], kind: str, spans: Any) -> list[tuple[int, int]]:
+    """File byte ranges (offset, length) of file-local sample spans [lo, hi)."""
+    base, item = f["base"], f["item"]
+    if kind == "jpeg":
+        off = f["offsets"]
+        return [(base + int(off[lo]), int(off[hi] - off[lo])) for lo, hi in spans]
+    return [(base + lo * item, (hi - lo) * item) for lo, hi in spans]
 
 
 def split_by_file(reader: BatchReader, sorted_idx: np.ndarray
