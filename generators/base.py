@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from iobench.datasets import DatasetSpec
+from iobench.errors import ConfigError
 from iobench.manifest import FileEntry
 
 
@@ -31,8 +35,16 @@ class Writer(ABC):
     """Writes and checks one on-disk format (layouts: docs/design.md)."""
 
     format: ClassVar[str]
+    compressions: ClassVar[tuple[str, ...]] = ("none",)
+    compression_hint: ClassVar[str] = "use --compression none"
 
     def __init__(self, spec: DatasetSpec, seed: int, compression: str = "none") -> None:
+        if compression not in self.compressions:
+            raise ConfigError(f"--compression {compression!r} is not available for the "
+                              f"{self.format} format; {self.compression_hint}")
+        if compression != "none" and spec.sample_kind == "jpeg":
+            raise ConfigError(f"--compression {compression} on {spec.name}: JPEG bytes are "
+                              "already compressed; use --compression none")
         self.spec, self.seed, self.compression = spec, seed, compression
 
     @abstractmethod
@@ -77,6 +89,25 @@ def entry_for(root: Path, rel: str, first: int, count: int, role: str = "data") 
 def tmp_path_for(final: Path) -> Path:
     """Temporary name in the same directory (so the rename is atomic)."""
     return final.with_name(f".{final.name}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_file(final: Path) -> Iterator[Path]:
+    """Yield a temporary path to write; on success fsync it and rename it to `final`.
+
+    On any failure (out of space included) the temporary file is removed, so
+    a dataset never holds a half-written file under its final name.
+    """
+    tmp = tmp_path_for(final)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        for p in (tmp, Path(f"{tmp}-lock")):
+            if p.exists():
+                p.unlink()
 
 
 def container_plan(num_samples: int, samples_per_file: int, suffix: str) -> list[Task]:

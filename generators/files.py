@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 
-from iobench.errors import ConfigError, DatasetError
-from iobench.generators.base import Task, Writer, entry_for, tmp_path_for
+from iobench.errors import DatasetError
+from iobench.generators.base import Task, Writer, atomic_file, entry_for
 from iobench.generators.synth import labels_array, make_label, make_sample
 from iobench.manifest import FileEntry
 
@@ -27,11 +26,7 @@ LABELS = "labels.npy"
 class FilesWriter(Writer):
     format = "files"
 
-    def __init__(self, spec, seed, compression="none"):
-        super().__init__(spec, seed, compression)
-        if compression != "none":
-            raise ConfigError(f"--compression {compression!r}: per-sample files are stored as "
-                              "JPEG/PNG/.npy; use --compression none")
+    compression_hint = "per-sample files are stored as JPEG/PNG/.npy; use --compression none"
 
     def sample_path(self, index: int) -> str:
         ext = self.spec.files_extension
@@ -69,18 +64,10 @@ class FilesWriter(Writer):
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         if task.count == 0:  # the labels file
-            n = self._num_samples
-            final = root / LABELS
-            tmp = tmp_path_for(final)
-            try:
-                with open(tmp, "wb") as f:
-                    np.save(f, labels_array(self.spec, self.seed, 0, n), allow_pickle=False)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, final)
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
+            with atomic_file(root / LABELS) as tmp, open(tmp, "wb") as f:
+                # a file object: given a path, np.save would append ".npy" to the temporary name
+                np.save(f, labels_array(self.spec, self.seed, 0, self._num_samples),
+                        allow_pickle=False)
             return [entry_for(root, LABELS, -1, 0, role="labels")]
         entries = []
         for rel, i in zip(task.files, range(task.first, task.first + task.count), strict=True):
@@ -88,16 +75,8 @@ class FilesWriter(Writer):
             data = self._encode(payload)
             final = root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = tmp_path_for(final)
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, final)
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
+            with atomic_file(final) as tmp:
+                tmp.write_bytes(data)
             entries.append(FileEntry(path=rel, bytes=len(data),
                                      sha256=hashlib.sha256(data).hexdigest(),
                                      first_sample=i, num_samples=1))

@@ -8,13 +8,12 @@ Object timestamps are off, so the same seed gives byte-identical files.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
-from iobench.errors import ConfigError, DatasetError
-from iobench.generators.base import Task, Writer, container_plan, entry_for, tmp_path_for
+from iobench.errors import DatasetError
+from iobench.generators.base import Task, Writer, atomic_file, container_plan, entry_for
 from iobench.generators.synth import make_sample
 from iobench.manifest import FileEntry
 
@@ -42,15 +41,7 @@ def build_arrays(spec, seed: int, first: int, count: int):
 class HDF5Writer(Writer):
     format = "hdf5"
     suffix = ".h5"
-
-    def __init__(self, spec, seed, compression="none"):
-        super().__init__(spec, seed, compression)
-        if compression not in _FILTERS:
-            raise ConfigError(f"--compression {compression!r} is not available for HDF5; "
-                              f"choose one of: {', '.join(_FILTERS)}")
-        if compression != "none" and spec.sample_kind == "jpeg":
-            raise ConfigError(f"--compression {compression} on {spec.name}: JPEG bytes are "
-                              "already compressed; use --compression none")
+    compressions = tuple(_FILTERS)
 
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
         return container_plan(num_samples, samples_per_file, self.suffix)
@@ -61,29 +52,21 @@ class HDF5Writer(Writer):
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import h5py
 
-        final = root / task.files[0]
-        tmp = tmp_path_for(final)
         payload, labels = build_arrays(self.spec, self.seed, task.first, task.count)
-        try:
-            with h5py.File(tmp, "w", track_order=False, locking=False) as f:
-                if self.spec.sample_kind == "jpeg":
-                    blob, offsets = payload
-                    f.create_dataset("jpeg", data=blob, track_times=False)
-                    f.create_dataset("offsets", data=offsets, track_times=False)
-                else:
-                    kw = _FILTERS[self.compression]
-                    chunks = (1, *self.spec.sample_shape) if kw else None
-                    f.create_dataset("samples", data=payload, chunks=chunks,
-                                     track_times=False, **kw)
-                f.create_dataset("labels", data=labels, track_times=False)
-                f.attrs["first_sample"] = np.int64(task.first)
-                f.attrs["dataset"] = self.spec.name
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        with atomic_file(root / task.files[0]) as tmp, \
+                h5py.File(tmp, "w", track_order=False, locking=False) as f:
+            if self.spec.sample_kind == "jpeg":
+                blob, offsets = payload
+                f.create_dataset("jpeg", data=blob, track_times=False)
+                f.create_dataset("offsets", data=offsets, track_times=False)
+            else:
+                kw = _FILTERS[self.compression]
+                chunks = (1, *self.spec.sample_shape) if kw else None
+                f.create_dataset("samples", data=payload, chunks=chunks,
+                                 track_times=False, **kw)
+            f.create_dataset("labels", data=labels, track_times=False)
+            f.attrs["first_sample"] = np.int64(task.first)
+            f.attrs["dataset"] = self.spec.name
         return [entry_for(root, task.files[0], task.first, task.count)]
 
     def check(self, path: Path, entry: FileEntry) -> None:

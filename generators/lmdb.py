@@ -15,14 +15,13 @@ Shapes and dtypes are in the manifest. Keys are written in order with
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from iobench.errors import ConfigError, DatasetError
-from iobench.generators.base import Task, Writer, container_plan, entry_for, tmp_path_for
+from iobench.errors import DatasetError
+from iobench.generators.base import Task, Writer, atomic_file, container_plan, entry_for
 from iobench.generators.synth import make_sample
 from iobench.manifest import FileEntry
 
@@ -46,11 +45,7 @@ class LMDBWriter(Writer):
     format = "lmdb"
     suffix = ".lmdb"
 
-    def __init__(self, spec, seed, compression="none"):
-        super().__init__(spec, seed, compression)
-        if compression != "none":
-            raise ConfigError(f"--compression {compression!r}: LMDB stores values as they are; "
-                              "use --compression none (or hdf5/netcdf for compression)")
+    compression_hint = "LMDB stores values as they are; use --compression none (or hdf5/netcdf)"
 
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
         return container_plan(num_samples, samples_per_file, self.suffix)
@@ -63,12 +58,10 @@ class LMDBWriter(Writer):
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import lmdb
 
-        final = root / task.files[0]
-        tmp = tmp_path_for(final)
         per = self.spec.sample_nbytes or 600_000  # JPEGs: a generous upper bound
         map_size = (per + 4096 + 64) * task.count * 2 + (64 << 20)
         ldt = np.dtype(self.spec.label_dtype)
-        try:
+        with atomic_file(root / task.files[0]) as tmp:
             env = lmdb.open(str(tmp), subdir=False, map_size=map_size, lock=False,
                             readahead=False, meminit=True, sync=True, metasync=True)
             try:
@@ -80,11 +73,6 @@ class LMDBWriter(Writer):
                 env.sync(True)
             finally:
                 env.close()
-            os.replace(tmp, final)
-        finally:
-            for p in (tmp, Path(f"{tmp}-lock")):
-                if p.exists():
-                    p.unlink()
         return [entry_for(root, task.files[0], task.first, task.count)]
 
     def check(self, path: Path, entry: FileEntry) -> None:

@@ -8,11 +8,10 @@ lzf filter, so lzf is refused with the alternatives named.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from iobench.errors import ConfigError, DatasetError
-from iobench.generators.base import Task, Writer, container_plan, entry_for, tmp_path_for
+from iobench.errors import DatasetError
+from iobench.generators.base import Task, Writer, atomic_file, container_plan, entry_for
 from iobench.generators.hdf5 import build_arrays
 from iobench.manifest import FileEntry
 
@@ -23,15 +22,8 @@ class NetCDFWriter(Writer):
     format = "netcdf"
     suffix = ".nc"
 
-    def __init__(self, spec, seed, compression="none"):
-        super().__init__(spec, seed, compression)
-        if compression not in COMPRESSIONS:
-            raise ConfigError(f"--compression {compression!r} is not available for NetCDF-4 "
-                              f"(netCDF-C has no such filter); choose one of: "
-                              f"{', '.join(COMPRESSIONS)}")
-        if compression != "none" and spec.sample_kind == "jpeg":
-            raise ConfigError(f"--compression {compression} on {spec.name}: JPEG bytes are "
-                              "already compressed; use --compression none")
+    compressions = COMPRESSIONS
+    compression_hint = f"netCDF-C has no such filter; choose one of: {', '.join(COMPRESSIONS)}"
 
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
         return container_plan(num_samples, samples_per_file, self.suffix)
@@ -42,45 +34,37 @@ class NetCDFWriter(Writer):
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import netCDF4
 
-        final = root / task.files[0]
-        tmp = tmp_path_for(final)
         payload, labels = build_arrays(self.spec, self.seed, task.first, task.count)
-        try:
-            with netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
-                ds.createDimension("sample", task.count)
-                if self.spec.sample_kind == "jpeg":
-                    blob, offsets = payload
-                    ds.createDimension("byte", len(blob))
-                    ds.createDimension("sample_plus_one", task.count + 1)
-                    ds.createVariable("jpeg", "u1", ("byte",), contiguous=True)[:] = blob
-                    ds.createVariable("offsets", "i8", ("sample_plus_one",),
-                                      contiguous=True)[:] = offsets
-                else:
-                    dims = ["sample"]
-                    for i, n in enumerate(self.spec.sample_shape):
-                        ds.createDimension(f"d{i}", n)
-                        dims.append(f"d{i}")
-                    kw = ({"contiguous": True} if self.compression == "none" else
-                          {"zlib": True, "complevel": 4,
-                           "chunksizes": (1, *self.spec.sample_shape)})
-                    v = ds.createVariable("samples", self.spec.sample_dtype, tuple(dims), **kw)
-                    v.set_auto_maskandscale(False)
-                    v[:] = payload
-                ldims = ("sample",)
-                if self.spec.label_shape:
-                    ds.createDimension("param", self.spec.label_shape[0])
-                    ldims = ("sample", "param")
-                lv = ds.createVariable("labels", self.spec.label_dtype, ldims, contiguous=True)
-                lv.set_auto_maskandscale(False)
-                lv[:] = labels
-                ds.setncattr("dataset", self.spec.name)
-                ds.setncattr("first_sample", task.first)
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        with atomic_file(root / task.files[0]) as tmp, \
+                netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
+            ds.createDimension("sample", task.count)
+            if self.spec.sample_kind == "jpeg":
+                blob, offsets = payload
+                ds.createDimension("byte", len(blob))
+                ds.createDimension("sample_plus_one", task.count + 1)
+                ds.createVariable("jpeg", "u1", ("byte",), contiguous=True)[:] = blob
+                ds.createVariable("offsets", "i8", ("sample_plus_one",),
+                                  contiguous=True)[:] = offsets
+            else:
+                dims = ["sample"]
+                for i, n in enumerate(self.spec.sample_shape):
+                    ds.createDimension(f"d{i}", n)
+                    dims.append(f"d{i}")
+                kw = ({"contiguous": True} if self.compression == "none" else
+                      {"zlib": True, "complevel": 4,
+                       "chunksizes": (1, *self.spec.sample_shape)})
+                v = ds.createVariable("samples", self.spec.sample_dtype, tuple(dims), **kw)
+                v.set_auto_maskandscale(False)
+                v[:] = payload
+            ldims = ("sample",)
+            if self.spec.label_shape:
+                ds.createDimension("param", self.spec.label_shape[0])
+                ldims = ("sample", "param")
+            lv = ds.createVariable("labels", self.spec.label_dtype, ldims, contiguous=True)
+            lv.set_auto_maskandscale(False)
+            lv[:] = labels
+            ds.setncattr("dataset", self.spec.name)
+            ds.setncattr("first_sample", task.first)
         return [entry_for(root, task.files[0], task.first, task.count)]
 
     def check(self, path: Path, entry: FileEntry) -> None:
