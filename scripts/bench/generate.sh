@@ -9,7 +9,7 @@
 # IOBENCH_BENCH_COSMOFLOW (32) samples.
 set -euo pipefail
 work=${1:-/tmp/iobench-bench-generate}
-jobs=${2:-$(nproc)}
+jobs=${2:-$(getconf _NPROCESSORS_ONLN)}
 cifar=${IOBENCH_BENCH_CIFAR:-20000}
 imagenet=${IOBENCH_BENCH_IMAGENET:-1000}
 cosmo=${IOBENCH_BENCH_COSMOFLOW:-32}
@@ -24,7 +24,7 @@ dd_write() {  # MB/s of a 1 GiB O_DIRECT sequential write to the work directory
     | sed -E 's/.*, ([0-9.]+) ([GM])B\/s.*/\1 \2/' | awk '{print ($2=="G") ? $1*1000 : $1}'
 }
 
-echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  host: $(hostname)  cores: $(nproc)  jobs: $jobs"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  host: $(hostname)  cores: $(getconf _NPROCESSORS_ONLN)  jobs: $jobs"
 echo "disk: $(findmnt -no SOURCE,FSTYPE --target "$work")"
 before=$(dd_write)
 echo
