@@ -130,7 +130,7 @@ _SCALED = (f"scaled down: a real client gets 1-10+ GB/s; the emulator keeps the 
            f"Python FUSE daemon's ceiling (~{DAEMON_CEILING_MBPS:g} MB/s on 2 cores) so the "
            "profile, not the daemon, limits reads; ratios between profiles are what matter")
 
-# name -> profile. Adding a profile is one entry here (and a line in docs/results-parts/pfs.md).
+# name -> profile. Adding a profile is one entry here (and a line in docs/pfs.md).
 PROFILES: dict[str, Profile] = {
     "lustre-light": Profile(
         name="lustre-light",
