@@ -110,9 +110,17 @@ def atomic_file(final: Path) -> Iterator[Path]:
                 p.unlink()
 
 
-def container_plan(num_samples: int, samples_per_file: int, suffix: str) -> list[Task]:
-    tasks = []
-    for k, first in enumerate(range(0, num_samples, samples_per_file)):
-        count = min(samples_per_file, num_samples - first)
-        tasks.append(Task(id=k, first=first, count=count, files=(part_name(k, suffix),)))
-    return tasks
+class ContainerWriter(Writer):
+    """A format that packs `samples_per_file` samples into each `part-NNNNN<suffix>` file."""
+
+    suffix: ClassVar[str]
+
+    def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
+        tasks = []
+        for k, first in enumerate(range(0, num_samples, samples_per_file)):
+            count = min(samples_per_file, num_samples - first)
+            tasks.append(Task(id=k, first=first, count=count, files=(part_name(k, self.suffix),)))
+        return tasks
+
+    def layout(self, samples_per_file: int) -> dict[str, object]:
+        return {**super().layout(samples_per_file), "chunked": self.compression != "none"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import Task, Writer, atomic_file, container_plan, entry_for
+from iobench.generators.base import ContainerWriter, Task, atomic_file, entry_for
 from iobench.generators.synth import make_sample
 from iobench.manifest import FileEntry
 
@@ -38,16 +38,10 @@ def build_arrays(spec, seed: int, first: int, count: int):
     return samples, labels
 
 
-class HDF5Writer(Writer):
+class HDF5Writer(ContainerWriter):
     format = "hdf5"
     suffix = ".h5"
     compressions = tuple(_FILTERS)
-
-    def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
-        return container_plan(num_samples, samples_per_file, self.suffix)
-
-    def layout(self, samples_per_file: int) -> dict[str, object]:
-        return {**super().layout(samples_per_file), "chunked": self.compression != "none"}
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import h5py

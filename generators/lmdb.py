@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import Task, Writer, atomic_file, container_plan, entry_for
+from iobench.generators.base import ContainerWriter, Task, atomic_file, entry_for
 from iobench.generators.synth import make_sample
 from iobench.manifest import FileEntry
 
@@ -41,14 +41,11 @@ def encode_record(label: np.ndarray, payload: bytes | np.ndarray) -> bytes:
     return HEADER.pack(MAGIC, VERSION, 0, 0, len(lb), len(pb)) + lb + pb
 
 
-class LMDBWriter(Writer):
+class LMDBWriter(ContainerWriter):
     format = "lmdb"
     suffix = ".lmdb"
 
     compression_hint = "LMDB stores values as they are; use --compression none (or hdf5/netcdf)"
-
-    def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
-        return container_plan(num_samples, samples_per_file, self.suffix)
 
     def layout(self, samples_per_file: int) -> dict[str, object]:
         return {**super().layout(samples_per_file), "key": ">u8 sample index",

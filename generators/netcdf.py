@@ -11,25 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from iobench.errors import DatasetError
-from iobench.generators.base import Task, Writer, atomic_file, container_plan, entry_for
+from iobench.generators.base import ContainerWriter, Task, atomic_file, entry_for
 from iobench.generators.hdf5 import build_arrays
 from iobench.manifest import FileEntry
 
 COMPRESSIONS = ("none", "gzip")
 
 
-class NetCDFWriter(Writer):
+class NetCDFWriter(ContainerWriter):
     format = "netcdf"
     suffix = ".nc"
 
     compressions = COMPRESSIONS
     compression_hint = f"netCDF-C has no such filter; choose one of: {', '.join(COMPRESSIONS)}"
-
-    def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
-        return container_plan(num_samples, samples_per_file, self.suffix)
-
-    def layout(self, samples_per_file: int) -> dict[str, object]:
-        return {**super().layout(samples_per_file), "chunked": self.compression != "none"}
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import netCDF4
