@@ -303,6 +303,47 @@ def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np
         willneed(f["fd"], ranges)
 
 
+def file_groups(reader: Any, sorted_idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, dict[str, Any], np.ndarray]]]:
+    """Split a sorted batch by data file and prefetch all of it at once.
+
+    For readers whose open-file entries hold `labels` and `stored` arrays (HDF5,
+    NetCDF). Returns the batch's labels, its stored bytes per sample, and per file
+    touched: (file position, start, stop, open entry, file-local sorted indices).
+    """
+    labels = np.empty((len(sorted_idx), *reader.label_shape), dtype=reader.label_dtype)
+    stored = np.empty(len(sorted_idx), dtype=np.int64)
+    groups = split_by_file(reader, sorted_idx)
+    advise_batch(reader, groups, sorted_idx)
+    out = []
+    for pos, s, e in groups:
+        f = reader._open(pos)
+        local = sorted_idx[s:e] - reader.starts[pos]
+        labels[s:e] = f["labels"][local]
+        stored[s:e] = f["stored"][local]
+        out.append((pos, s, e, f, local))
+    return labels, stored, out
+
+
+def read_jpeg_runs(reader: Any, sorted_idx: np.ndarray,
+                   read_span: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """JPEG bytes of a sorted batch, one read per contiguous run of samples.
+
+    `read_span(pos, entry, lo, hi)` returns bytes [lo, hi) of the file's `jpeg`
+    array; the samples are memoryview slices of it (no copy).
+    """
+    labels, stored, groups = file_groups(reader, sorted_idx)
+    parts: list[Any] = []
+    for pos, _s, _e, f, local in groups:
+        off = f["offsets"]
+        for a, b in contiguous_runs(local):
+            lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
+            mv = memoryview(read_span(pos, f, lo, hi))
+            rel = off[local[a]:local[b - 1] + 2] - lo
+            parts.extend(mv[int(rel[k]):int(rel[k + 1])] for k in range(b - a))
+    return parts, labels, stored
+
+
 def _byte_ranges(f: dict[str, Any], kind: str, spans: Any) -> list[tuple[int, int]]:
     """File byte ranges (offset, length) of file-local sample spans [lo, hi)."""
     base, item = f["base"], f["item"]

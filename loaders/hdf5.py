@@ -27,9 +27,9 @@ import numpy as np
 
 from iobench.loaders._reader import (
     BatchReader,
-    advise_batch,
     contiguous_runs,
-    split_by_file,
+    file_groups,
+    read_jpeg_runs,
 )
 from iobench.loaders._torch import TorchLoader
 
@@ -122,15 +122,8 @@ class HDF5Reader(BatchReader):
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
-        stored = np.empty(len(sorted_idx), dtype=np.int64)
-        groups = split_by_file(self, sorted_idx)
-        advise_batch(self, groups, sorted_idx)
-        for pos, s, e in groups:
-            f = self._open(pos)
-            local = sorted_idx[s:e] - self.starts[pos]
-            labels[s:e] = f["labels"][local]
-            stored[s:e] = f["stored"][local]
+        labels, stored, groups = file_groups(self, sorted_idx)
+        for pos, s, e, f, local in groups:
             ds = f["samples"]
             dest_pos = order[s:e]
             direct = bool(np.all(np.diff(dest_pos) == 1))
@@ -164,28 +157,15 @@ class HDF5Reader(BatchReader):
 
     def _read_sorted_bytes(self, sorted_idx: np.ndarray
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
-        parts: list[Any] = []
-        labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
-        stored = np.empty(len(sorted_idx), dtype=np.int64)
-        groups = split_by_file(self, sorted_idx)
-        advise_batch(self, groups, sorted_idx)
-        for pos, s, e in groups:
-            f = self._open(pos)
-            local = sorted_idx[s:e] - self.starts[pos]
-            labels[s:e] = f["labels"][local]
-            stored[s:e] = f["stored"][local]
-            off = f["offsets"]
-            for a, b in contiguous_runs(local):
-                lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
-                buf = np.empty(hi - lo, dtype=np.uint8)
-                try:
-                    f["jpeg"].read_direct(buf, np.s_[lo:hi])
-                except OSError as err:
-                    raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
-                mv = memoryview(buf)
-                rel = off[local[a]:local[b - 1] + 2] - lo
-                parts.extend(mv[int(rel[k]):int(rel[k + 1])] for k in range(b - a))
-        return parts, labels, stored
+        return read_jpeg_runs(self, sorted_idx, self._read_span)
+
+    def _read_span(self, pos: int, f: dict[str, Any], lo: int, hi: int) -> np.ndarray:
+        buf = np.empty(hi - lo, dtype=np.uint8)
+        try:
+            f["jpeg"].read_direct(buf, np.s_[lo:hi])
+        except OSError as err:
+            raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
+        return buf
 
 
 class HDF5Loader(TorchLoader):
