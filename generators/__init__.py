@@ -1,1 +1,429 @@
-"""Synthetic dataset writers (generate_dataset and the writer table: not built yet; see synth.py)."""
+"""Dataset generation: one writer per format, registered in one table.
+
+`generate_dataset(GenerateConfig(...), world)` writes `<storage>/<dataset>-<format>/`
+in parallel (MPI ranks, or `jobs` worker processes), deterministically (the
+same seed and options give byte-identical files whatever the parallelism),
+resumably, and writes the manifest last. See docs/design.md for the layouts.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iobench import __version__
+from iobench.datasets import COMPRESSIONS, DatasetSpec, dataset_dirname, parse_dataset, parse_format
+from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
+from iobench.generators.base import Task, Writer, sha256_file
+from iobench.jsonio import write_json_atomic
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
+from iobench.world import World
+
+# format -> "module:class"
+WRITERS: dict[str, str] = {
+    "hdf5": "iobench.generators.hdf5:HDF5Writer",
+    "netcdf": "iobench.generators.netcdf:NetCDFWriter",
+    "lmdb": "iobench.generators.lmdb:LMDBWriter",
+    "files": "iobench.generators.files:FilesWriter",
+}
+JOURNAL = ".iobench-partial"  # per-task completion records while generation runs
+SCALES = ("small", "full")
+
+__all__ = ["WRITERS", "GenerateConfig", "GenerateStats", "generate_dataset", "get_writer"]
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What to generate and where. `samples`/`samples_per_file` None: the dataset's default."""
+
+    dataset: str = "cifar10"
+    format: str = "hdf5"
+    storage: Path = Path("./iobench-data")
+    samples: int | None = None
+    samples_per_file: int | None = None
+    compression: str = "none"
+    seed: int = 0
+    jobs: int = 1
+    force: bool = False
+    scale: str = "small"
+
+    def __post_init__(self) -> None:
+        spec = parse_dataset(self.dataset)
+        parse_format(self.format)
+        object.__setattr__(self, "storage", Path(self.storage))
+        if self.scale not in SCALES:
+            raise ConfigError(f"--scale {self.scale!r}; choose one of: {', '.join(SCALES)}")
+        if self.samples is not None and self.samples < 1:
+            raise ConfigError(f"--samples {self.samples} must be >= 1")
+        if self.samples_per_file is not None and self.samples_per_file < 1:
+            raise ConfigError(f"--samples-per-file {self.samples_per_file} must be >= 1")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(f"--compression {self.compression!r}; choose one of: "
+                              f"{', '.join(COMPRESSIONS)}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed {self.seed} must be >= 0")
+        if self.jobs < 1:
+            raise ConfigError(f"--jobs {self.jobs} must be >= 1")
+        if self.samples is None:
+            n = spec.full_samples if self.scale == "full" else spec.default_samples
+            object.__setattr__(self, "samples", n)
+        if self.samples_per_file is None:
+            object.__setattr__(self, "samples_per_file", spec.default_samples_per_file)
+
+    @property
+    def spec(self) -> DatasetSpec:
+        return parse_dataset(self.dataset)
+
+    @property
+    def root(self) -> Path:
+        return self.storage / dataset_dirname(self.dataset, self.format)
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two generations the same dataset (parallelism excluded)."""
+        return {"dataset": self.dataset, "format": self.format, "samples": self.samples,
+                "samples_per_file": self.samples_per_file, "compression": self.compression,
+                "seed": self.seed}
+
+
+@dataclass
+class GenerateStats:
+    """What a generation did: bytes and files written (resumed ones apart), seconds."""
+
+    bytes_written: int = 0
+    files_written: int = 0
+    files_resumed: int = 0
+    seconds: float = 0.0
+    already_complete: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_written / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def get_writer(fmt: str, spec: DatasetSpec, seed: int, compression: str = "none") -> Writer:
+    """Build the writer for format `fmt`."""
+    module, _, cls = WRITERS[parse_format(fmt)].partition(":")
+    return getattr(importlib.import_module(module), cls)(spec, seed, compression)
+
+
+# ------------------------------------------------------------------ target checks
+
+def _prepare_target(cfg: GenerateConfig) -> bool:
+    """Create or validate the target; return True when it already holds this dataset."""
+    root, ident = cfg.root, cfg.identity()
+    try:
+        cfg.storage.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"cannot create --storage {cfg.storage}: {e.strerror}") from e
+    if not os.access(cfg.storage, os.W_OK | os.X_OK):
+        raise StorageError(f"--storage {cfg.storage} is not writable; choose another directory")
+    if root.exists() and not root.is_dir():
+        raise StorageError(f"{root} exists and is not a directory; remove it or choose "
+                           "another --storage")
+    if root.is_dir() and any(root.iterdir()):
+        found = _existing_identity(root)
+        if found != ident:
+            if not cfg.force:
+                what = ("a different dataset" if found else "files that are not an iobench "
+                        "dataset")
+                raise DatasetError(f"{root} already holds {what} "
+                                   f"({_describe(found)}); pass --force to replace it, or "
+                                   "choose another --storage")
+            shutil.rmtree(root)
+        elif (root / MANIFEST_NAME).is_file() and not (root / JOURNAL).exists():
+            return True
+    (root / JOURNAL).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / JOURNAL / "config.json", ident)
+    return False
+
+
+def _existing_identity(root: Path) -> dict[str, Any] | None:
+    try:
+        if (root / JOURNAL / "config.json").is_file():
+            return json.loads((root / JOURNAL / "config.json").read_text())
+        if (root / MANIFEST_NAME).is_file():
+            m = Manifest.load(root)
+            return {"dataset": m.dataset, "format": m.format, "samples": m.num_samples,
+                    "samples_per_file": m.layout.get("generated_samples_per_file",
+                                                     m.layout.get("samples_per_file")),
+                    "compression": m.layout.get("compression"), "seed": m.seed}
+    except (OSError, ValueError, IobenchError):
+        return None
+    return None
+
+
+def _describe(ident: dict[str, Any] | None) -> str:
+    if not ident:
+        return "no manifest"
+    return ", ".join(f"{k}={v}" for k, v in ident.items())
+
+
+# ------------------------------------------------------------------ one task
+
+def _journal_path(root: Path, task: Task) -> Path:
+    return root / JOURNAL / f"task-{task.id:07d}.json"
+
+
+def _resumable(root: Path, task: Task) -> list[FileEntry] | None:
+    """The task's entries if its files are complete and correct (size and sha256)."""
+    jp = _journal_path(root, task)
+    if not jp.is_file():
+        return None
+    try:
+        entries = [FileEntry(**e) for e in json.loads(jp.read_text())]
+        for e in entries:
+            p = root / e.path
+            if not p.is_file() or p.stat().st_size != e.bytes or sha256_file(p) != e.sha256:
+                return None
+    except (OSError, ValueError, TypeError):
+        return None
+    return entries
+
+
+def _run_task(writer: Writer, root: Path, task: Task) -> tuple[int, list[FileEntry], bool]:
+    """Write (or keep) one task's files; returns (task id, entries, resumed)."""
+    entries = _resumable(root, task)
+    if entries is not None:
+        return task.id, entries, True
+    try:
+        entries = writer.write(root, task)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(root).free
+            raise StorageError(f"out of space on {root} while writing {task.files[0]} "
+                               f"({free} bytes free); free space or choose another "
+                               "--storage, then rerun to resume") from None
+        raise StorageError(f"cannot write {root / task.files[0]}: {e.strerror or e}") from None
+    write_json_atomic(_journal_path(root, task), [asdict(e) for e in entries])
+    return task.id, entries, False
+
+
+_POOL_STATE: dict[str, Any] = {}
+
+
+def _pool_init(writer: Writer, root: Path) -> None:
+    _POOL_STATE.update(writer=writer, root=root)
+
+
+def _pool_task(task: Task) -> tuple[int, list[FileEntry], bool] | IobenchError:
+    try:
+        return _run_task(_POOL_STATE["writer"], _POOL_STATE["root"], task)
+    except IobenchError as e:
+        return e
+
+
+# ------------------------------------------------------------------ the job
+
+Progress = Callable[[int, int], None]  # (bytes done so far, bytes expected)
+
+
+def generate_dataset(cfg: GenerateConfig, world: World | None = None, *,
+                     progress: Progress | None = None,
+                     stats: GenerateStats | None = None) -> Manifest:
+    """Generate (or resume, or find complete) the dataset; return its manifest on every rank.
+
+    Under MPI (`world.size > 1`) rank r writes tasks r, r + R, ...; otherwise
+    `cfg.jobs` processes share the tasks. Rank 0 writes the manifest last.
+    """
+    world = world or World()
+    stats = stats if stats is not None else GenerateStats()
+    writer = get_writer(cfg.format, cfg.spec, cfg.seed, cfg.compression)
+    err: IobenchError | None = None
+    done = False
+    if world.is_root:
+        try:
+            done = _prepare_target(cfg)
+        except IobenchError as e:
+            err = e
+    err, done = world.bcast((err, done))
+    if err is not None:
+        raise err
+    root = cfg.root.resolve()
+    if done:
+        stats.already_complete = True
+        return Manifest.load(root)
+
+    tasks = writer.plan(cfg.samples, cfg.samples_per_file)
+    est = _estimate_bytes(cfg, len(tasks))
+    t0 = time.perf_counter()
+    if world.size > 1:
+        results, err = _run_mpi(writer, root, tasks, world, progress, est)
+    else:
+        results, err = _run_local(writer, root, tasks, cfg.jobs, progress, est)
+    if err is not None:
+        raise err
+    if not world.is_root:
+        world.barrier()
+        stats.seconds = time.perf_counter() - t0
+        return Manifest.load(root)
+    entries: list[FileEntry] = []
+    for _tid, ents, resumed in sorted(results, key=lambda r: r[0]):
+        entries.extend(ents)
+        if resumed:
+            stats.files_resumed += len(ents)
+        else:
+            stats.files_written += len(ents)
+            stats.bytes_written += sum(e.bytes for e in ents)
+    stats.seconds = time.perf_counter() - t0
+    extra = _statistics(cfg, entries)
+    stats.extra = extra
+    spec = cfg.spec
+    manifest = Manifest(
+        dataset=cfg.dataset, format=cfg.format, num_samples=cfg.samples,
+        num_classes=spec.num_classes,
+        sample={"kind": spec.sample_kind, "shape": list(spec.sample_shape)
+                if spec.sample_shape else None, "dtype": spec.sample_dtype},
+        label={"shape": list(spec.label_shape), "dtype": spec.label_dtype},
+        layout={**writer.layout(cfg.samples_per_file),
+                "generated_samples_per_file": cfg.samples_per_file},
+        files=tuple(entries), seed=cfg.seed, iobench_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
+    manifest.write(root)
+    shutil.rmtree(root / JOURNAL, ignore_errors=True)
+    world.barrier()
+    return Manifest.load(root)
+
+
+def _estimate_bytes(cfg: GenerateConfig, ntasks: int) -> int:
+    per = cfg.spec.sample_nbytes or 110_000
+    return per * cfg.samples
+
+
+def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
+               progress: Progress | None, est: int):
+    results, done_bytes = [], 0
+    if jobs == 1:
+        for t in tasks:
+            try:
+                r = _run_task(writer, root, t)
+            except IobenchError as e:
+                return results, e
+            results.append(r)
+            done_bytes += sum(e.bytes for e in r[1])
+            if progress:
+                progress(done_bytes, est)
+        return results, None
+    ctx = mp.get_context("fork")
+    err = None
+    with ctx.Pool(jobs, initializer=_pool_init, initargs=(writer, root)) as pool:
+        for r in pool.imap_unordered(_pool_task, tasks):
+            if isinstance(r, IobenchError):
+                err = err or r
+                continue
+            results.append(r)
+            done_bytes += sum(e.bytes for e in r[1])
+            if progress:
+                progress(done_bytes, est)
+    return results, err
+
+
+_TAG_TASK, _TAG_DONE = 71, 72
+
+
+def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
+             progress: Progress | None, est: int):
+    """Rank r writes tasks r::R; non-root ranks stream results to rank 0 as they finish."""
+    comm = world.comm
+    mine = tasks[world.rank::world.size]
+    if not world.is_root:
+        err = None
+        for t in mine:
+            try:
+                comm.send(_run_task(writer, root, t), dest=0, tag=_TAG_TASK)
+            except IobenchError as e:
+                err = e
+                break
+        comm.send(err, dest=0, tag=_TAG_DONE)
+        err = comm.bcast(None, root=0)
+        return [], err
+    from mpi4py import MPI
+
+    results, err, done_bytes, pending = [], None, 0, world.size - 1
+
+    def drain(block: bool) -> None:
+        nonlocal done_bytes, pending, err
+        st = MPI.Status()
+        while pending and (block or comm.iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)):
+            msg = comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
+            if st.Get_tag() == _TAG_DONE:
+                pending -= 1
+                err = err or msg
+            else:
+                results.append(msg)
+                done_bytes += sum(e.bytes for e in msg[1])
+                if progress:
+                    progress(done_bytes, est)
+
+    for t in mine:
+        if err is None:
+            try:
+                r = _run_task(writer, root, t)
+            except IobenchError as e:
+                err = e
+                continue
+            results.append(r)
+            done_bytes += sum(e.bytes for e in r[1])
+            if progress:
+                progress(done_bytes, est)
+        drain(block=False)
+    drain(block=True)
+    comm.bcast(err, root=0)
+    return results, err
+
+
+def _statistics(cfg: GenerateConfig, entries: list[FileEntry]) -> dict[str, Any]:
+    """Generation statistics kept in the manifest (JPEG size distribution for imagenet)."""
+    out: dict[str, Any] = {"total_bytes": sum(e.bytes for e in entries)}
+    if cfg.spec.sample_kind == "jpeg" and cfg.format == "files":
+        sizes = [e.bytes for e in entries if e.role == "data"]
+    elif cfg.spec.sample_kind == "jpeg":
+        sizes = _jpeg_sizes(cfg)
+    else:
+        return out
+    import numpy as np
+
+    s = np.asarray(sizes, dtype=np.float64)
+    out["jpeg_bytes"] = {"mean": float(s.mean()), "std": float(s.std()),
+                         "p5": float(np.percentile(s, 5)), "p50": float(np.median(s)),
+                         "p95": float(np.percentile(s, 95)), "min": int(s.min()),
+                         "max": int(s.max()), "count": int(s.size)}
+    return out
+
+
+def _jpeg_sizes(cfg: GenerateConfig) -> list[int]:
+    import numpy as np
+
+    root = cfg.root
+    sizes: list[int] = []
+    for p in sorted(root.glob("part-*")):
+        if cfg.format == "hdf5":
+            import h5py
+
+            with h5py.File(p, "r", locking=False) as f:
+                sizes.extend(np.diff(f["offsets"][...]).tolist())
+        elif cfg.format == "netcdf":
+            import netCDF4
+
+            with netCDF4.Dataset(p) as ds:
+                sizes.extend(np.diff(ds.variables["offsets"][:]).tolist())
+        elif cfg.format == "lmdb":
+            import lmdb
+
+            from iobench.generators.lmdb import HEADER
+
+            env = lmdb.open(str(p), subdir=False, readonly=True, lock=False)
+            with env.begin() as txn:
+                for _, v in txn.cursor():
+                    sizes.append(HEADER.unpack_from(v)[5])
+            env.close()
+    return sizes
