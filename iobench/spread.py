@@ -1,0 +1,61 @@
+"""Spread over repeated runs (`--repeat N`): median, min, max, coefficient of variation.
+
+A single pass on a shared machine varies 2-4x (docs/metrics.md, "Repeats"),
+so every headline figure of a repeated run is reported as a `Spread`, and
+two figures are compared with `differs`: a difference no larger than the
+spread of either side is not significant.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+# Figures whose spread is reported, per kind of result (names as in the result files).
+SPREAD_KEYS: tuple[str, ...] = ("median", "min", "max", "cv", "n", "values")
+
+
+def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
+    """`{median, min, max, cv, n, values}` of the measured values (None entries are skipped).
+
+    `cv` is the coefficient of variation (sample standard deviation / mean),
+    None with fewer than two values or a zero mean. Returns None when no
+    value was measured.
+    """
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return None
+    mean = statistics.fmean(vals)
+    cv = statistics.stdev(vals) / abs(mean) if len(vals) > 1 and mean != 0 else None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "cv": cv,
+            "n": len(vals), "values": vals}
+
+
+def spread_of(records: Iterable[Mapping[str, Any]], keys: Iterable[str]
+              ) -> dict[str, dict[str, Any] | None]:
+    """`spread` of each figure in `keys` over `records` (one mapping per repetition)."""
+    recs = list(records)
+    return {k: spread(r.get(k) for r in recs) for k in keys}
+
+
+def differs(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool | None:
+    """Whether two spreads' medians differ by more than the spread (max - min) of either.
+
+    None when it cannot be told: a side is missing, or both sides hold a
+    single value (a single pass has no measured spread).
+    """
+    if not a or not b or (a["n"] < 2 and b["n"] < 2):
+        return None
+    width = max(a["max"] - a["min"], b["max"] - b["min"])
+    return abs(a["median"] - b["median"]) > width
+
+
+def fmt_spread(s: Mapping[str, Any] | None, spec: str = ".3g") -> str:
+    """`median [min-max]` for tables (just the value when n == 1, `-` when missing)."""
+    if not s:
+        return "-"
+    if s["n"] < 2:
+        return format(s["median"], spec)
+    return f"{format(s['median'], spec)} [{format(s['min'], spec)}-{format(s['max'], spec)}]"
