@@ -13,8 +13,11 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# Figures whose spread is reported, per kind of result (names as in the result files).
-SPREAD_KEYS: tuple[str, ...] = ("median", "min", "max", "cv", "n", "values")
+MB = 1_000_000
+
+# The headline figures of a training run whose spread over repetitions is reported.
+HEADLINE: tuple[str, ...] = ("epoch_wall_s", "stall_s", "stall_fraction", "au", "samples_per_s",
+                             "read_MBps")
 
 
 def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
@@ -59,3 +62,42 @@ def fmt_spread(s: Mapping[str, Any] | None, spec: str = ".3g") -> str:
     if s["n"] < 2:
         return format(s["median"], spec)
     return f"{format(s['median'], spec)} [{format(s['min'], spec)}-{format(s['max'], spec)}]"
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The headline figures of each repetition of a training result.
+
+    `epochs` are the result's epoch records; they are grouped by their
+    `repeat` (0 when absent: a result written before `--repeat`). Per
+    repetition: the mean over its epochs of the epoch wall (`epoch_wall_s`),
+    of the slowest rank's stall (`stall_s`, `stall_fraction`) and of the mean
+    AU (`au`); `samples_per_s` and `read_MBps` are its samples and payload
+    bytes over its summed epoch walls.
+    """
+    groups: dict[int, list[Mapping[str, Any]]] = {}
+    for e in epochs:
+        groups.setdefault(int(e.get("repeat", 0)), []).append(e["summary"])
+    out = []
+    for r in sorted(groups):
+        sums = groups[r]
+        wall = sum(s["wall_s"] for s in sums)
+        out.append({
+            "repeat": r, "epochs": len(sums),
+            "epoch_wall_s": wall / len(sums),
+            "stall_s": _mean([s["stall_s_max"] for s in sums]),
+            "stall_fraction": _mean([s["stall_fraction_max"] for s in sums]),
+            "au": _mean([s["au_mean"] for s in sums]),
+            "samples_per_s": sum(s["samples"] for s in sums) / wall if wall > 0 else None,
+            "read_MBps": sum(s["batch_bytes"] for s in sums) / MB / wall if wall > 0 else None,
+        })
+    return out
+
+
+def run_spread(epochs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """`spread` of each HEADLINE figure over the repetitions of a training result."""
+    return spread_of(repetition_figures(epochs), HEADLINE)

@@ -40,3 +40,29 @@ def test_fmt_spread() -> None:
     assert fmt_spread(spread([1.0, 2.0, 3.0])) == "2 [1-3]"
     assert fmt_spread(spread([1.5])) == "1.5"
     assert fmt_spread(None) == "-"
+
+
+def _epoch(repeat: int | None, wall: float, stall: float, samples: int) -> dict:
+    e = {"summary": {"wall_s": wall, "stall_s_max": stall, "stall_fraction_max": stall / wall,
+                     "au_mean": 1 - stall / wall, "samples": samples, "batch_bytes": samples * 10}}
+    if repeat is not None:
+        e["repeat"] = repeat
+    return e
+
+
+def test_repetition_figures_group_epochs_by_repeat() -> None:
+    from iobench.spread import repetition_figures, run_spread
+
+    epochs = [_epoch(0, 2.0, 1.0, 100), _epoch(0, 4.0, 1.0, 100),
+              _epoch(1, 1.0, 0.5, 100), _epoch(1, 1.0, 0.5, 100)]
+    reps = repetition_figures(epochs)
+    assert [r["repeat"] for r in reps] == [0, 1]
+    assert reps[0]["epoch_wall_s"] == 3.0 and reps[1]["epoch_wall_s"] == 1.0
+    assert reps[0]["samples_per_s"] == pytest.approx(200 / 6.0)
+    assert reps[0]["read_MBps"] == pytest.approx(2000 / 6.0 / 1e6)
+    s = run_spread(epochs)
+    assert s["epoch_wall_s"] is not None and s["epoch_wall_s"]["median"] == 2.0
+    assert s["epoch_wall_s"]["n"] == 2
+    # a result from before --repeat: one repetition
+    old = run_spread([_epoch(None, 2.0, 1.0, 10)])
+    assert old["stall_s"] is not None and old["stall_s"]["n"] == 1
