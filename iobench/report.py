@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iobench import results as _results
 from iobench.errors import ConfigError, DatasetNotFoundError
 
-KNOWN = {"iobench.result": 1, "iobench.stage": 1, "iobench.probe": 1, "iobench.sweep": 1}
+KNOWN = {"iobench.result": _results.SCHEMA_VERSION, "iobench.stage": 1, "iobench.probe": 1, "iobench.sweep": 1}
 LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
 
 

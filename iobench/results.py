@@ -18,13 +18,17 @@ from iobench.errors import IobenchError
 from iobench.jsonio import read_json, write_json_atomic
 
 SCHEMA = "iobench.result"
-SCHEMA_VERSION = 1
+# v2: repetitions (`config.repeat`, epochs tagged `repeat`, `summary.spread`), the loader's
+# start-up apart (`loader`), user-space and server caches (`cache.user_space`,
+# `cache.server_cache`), synchronised emulated steps (`compute.steps`). v1 still loads.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # top-level keys every result has (values may be null where the schema says so)
 REQUIRED: tuple[str, ...] = ("schema", "schema_version", "run_id", "created", "kind", "config",
                              "world", "compute", "cache", "dataset", "provenance", "epochs",
                              "summary", "warnings")
-OPTIONAL: tuple[str, ...] = ("staging", "tier")  # --stage-to; an emulated pfs tier
+OPTIONAL: tuple[str, ...] = ("staging", "tier", "loader")  # --stage-to; an emulated pfs tier
 EPOCH_REQUIRED: tuple[str, ...] = ("epoch", "summary", "ranks", "cache", "training")
 RANK_REQUIRED: tuple[str, ...] = ("rank", "host", "steps", "samples", "batch_bytes", "wall_s",
                                   "stall_s", "compute_s", "first_batch_s", "stall_fraction", "au",
@@ -50,9 +54,9 @@ def validate(doc: Any, where: str = "result") -> dict[str, Any]:
     unknown = sorted(set(doc) - set(REQUIRED) - set(OPTIONAL))
     if missing or unknown:
         raise ResultError(f"{where}: missing keys {missing}, unknown keys {unknown}")
-    if doc["schema"] != SCHEMA or doc["schema_version"] != SCHEMA_VERSION:
+    if doc["schema"] != SCHEMA or doc["schema_version"] not in READABLE_VERSIONS:
         raise ResultError(f"{where}: schema {doc['schema']!r} v{doc['schema_version']!r}, "
-                          f"expected {SCHEMA!r} v{SCHEMA_VERSION}")
+                          f"expected {SCHEMA!r} v{' or v'.join(map(str, READABLE_VERSIONS))}")
     if not isinstance(doc["epochs"], list):
         raise ResultError(f"{where}: 'epochs' must be a list")
     for i, ep in enumerate(doc["epochs"]):

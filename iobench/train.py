@@ -42,6 +42,7 @@ from iobench.metrics import EpochClock, epoch_summary, rank_figures
 from iobench.models import build_model, count_parameters, parse_model, resolve_model
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
+from iobench.spread import run_spread
 from iobench.world import World
 
 LOADER_NAMES: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files", "dali")
@@ -79,6 +80,9 @@ class TrainConfig:
     channels_last: bool = False
     timeout_s: float = 300.0  # bound on any collective (dead rank detection)
     results: str = "iobench-results"
+    repeat: int = 1  # independent cold repetitions of the whole run
+    step_sync: bool = True  # emulated/no compute: each step waits for every rank's batch
+    server_cache_gb: float | None = None  # storage servers' cache (GPFS pagepool, OSS RAM)
 
     def __post_init__(self) -> None:
         if self.loader not in LOADER_NAMES:
@@ -125,6 +129,15 @@ class TrainConfig:
             raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
         if self.amp and self.compute_kind != "model":
             raise ConfigError("--amp only applies to a real model; drop it or pick --model")
+        if self.repeat < 1:
+            raise ConfigError(f"--repeat {self.repeat} must be >= 1")
+        if not self.step_sync and self.compute_kind == "model":
+            raise ConfigError("--no-step-sync applies to --compute-time and --model none; a "
+                              "real model is synchronised by DDP's all-reduce")
+        if self.server_cache_gb is not None and not (self.server_cache_gb >= 0
+                                                     and math.isfinite(self.server_cache_gb)):
+            raise ConfigError(f"--server-cache-gb {self.server_cache_gb} must be a number of "
+                              "GB >= 0")
 
     @property
     def compute_kind(self) -> str:
@@ -142,7 +155,8 @@ class TrainConfig:
         return LoaderConfig(batch_size=self.batch_size, workers=self.workers,
                             worker_type=self.worker_type, shuffle=self.shuffle, seed=self.seed,
                             decode=self.decode, pin_memory=device == "gpu",
-                            persistent_workers=True, device=device)
+                            persistent_workers=True, device=device,
+                            library_cache=self.warm_cache)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -256,22 +270,23 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         started: Callable[[], None] | None = None,
         live: Callable[[int, int, int, EpochClock], None] | None = None,
         live_interval_s: float = 2.0) -> dict[str, Any] | None:
-    """Train for `config.epochs` on this rank; return the result document on rank 0.
+    """Train `config.repeat` times for `config.epochs`; return the result document on rank 0.
 
     torch.distributed must already be initialised when `world.size > 1`
-    (`iobench.distributed.init_process_group`). `started()` is called on
-    rank 0 once every rank has its dataset and loader; `progress(epoch_record)`
-    on rank 0 after each epoch. `live(epoch, step, steps, clock)` is called on
-    rank 0 at most every `live_interval_s` during an epoch, at the start of a
-    step's compute (inside an emulated step it costs nothing; with a model it
-    is part of that step's compute, never of the stall). `counters()`, if given, returns byte
-    counters of a storage tier; their per-epoch deltas (rank 0's) are stored
-    as `tier_bytes`.
+    (`iobench.distributed.init_process_group`). Each repetition builds a
+    fresh loader (and model, from the same seed) and runs every epoch cold,
+    so repetitions are independent measurements of one experiment.
+    `started()` is called on rank 0 once every rank has its dataset and
+    loader; `progress(epoch_record)` on rank 0 after each epoch.
+    `live(epoch, step, steps, clock)` is called on rank 0 at most every
+    `live_interval_s` during an epoch, at the start of a step's compute
+    (inside an emulated step it costs nothing; with a model it is part of
+    that step's compute, never of the stall). `counters()`, if given,
+    returns byte counters of a storage tier; their per-epoch deltas (rank
+    0's) are stored as `tier_bytes`.
     """
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{world.local_rank}" if use_cuda else "cpu")
-    kind = config.compute_kind
-    loader: Loader | None = None
     err: IobenchError | None = None
     try:
         root = resolve_dataset(config)
@@ -281,80 +296,203 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         mount = sysinfo.mount_of(root)
         if world.is_root:
             check_results_dir(config.results)
-        loader = loader_factory(manifest, config.loader_config("gpu" if use_cuda else "cpu"),
-                                world.rank, world.size)
+    except IobenchError as e:
+        err = e
+    _agree(world, err)
+    node_memory = {n: m for n, m in world.allgather((world.node, sysinfo.memory_bytes()))}
+    run = _Run(config, manifest, mount, world, device, progress, counters,
+               live if world.is_root else None, int(live_interval_s * 1e9))
+    for rep in range(config.repeat):
+        loader = _make_loader(loader_factory, manifest, config, world, device)
+        try:
+            startup = run.start_loader(loader)
+            if rep == 0 and started is not None and world.is_root:
+                started()
+            run.repetition(rep, loader, startup)
+        finally:
+            loader.close()
+    return run.document(sum(node_memory.values())) if world.is_root else None
+
+
+def _make_loader(factory: LoaderFactory, manifest: Manifest, config: TrainConfig, world: World,
+                 device: torch.device) -> Loader:
+    """Build this rank's loader; a failure on any rank is raised on every rank."""
+    loader = err = None
+    try:
+        loader = factory(manifest, config.loader_config("gpu" if device.type == "cuda" else "cpu"),
+                         world.rank, world.size)
     except IobenchError as e:
         err = e
     _agree(world, err)
     assert loader is not None
-    if started is not None and world.is_root:
-        started()
-    try:
-        live_cb = live if world.is_root else None
-        return _train(config, loader, manifest, mount, world, device, kind, progress, counters,
-                      live_cb, int(live_interval_s * 1e9))
-    finally:
-        loader.close()
+    return loader
 
 
-def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysinfo.MountInfo,
-           world: World, device: torch.device, kind: str,
-           progress: Callable[[dict[str, Any]], None] | None,
-           counters: Callable[[], dict[str, int]] | None,
-           live: Callable[[int, int, int, EpochClock], None] | None,
-           live_interval_ns: int) -> dict[str, Any] | None:
-    spec = DATASETS[config.dataset]
-    threads = _torch_threads(world, config)
-    torch.set_num_threads(threads)
-    use_cuda = device.type == "cuda"
-    model = opt = None
-    task = lr = None
-    model_name = config.model_name
-    params = None
-    if kind == "model":
-        mspec = parse_model(model_name)
-        task = mspec.task
+class _Compute:
+    """One step's compute: a real model (forward, backward, SGD), an emulated one, or none."""
+
+    def __init__(self, config: TrainConfig, world: World, device: torch.device) -> None:
+        self.config, self.kind, self.device = config, config.compute_kind, device
+        self.model_name = config.model_name
+        self.params: int | None = None
+        self.task: str | None = None
+        self.lr: float | None = None
+        self.threads = _torch_threads(world, config)
+        torch.set_num_threads(self.threads)
+        # data-parallel steps wait for every rank's batch (docs/metrics.md, "Emulated compute")
+        self.sync = config.step_sync and world.size > 1 and self.kind != "model"
+        self._flag = torch.zeros(1, device=device) if self.sync else None
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+                         if config.amp and device.type == "cuda" else contextlib.nullcontext())
+        self.model: Any = None
+        if self.kind == "model":
+            self._build(world)
+        self.reset()
+
+    def _build(self, world: World) -> None:
+        config, device = self.config, self.device
+        spec = DATASETS[config.dataset]
+        mspec = parse_model(self.model_name)
+        self.task = mspec.task
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
-            model = build_model(model_name, spec.num_classes or int(math.prod(spec.label_shape)))
-        params = count_parameters(model)
+            model = build_model(self.model_name, spec.num_classes or int(math.prod(spec.label_shape)))
+        self.params = count_parameters(model)
         model = model.to(device)
         if config.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if world.size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            model = DDP(model, device_ids=[device.index] if use_cuda else None)
-        lr = config.lr or mspec.lr_for(config.batch_size * world.size)
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
-                              weight_decay=5e-4 if task == "classification" else 0.0)
-        loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else torch.nn.MSELoss()
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.lr = config.lr or mspec.lr_for(config.batch_size * world.size)
+        self.opt = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=0.9, nesterov=True,
+                                   weight_decay=5e-4 if self.task == "classification" else 0.0)
+        self.loss_fn = (torch.nn.CrossEntropyLoss() if self.task == "classification"
+                        else torch.nn.MSELoss())
         model.train()
+        self.model = model
 
-    io_note = procio.read_bytes_unavailable(manifest.root)
-    count_io = io_note is None
-    if io_note:
-        io_note = f"os_read_bytes is null: {io_note}"
-    fault = _fault()
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if config.amp and use_cuda
-                else contextlib.nullcontext())
-    epochs: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    t_run = time.perf_counter()
-    run_id = new_run_id(world.hostname)  # named by its start time
+    def reset(self) -> None:
+        """Zero the per-epoch training statistics."""
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.seen = 0
 
-    for epoch in range(config.epochs):
-        report = cache.evict_for_node(manifest, world, evict_pages=not config.warm_cache,
+    def wait_for_all_ranks(self) -> None:
+        """The step may start only when every rank has its batch (a real 4-byte all-reduce)."""
+        if self._flag is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(self._flag)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, t_ready: int) -> int | None:
+        """Run one step on a usable batch; return its end time when emulated (else None)."""
+        if self.kind == "emulated":
+            return emulate_compute(self.config.compute_time_s or 0.0, t_ready)
+        if self.kind != "model":
+            return None
+        if not x.is_floating_point():
+            x = x.float()
+        if self.config.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.autocast:
+            out = self.model(x)
+            loss = self.loss_fn(out.float(), y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        n = y.shape[0]
+        self.loss_sum += loss.detach().double() * n
+        if self.task == "classification":
+            self.correct += (out.detach().argmax(1) == y).sum()
+        self.seen += n
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return None
+
+    def stats(self) -> tuple[float, int, int]:
+        return float(self.loss_sum.item()), int(self.correct.item()), self.seen
+
+
+class _Run:
+    """The repetitions and epochs of one `iobench train` on one rank, and its result."""
+
+    def __init__(self, config: TrainConfig, manifest: Manifest, mount: sysinfo.MountInfo,
+                 world: World, device: torch.device,
+                 progress: Callable[[dict[str, Any]], None] | None,
+                 counters: Callable[[], dict[str, int]] | None,
+                 live: Callable[[int, int, int, EpochClock], None] | None,
+                 live_interval_ns: int) -> None:
+        self.config, self.manifest, self.mount, self.world = config, manifest, mount, world
+        self.device, self.progress, self.counters = device, progress, counters
+        self.live, self.live_interval_ns = live, live_interval_ns
+        note = procio.read_bytes_unavailable(manifest.root)
+        self.count_io = note is None
+        self.io_note = f"os_read_bytes is null: {note}" if note else None
+        self.fault = _fault()
+        self.epochs: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+        self.startups: list[dict[str, Any]] = []
+        self.cache_settings: dict[str, Any] = {}
+        self.compute: _Compute | None = None
+        self.t_run = time.perf_counter()
+        self.run_id = new_run_id(world.hostname)  # named by its start time
+
+    def start_loader(self, loader: Loader) -> dict[str, Any]:
+        """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
+        self.cache_settings = loader.cache_settings()
+        io0 = procio.tree_io()
+        t0 = time.perf_counter_ns()
+        loader.start()
+        seconds = (time.perf_counter_ns() - t0) / 1e9
+        io = procio.tree_io() - io0
+        return {"seconds": seconds, "os_read_bytes": io.read_bytes if self.count_io else None,
+                "os_rchar": io.rchar, "processes": io.processes}
+
+    def repetition(self, rep: int, loader: Loader, startup: dict[str, Any]) -> None:
+        self.compute = _Compute(self.config, self.world, self.device)  # a fresh model each time
+        startups = self.world.allgather(startup)
+        if self.world.is_root:
+            self.startups.append({"repeat": rep, "seconds_max": max(s["seconds"] for s in startups),
+                                  "ranks": startups})
+        for epoch in range(self.config.epochs):
+            self._epoch(rep, epoch, loader)
+
+    def _epoch(self, rep: int, epoch: int, loader: Loader) -> None:
+        config, world = self.config, self.world
+        compute = self.compute
+        assert compute is not None
+        report = cache.evict_for_node(self.manifest, world, evict_pages=not config.warm_cache,
                                       scope=loader.config.scope,  # sharded copies: own files
                                       drop_caches=config.drop_caches,
                                       warn_above=RESIDENT_WARN_FRACTION, loud=False)
-        node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         world.barrier()  # ranks start the epoch together
-        tier0 = counters() if counters and world.is_root else None
-        io0 = procio.tree_io() if count_io else None
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        correct = torch.zeros((), dtype=torch.int64, device=device)
-        seen = 0
+        tier0 = self.counters() if self.counters and world.is_root else None
+        io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
+        compute.reset()
+        clock = self._steps(rep, epoch, loader, compute)
+        io = procio.tree_io() - io0
+        tier = None
+        if tier0 is not None and self.counters is not None:
+            tier1 = self.counters()
+            tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
+        node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
+        fig = {"rank": world.rank, "host": world.hostname, "node": world.node,
+               **rank_figures(clock),
+               "os_read_bytes": io.read_bytes if self.count_io else None,
+               "os_rchar": io.rchar, "os_processes": io.processes,
+               "cache_resident_fraction_at_start": node_frac.get(world.node)}
+        gathered = world.allgather((fig, compute.stats()))
+        if world.is_root:
+            self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
+                         tier)
+
+    def _steps(self, rep: int, epoch: int, loader: Loader, compute: _Compute) -> EpochClock:
+        """Run the epoch's steps; the clock's reads tile it (wait, compute, wait, ...)."""
+        config, world = self.config, self.world
         steps_total = loader.steps_per_epoch()
         if config.max_steps is not None:
             steps_total = min(steps_total, config.max_steps)
@@ -368,109 +506,105 @@ def _train(config: TrainConfig, loader: Loader, manifest: Manifest, mount: sysin
                     batch = next(it)
                 except StopIteration:
                     break
-                x, y = _to_device(batch, device)
+                x, y = _to_device(batch, self.device)
+                compute.wait_for_all_ranks()
                 t_ready = clock.batch_ready()
-                if live is not None and t_ready - last_live >= live_interval_ns:
-                    live(epoch, step + 1, steps_total, clock)
+                if self.live is not None and t_ready - last_live >= self.live_interval_ns:
+                    self.live(epoch, step + 1, steps_total, clock)
                     last_live = t_ready
-                _maybe_fault(fault, world.rank, epoch, step)
-                end = None
-                if kind == "model":
-                    if not x.is_floating_point():
-                        x = x.float()
-                    if config.channels_last and x.dim() == 4:
-                        x = x.contiguous(memory_format=torch.channels_last)
-                    with autocast:
-                        out = model(x)
-                        loss = loss_fn(out.float(), y)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    n = y.shape[0]
-                    loss_sum += loss.detach().double() * n
-                    if task == "classification":
-                        correct += (out.detach().argmax(1) == y).sum()
-                    seen += n
-                    if use_cuda:
-                        torch.cuda.synchronize(device)
-                elif kind == "emulated":
-                    end = emulate_compute(config.compute_time_s, t_ready)
+                _maybe_fault(self.fault, world.rank, epoch, step)
+                end = compute.step(x, y, t_ready)
                 clock.compute_done(len(batch.indices), batch.payload_bytes, end)
                 step += 1
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stop a generator left early (--max-steps) so workers settle
-        io = procio.tree_io() - io0 if io0 is not None else None
-        tier = None
-        if tier0 is not None and counters is not None:
-            tier1 = counters()
-            tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
+        return clock
 
-        fig = rank_figures(clock)
-        fig = {"rank": world.rank, "host": world.hostname, "node": world.node, **fig,
-               "os_read_bytes": io.read_bytes if io is not None else None,
-               "os_rchar": io.rchar if io is not None else None,
-               "os_processes": io.processes if io is not None else None,
-               "cache_resident_fraction_at_start": node_frac.get(world.node)}
-        train_stats = (float(loss_sum.item()), int(correct.item()), seen)
-        gathered = world.allgather((fig, train_stats))
-        if not world.is_root:
-            continue
-        ranks = [g[0] for g in gathered]
-        tot_loss = sum(g[1][0] for g in gathered)
-        tot_correct = sum(g[1][1] for g in gathered)
-        tot_seen = sum(g[1][2] for g in gathered)
+    def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],
+                stats: list[tuple[float, int, int]], report: cache.EvictReport,
+                tier: dict[str, int] | None) -> None:
+        config, compute = self.config, self.compute
+        assert compute is not None
+        tot_loss = sum(s[0] for s in stats)
+        tot_correct = sum(s[1] for s in stats)
+        tot_seen = sum(s[2] for s in stats)
+        classification = compute.task == "classification"
         training = {"samples": tot_seen,
                     "loss": tot_loss / tot_seen if tot_seen else None,
-                    "accuracy": tot_correct / tot_seen if tot_seen and task == "classification"
-                    else None} if kind == "model" else None
-        rec = {"epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
+                    "accuracy": tot_correct / tot_seen if tot_seen and classification else None
+                    } if compute.kind == "model" else None
+        rec = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
-        rec["warnings"] = _cache_warnings(config, mount, manifest, report)
+        rec["warnings"] = _cache_warnings(config, self.mount, self.manifest, report)
         if training and training["loss"] is not None and not math.isfinite(training["loss"]):
             training["loss"] = None  # JSON has no NaN; say it instead
             rec["warnings"].append(f"training diverged in epoch {epoch + 1} (loss is not "
                                    "finite); lower --lr")
         for w in rec["warnings"]:
-            if w not in warnings:
-                warnings.append(w)
-        epochs.append(rec)
-        if progress is not None:
-            progress(rec)
+            if w not in self.warnings:
+                self.warnings.append(w)
+        self.epochs.append(rec)
+        if self.progress is not None:
+            self.progress(rec)
 
-    if not world.is_root:
-        return None
-    if io_note:
-        warnings.append(io_note)
-    return {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-        "run_id": run_id,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "kind": "train",
-        "config": config.to_dict(),
-        "world": {"size": world.size, "num_nodes": world.num_nodes,
-                  "local_size": world.local_size, "launcher": world.launcher,
-                  "backend": ("nccl" if use_cuda else "gloo") if world.size > 1 else None,
-                  "device": device.type},
-        "compute": {"kind": kind, "model": model_name, "parameters": params, "task": task,
-                    "compute_time_s": config.compute_time_s,
-                    "lr": lr if model_name else None,
-                    "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
-                    "amp": config.amp and use_cuda, "channels_last": config.channels_last,
-                    "decode": config.decode, "torch_threads": threads},
-        "cache": {"mode": "warm" if config.warm_cache else "cold",
-                  "method": None if config.warm_cache else "posix_fadvise(DONTNEED) per file, "
-                  "spread over the local ranks of each node",
-                  "os_read_bytes_available": count_io, "os_read_bytes_note": io_note},
-        "dataset": manifest.identity(),
-        "provenance": sysinfo.provenance(manifest.root),
-        "epochs": epochs,
-        "summary": _run_summary(epochs, time.perf_counter() - t_run),
-        "warnings": warnings,
-        "staging": None,
-    }
+    def document(self, cluster_memory_bytes: int) -> dict[str, Any]:
+        """The result document (rank 0), `iobench.result` v2 (docs/results-schema.md)."""
+        config, world, compute = self.config, self.world, self.compute
+        assert compute is not None
+        use_cuda = self.device.type == "cuda"
+        server = server_cache_check(config, self.mount, self.manifest, cluster_memory_bytes,
+                                    world.num_nodes)
+        warnings = list(self.warnings)
+        if server and server["warning"]:
+            warnings.append(server["warning"])
+        if self.io_note:
+            warnings.append(self.io_note)
+        model_name = compute.model_name
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "kind": "train",
+            "config": config.to_dict(),
+            "world": {"size": world.size, "num_nodes": world.num_nodes,
+                      "local_size": world.local_size, "launcher": world.launcher,
+                      "backend": ("nccl" if use_cuda else "gloo") if world.size > 1 else None,
+                      "device": self.device.type},
+            "compute": {"kind": compute.kind, "model": model_name, "parameters": compute.params,
+                        "task": compute.task, "compute_time_s": config.compute_time_s,
+                        "lr": compute.lr if model_name else None,
+                        "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
+                        "amp": config.amp and use_cuda, "channels_last": config.channels_last,
+                        "decode": config.decode, "torch_threads": compute.threads,
+                        "steps": _steps_mode(config, world)},
+            "cache": {"mode": "warm" if config.warm_cache else "cold",
+                      "method": None if config.warm_cache else "posix_fadvise(DONTNEED) per "
+                      "file, spread over the local ranks of each node",
+                      "user_space": self.cache_settings,
+                      "server_cache": server,
+                      "os_read_bytes_available": self.count_io,
+                      "os_read_bytes_note": self.io_note},
+            "loader": {"name": config.loader, "startup": self.startups},
+            "dataset": self.manifest.identity(),
+            "provenance": sysinfo.provenance(self.manifest.root),
+            "epochs": self.epochs,
+            "summary": _run_summary(self.epochs, time.perf_counter() - self.t_run,
+                                    config.repeat),
+            "warnings": warnings,
+            "staging": None,
+        }
+
+
+def _steps_mode(config: TrainConfig, world: World) -> str:
+    """How ranks' steps relate: `synchronous`, `free-running`, or `single rank`."""
+    if world.size == 1:
+        return "single rank"
+    if config.compute_kind == "model":
+        return "synchronous (DDP all-reduce in backward)"
+    return "synchronous (all-reduce before each step)" if config.step_sync else "free-running"
 
 
 def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Manifest,
@@ -493,11 +627,51 @@ def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Man
     return out
 
 
-def _run_summary(epochs: list[dict[str, Any]], elapsed_s: float) -> dict[str, Any]:
+# MLPerf Storage's rule: a dataset under 5x the memory that could cache it is not a
+# storage benchmark (client caches are evicted; a server's cannot be, from a client).
+SERVER_CACHE_FACTOR = 5
+_LOCAL_KINDS = ("local", "memory", "overlay")
+
+
+def server_cache_check(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Manifest,
+                       cluster_memory_bytes: int, nodes: int) -> dict[str, Any] | None:
+    """The 5x rule for a dataset on a shared (parallel, network, FUSE) tier; None elsewhere.
+
+    The cache size is `--server-cache-gb` when given, else the RAM of the
+    job's nodes (MLPerf Storage's stand-in for caches no one measured). The
+    emulated tier is exempt: its daemon drops its backing pages itself.
+    """
+    from iobench.pfs.control import FSTYPE as EMULATED_FSTYPE
+
+    if config.warm_cache or mount.kind in _LOCAL_KINDS or mount.fstype == EMULATED_FSTYPE:
+        return None
+    if config.server_cache_gb is not None:
+        cache_bytes = int(config.server_cache_gb * 1e9)
+        source = "--server-cache-gb"
+    else:
+        cache_bytes = cluster_memory_bytes
+        source = f"the RAM of the job's {nodes} node(s)"
+    need = SERVER_CACHE_FACTOR * cache_bytes
+    ok = manifest.total_bytes >= need
+    warning = None if ok else (
+        f"cache may be served by the storage servers: the dataset is "
+        f"{manifest.total_bytes / 1e9:.3g} GB on {mount.fstype}, under {SERVER_CACHE_FACTOR}x "
+        f"{source} ({need / 1e9:.3g} GB); a client cannot empty a server's cache (GPFS "
+        "pagepool, Lustre OSS memory), so cold epochs may read server memory: generate at "
+        f"least {need / 1e9:.3g} GB, or give --server-cache-gb with the servers' real cache")
+    return {"factor": SERVER_CACHE_FACTOR, "cache_bytes": cache_bytes, "cache_source": source,
+            "dataset_bytes": manifest.total_bytes, "required_bytes": need, "ok": ok,
+            "warning": warning}
+
+
+def _run_summary(epochs: list[dict[str, Any]], elapsed_s: float, repeat: int) -> dict[str, Any]:
+    """Totals over every epoch of every repetition, the last epoch's training figures, and
+    the spread of the headline figures over repetitions (`iobench.spread.run_spread`)."""
     last = epochs[-1] if epochs else None
     sums = [e["summary"] for e in epochs]
     return {
         "epochs": len(epochs),
+        "repeats": repeat,
         "elapsed_s": elapsed_s,
         "wall_s": sum(s["wall_s"] for s in sums),
         "stall_s_max": sum(s["stall_s_max"] for s in sums),
@@ -506,4 +680,5 @@ def _run_summary(epochs: list[dict[str, Any]], elapsed_s: float) -> dict[str, An
         "batch_bytes": sum(s["batch_bytes"] for s in sums),
         "final_loss": last["training"]["loss"] if last and last["training"] else None,
         "final_accuracy": last["training"]["accuracy"] if last and last["training"] else None,
+        "spread": run_spread(epochs),
     }

@@ -179,6 +179,13 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
     return _normalise_chw(out.transpose(0, 3, 1, 2), IMAGENET_MEAN, IMAGENET_STD)
 
 
+def warm_up(dataset: str, decode: bool) -> None:
+    """Import the decoders `to_batch` will use for `dataset` (no data is touched)."""
+    if dataset == "imagenet" and decode:
+        import simplejpeg  # noqa: F401
+        from PIL import Image  # noqa: F401
+
+
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
              decode: bool) -> Batch:
     """Assemble a `Batch`: raw stored data (decode=False) or the dataset's preprocessing."""

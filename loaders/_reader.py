@@ -160,7 +160,7 @@ class BatchReader(ABC):
 
     format: str = ""
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         if manifest.root is None:
             raise DatasetError("manifest has no root directory; load it with Manifest.load()")
         if manifest.format != self.format:
@@ -181,6 +181,15 @@ class BatchReader(ABC):
         self._local = threading.local()
         self._pid = os.getpid()
         self.prefetch_block: int | None = None  # samples per block to prefetch whole
+        # False (cold runs): the format library keeps no data cache of its own between reads
+        self.library_cache = library_cache
+
+    def warm_up(self) -> None:  # noqa: B027 - optional hook
+        """Import what reading needs, in the process that will read (no data is read)."""
+
+    def user_cache(self) -> dict[str, Any]:
+        """The user-space data caches this reader runs with, for the result file."""
+        return {}
 
     # -- lazily opened per-process, per-thread state ---------------------------------------
     def __getstate__(self) -> dict[str, Any]:

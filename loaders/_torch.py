@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from iobench import errors
 from iobench.errors import DatasetError, UnsupportedError
+from iobench.loaders import _preprocess
 from iobench.loaders._preprocess import DecodeError, to_batch
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
@@ -47,14 +48,24 @@ class WorkerFailure:
                            f"worker traceback:\n{self.trace}")
 
 
+WARM_UP = -1  # the epoch of a warm-up key: load libraries, read nothing
+
+
 class BatchFetcher(Dataset):
     """Map-style dataset whose key is (epoch, indices of one batch); returns a `Batch`."""
 
     def __init__(self, reader: BatchReader, dataset: str, seed: int, decode: bool) -> None:
         self.reader, self.dataset, self.seed, self.decode = reader, dataset, seed, decode
 
-    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch | WorkerFailure:
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch | WorkerFailure | None:
         epoch, idx = key
+        if epoch == WARM_UP:
+            try:
+                self.reader.warm_up()
+                _preprocess.warm_up(self.dataset, self.decode)
+            except Exception as e:
+                return WorkerFailure(e)
+            return None
         try:
             raw = self.reader.read(idx)
             try:
@@ -78,14 +89,21 @@ class EpochBatches(Sampler):
         # workers to the garbage collector, which shuts them down only after a timeout
         self.order, self.batch_size = order, batch_size
         self.epoch = 0
+        self.warm_up = 0  # > 0: the next iteration yields this many warm-up keys only
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        if self.warm_up:
+            # the DataLoader hands keys to its workers in turn: one each
+            yield from ((WARM_UP, np.empty(0, dtype=np.int64)) for _ in range(self.warm_up))
+            return
         idx = self.order(self.epoch)
         bs = self.batch_size
         for s in range(0, len(idx), bs):
             yield self.epoch, idx[s:s + bs]
 
     def __len__(self) -> int:
+        if self.warm_up:
+            return self.warm_up
         return -(-len(self.order(self.epoch)) // self.batch_size)
 
 
@@ -93,7 +111,7 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def unwrap(item: Batch | WorkerFailure) -> Batch:
+def unwrap(item: Batch | WorkerFailure | None) -> Batch:
     if isinstance(item, WorkerFailure):
         item.reraise()
     return item  # type: ignore[return-value]
@@ -128,7 +146,7 @@ class TorchLoader(Loader):
             raise DatasetError(f"loader {self.name!r} cannot read {m.root}: it is a "
                                f"{m.format!r} dataset; use the {m.format!r} or 'dali' loader")
         self.check()
-        self.reader = self.reader_cls(m)
+        self.reader = self.reader_cls(m, library_cache=config.library_cache)
         if config.shuffle == "block":  # each block is read whole within a few batches
             self.reader.prefetch_block = config.block_size
         self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode)
@@ -151,19 +169,31 @@ class TorchLoader(Loader):
                                   pin_memory=c.pin_memory and torch.cuda.is_available(), **kw)
         return self._dl
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def start(self) -> None:
+        """Start the worker processes and import their libraries (one warm-up key each)."""
         c = self.config
         if c.workers > 0 and c.worker_type == "thread":
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(c.workers, thread_name_prefix=f"iobench-{self.name}")
-            self.sampler.epoch = epoch
-            pin = c.pin_memory and torch.cuda.is_available()
-            for item in thread_prefetch(self.fetcher.__getitem__, iter(self.sampler), self._pool,
-                                        c.workers * c.prefetch):
-                b = unwrap(item)
-                yield _pin(b) if pin else b
+            self.reader.warm_up()
+            _preprocess.warm_up(self.manifest.dataset, c.decode)
             return
-        self.sampler.epoch = epoch
+        if c.workers == 0 or not c.persistent_workers:
+            # in-process reading (or workers that restart every epoch): import here
+            self.reader.warm_up()
+            _preprocess.warm_up(self.manifest.dataset, c.decode)
+            return
+        self.sampler.warm_up = c.workers
+        try:
+            for item in self._iterate():
+                if item is not None:
+                    unwrap(item)
+        finally:
+            self.sampler.warm_up = 0
+
+    def cache_settings(self) -> dict[str, Any]:
+        return self.reader.user_cache()
+
+    def _iterate(self) -> Iterator[Any]:
+        """The DataLoader's items, with a worker's death turned into one clear error."""
         it = iter(self._dataloader())
         while True:
             try:
@@ -177,6 +207,22 @@ class TorchLoader(Loader):
                 raise UnsupportedError(f"a {self.name} loader worker died: {e}; if it ran "
                                        "out of memory, use fewer --workers or a smaller "
                                        "batch") from e
+            yield item
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        c = self.config
+        if c.workers > 0 and c.worker_type == "thread":
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(c.workers, thread_name_prefix=f"iobench-{self.name}")
+            self.sampler.epoch = epoch
+            pin = c.pin_memory and torch.cuda.is_available()
+            for item in thread_prefetch(self.fetcher.__getitem__, iter(self.sampler), self._pool,
+                                        c.workers * c.prefetch):
+                b = unwrap(item)
+                yield _pin(b) if pin else b
+            return
+        self.sampler.epoch = epoch
+        for item in self._iterate():
             yield unwrap(item)
 
     def close(self) -> None:

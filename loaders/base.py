@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -42,6 +42,10 @@ class LoaderConfig:
     pin_memory: bool = False
     persistent_workers: bool = True
     device: str = "cpu"  # where DALI runs its operators: "cpu" or "gpu"
+    # Keep the format libraries' own caches (HDF5/netCDF chunk caches, HDF5's sieve
+    # buffer) at their defaults. Off for cold-cache runs: a cache in user space would
+    # carry samples from one "cold" epoch to the next (docs/metrics.md, "Cold cache").
+    library_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -112,6 +116,18 @@ class Loader(ABC):
     @abstractmethod
     def epoch(self, epoch: int) -> Iterator[Batch]:
         """Yield this rank's batches for `epoch` (0-based)."""
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Start workers and load their libraries, reading no data.
+
+        Called before the first epoch's clocks and counters start, so that
+        `os_read_bytes` counts the dataset's bytes, not the shared libraries
+        new worker processes load (docs/metrics.md).
+        """
+
+    def cache_settings(self) -> dict[str, Any]:
+        """The user-space caches this loader's readers run with (recorded in results)."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop workers and close files."""

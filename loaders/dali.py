@@ -68,24 +68,24 @@ def _dali() -> Any:
     return dali
 
 
-def _reader_for(manifest: Manifest) -> BatchReader:
+def _reader_for(manifest: Manifest, library_cache: bool) -> BatchReader:
     fmt = manifest.format
     if fmt == "hdf5":
         from iobench.loaders.hdf5 import HDF5Reader
 
-        return HDF5Reader(manifest)
+        return HDF5Reader(manifest, library_cache)
     if fmt == "netcdf":
         from iobench.loaders.netcdf import NetCDFReader
 
-        return NetCDFReader(manifest)
+        return NetCDFReader(manifest, library_cache)
     if fmt == "lmdb":
         from iobench.loaders.lmdb import LMDBReader
 
-        return LMDBReader(manifest)
+        return LMDBReader(manifest, library_cache)
     if fmt == "files":
         from iobench.loaders.files import FilesReader
 
-        return FilesReader(manifest)
+        return FilesReader(manifest, library_cache)
     raise DatasetError(f"{manifest.root} has format {fmt!r}, which the dali loader cannot read")
 
 
@@ -156,7 +156,7 @@ class DaliLoader(Loader):
             check_files(m, tuple(f for f in m.files if f.role != "data"))
         else:
             check_files(m)
-        self.reader = _reader_for(m)
+        self.reader = _reader_for(m, config.library_cache)
         if config.shuffle == "block":
             self.reader.prefetch_block = config.block_size
         self.order = EpochOrder(self)
@@ -166,6 +166,10 @@ class DaliLoader(Loader):
             raise ConfigError(f"the dali loader has no pipeline for dataset {m.dataset!r}")
         self._pipe: Any = None
         self._next_epoch: int | None = None  # the epoch the live pipeline will deliver next
+
+    def cache_settings(self) -> dict[str, Any]:
+        # DALI's own readers (files) keep no data between epochs (no decoder cache is set)
+        return {**self.reader.user_cache(), "dali": "no reader or decoder cache"}
 
     # -- pipeline construction -----------------------------------------------------------
     def _new_pipeline(self, epoch: int) -> Any:

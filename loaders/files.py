@@ -38,8 +38,8 @@ class FilesReader(BatchReader):
 
     format = "files"
 
-    def __init__(self, manifest: Manifest) -> None:
-        super().__init__(manifest)
+    def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
+        super().__init__(manifest, library_cache)
         n = manifest.num_samples
         if len(self.files) != n or not np.array_equal(self.starts, np.arange(n)):
             raise DatasetError(f"manifest of {manifest.root} lists {len(self.files)} sample files "
@@ -51,6 +51,10 @@ class FilesReader(BatchReader):
                                "'labels'); regenerate the dataset")
         self.labels_entry = labels[0]
         self.ext = self.files[0].path.rsplit(".", 1)[-1].lower()
+
+    def warm_up(self) -> None:
+        if self.ext == "png":
+            from PIL import Image  # noqa: F401
 
     def labels(self) -> np.ndarray:
         """All labels, [N, *label_shape], read once per process."""

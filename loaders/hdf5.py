@@ -42,6 +42,26 @@ def _h5py() -> Any:
     return h5py
 
 
+def open_h5(path: Any, library_cache: bool) -> Any:
+    """An h5py File opened read-only without file locking (shared filesystems).
+
+    Without `library_cache`, HDF5 keeps no raw data of its own: the chunk
+    cache (HDF5 2.0's default: 8 MiB per dataset) and the sieve buffer (64 KiB
+    per file) are set to 0, so a file held open across epochs by a persistent worker
+    cannot serve a cold epoch from memory.
+    """
+    h5py = _h5py()
+    if library_cache:
+        return h5py.File(path, "r", locking=False)
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_fclose_degree(h5py.h5f.CLOSE_STRONG)
+    mdc, nslots, _, w0 = fapl.get_cache()
+    fapl.set_cache(mdc, nslots, 0, w0)
+    fapl.set_sieve_buf_size(0)
+    fapl.set_file_locking(False, True)
+    return h5py.File(h5py.h5f.open(os.fsencode(str(path)), h5py.h5f.ACC_RDONLY, fapl=fapl))
+
+
 def stored_sizes(ds: Any, n: int) -> np.ndarray:
     """Stored bytes of each of the n samples of h5py dataset `ds`: chunk sizes when filtered."""
     raw = int(np.prod(ds.shape[1:])) * ds.dtype.itemsize
@@ -72,11 +92,10 @@ class HDF5Reader(BatchReader):
         f = st.get(pos)
         if f is not None:
             return f
-        h5py = _h5py()
         path = self.paths[pos]
         n = int(self.counts[pos])
         try:
-            h = h5py.File(path, "r", locking=False)
+            h = open_h5(path, self.library_cache)
         except (OSError, ValueError) as e:
             raise self.fail(path, "HDF5 cannot open it", e) from None
         try:
@@ -113,6 +132,17 @@ class HDF5Reader(BatchReader):
         entry["fd"] = os.open(path, os.O_RDONLY) if entry["base"] is not None else None
         st[pos] = entry
         return entry
+
+    def warm_up(self) -> None:
+        _h5py()
+
+    def user_cache(self) -> dict[str, Any]:
+        h5py = _h5py()
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        chunk, sieve = fapl.get_cache()[2], fapl.get_sieve_buf_size()
+        if not self.library_cache:
+            chunk = sieve = 0
+        return {"hdf5_chunk_cache_bytes": chunk, "hdf5_sieve_buffer_bytes": sieve}
 
     def _close_state(self, state: dict[str, Any]) -> None:
         for entry in state.values():

@@ -130,11 +130,17 @@ class LMDBReader(BatchReader):
 
     format = "lmdb"
 
-    def __init__(self, manifest: Any) -> None:
-        super().__init__(manifest)
+    def __init__(self, manifest: Any, library_cache: bool = False) -> None:
+        super().__init__(manifest, library_cache)
         self.label_nbytes = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
         self.sample_nbytes = (int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
                               if self.sample_shape is not None else None)
+
+    def warm_up(self) -> None:
+        import lmdb  # noqa: F401
+
+    def user_cache(self) -> dict[str, Any]:
+        return {"lmdb": "memory map only, unmapped after each batch (pages can be evicted)"}
 
     def _hold(self, pos: int) -> None:
         """Count this reader as a user of file `pos`'s environment (once per process)."""

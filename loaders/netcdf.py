@@ -76,6 +76,7 @@ class NetCDFReader(BatchReader):
                         raise self.fail(path, "JPEG offsets do not match the jpeg variable")
                     entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets), item=1,
                                  base=self._h5_layout(pos, "jpeg", n)[0])
+                    data_var = jpeg
                 else:
                     var = v["samples"]
                     if var.shape != (n, *self.sample_shape) or var.dtype != self.sample_dtype:
@@ -90,6 +91,11 @@ class NetCDFReader(BatchReader):
                     if not compressed:
                         stored = np.full(n, raw, dtype=np.int64)
                     entry.update(samples=var, stored=stored, base=base, item=raw)
+                    data_var = var
+                if not self.library_cache:
+                    # netCDF-C's chunk cache (64 MiB per variable by default) would serve
+                    # a persistent worker's next "cold" epoch from memory
+                    data_var.set_var_chunk_cache(size=0)
             except KeyError as e:
                 ds.close()
                 raise self.fail(path, f"missing variable {e}") from None
@@ -102,6 +108,14 @@ class NetCDFReader(BatchReader):
         entry["fd"] = os.open(path, os.O_RDONLY) if entry["base"] is not None else None
         st[pos] = entry
         return entry
+
+    def warm_up(self) -> None:
+        _netcdf4()
+        import h5py  # noqa: F401 - the layout query (_h5_layout) reads with it
+
+    def user_cache(self) -> dict[str, Any]:
+        size = _netcdf4().get_chunk_cache()[0] if self.library_cache else 0
+        return {"netcdf_chunk_cache_bytes": size}
 
     def _h5_layout(self, pos: int, name: str, n: int) -> tuple[int | None, np.ndarray]:
         """File offset of variable `name` when contiguous, and its per-sample stored bytes.

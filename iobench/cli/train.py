@@ -58,6 +58,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fail a collective that waits longer than this (a dead rank)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="N independent cold repetitions of the whole run (fresh loader and "
+                        "model each); figures are reported as median [min-max] with the "
+                        "coefficient of variation (MLPerf Storage uses 5)")
+    p.add_argument("--no-step-sync", action="store_true",
+                   help="with --compute-time or --model none on several ranks: let ranks run "
+                        "free (DLIO's behaviour) instead of waiting for every rank's batch "
+                        "at each step as data-parallel training does")
+    p.add_argument("--server-cache-gb", type=float, default=None, metavar="GB",
+                   help="size of the storage servers' caches (GPFS pagepool, Lustre OSS "
+                        "memory); a dataset under 5x this (default: 5x the nodes' RAM) on a "
+                        "shared tier is flagged, since clients cannot evict server caches")
     p.add_argument("--stage-to", default=None, metavar="DIR2",
                    help="stage the dataset to DIR2 first (iobench stage), then train from the "
                         "copy; the result records staging and training together")
@@ -77,7 +89,8 @@ def build_config(args: argparse.Namespace) -> Any:
                        warm_cache=args.warm_cache, drop_caches=args.drop_caches, lr=args.lr,
                        amp=args.amp,
                        channels_last=args.channels_last, timeout_s=args.timeout,
-                       results=args.results)
+                       results=args.results, repeat=args.repeat,
+                       step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -177,6 +190,22 @@ def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
     return counters, tier
 
 
+def spread_line(doc: dict[str, Any]) -> str:
+    """The headline figures over repetitions: median [min-max], with the CV of each."""
+    from iobench.spread import fmt_spread
+
+    names = {"epoch_wall_s": "epoch wall s", "stall_s": "stall s", "au": "AU",
+             "samples_per_s": "samples/s", "read_MBps": "MB/s"}
+    parts = []
+    for key, label in names.items():
+        sp = doc["summary"]["spread"].get(key)
+        if sp:
+            cv = f", CV {sp['cv']:.0%}" if sp["cv"] is not None else ""
+            parts.append(f"{label} {fmt_spread(sp)}{cv}")
+    return (f"over {doc['config']['repeat']} repetitions, median [min-max]: "
+            + "; ".join(parts))
+
+
 class _Output:
     """Rank 0's console output: a header, a line per epoch, a table at the end."""
 
@@ -240,7 +269,9 @@ class _Output:
                 self.shown.add(w)
                 self.console.print(f"[bold red]WARNING:[/] {w}")
         s, t = rec["summary"], rec["training"]
-        line = (f"epoch {rec['epoch'] + 1}/{self.config.epochs}: {s['steps']} steps, "
+        rep = (f"repeat {rec['repeat'] + 1}/{self.config.repeat}, "
+               if self.config.repeat > 1 else "")
+        line = (f"{rep}epoch {rec['epoch'] + 1}/{self.config.epochs}: {s['steps']} steps, "
                 f"{fmt_rate(s['samples_per_s'])} samples/s, {fmt_rate(s['read_MBps'])} MB/s, "
                 f"stall {s['stall_fraction_max']:.1%} (max {s['stall_s_max']:.2f} s of "
                 f"{s['wall_s']:.2f} s), AU {s['au_mean']:.2f}")
@@ -260,13 +291,15 @@ class _Output:
                                                     t=comp["compute_time_s"],
                                                     ar=" + DDP all-reduce" if doc["world"]["size"] > 1 else "")
         table = Table(title=f"run {doc['run_id']}  ·  compute: {words}")
-        for col in ("epoch", "wall s", "stall s (max)", "stall %", "AU", "samples/s", "MB/s",
+        reps = doc["config"]["repeat"] > 1
+        for col in (("repeat",) if reps else ()) + ("epoch", "wall s", "stall s (max)", "stall %", "AU", "samples/s", "MB/s",
                     "OS read MB", "cached at start", "loss", "acc"):
             table.add_column(col, justify="right")
         for e in doc["epochs"]:
             s, t = e["summary"], e["training"] or {}
             res = e["cache"]["resident_fraction"]
-            table.add_row(str(e["epoch"] + 1), f"{s['wall_s']:.2f}", f"{s['stall_s_max']:.2f}",
+            table.add_row(*((str(e["repeat"] + 1),) if reps else ()),
+                          str(e["epoch"] + 1), f"{s['wall_s']:.2f}", f"{s['stall_s_max']:.2f}",
                           f"{s['stall_fraction_max']:.1%}", f"{s['au_mean']:.2f}",
                           fmt_rate(s["samples_per_s"]), fmt_rate(s["read_MBps"]),
                           "n/a" if s["os_read_bytes"] is None else f"{s['os_read_bytes'] / 1e6:.1f}",
@@ -274,5 +307,8 @@ class _Output:
                           "" if t.get("loss") is None else f"{t['loss']:.3f}",
                           "" if t.get("accuracy") is None else f"{t['accuracy']:.3f}")
         self.console.print(table)
-        self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}")
+        if reps:
+            self.console.print(spread_line(doc))
+        self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}; steps: "
+                           f"{doc['compute']['steps']}")
         self.console.print(f"result: {path}")
