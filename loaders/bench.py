@@ -50,9 +50,10 @@ RATIOS: tuple[str, ...] = ("vs_naive", "vs_naive_open_per_sample")
 SPREAD_KEYS: tuple[str, ...] = ("samples_per_s", "read_MBps", "wait_p50_s", "wait_p99_s",
                                 *RATIOS)
 #: figures whose headline value is the median over repetitions
-MEDIAN_KEYS: tuple[str, ...] = ("epochs", "samples", "batch_bytes", "wall_s", "samples_per_s",
-                                "read_MBps", "wait_p50_s", "wait_p95_s", "wait_p99_s",
-                                "wait_max_s", "first_batch_s", "os_read_bytes")
+MEDIAN_KEYS: tuple[str, ...] = ("wall_s", "samples_per_s", "read_MBps", "wait_p50_s",
+                                "wait_p95_s", "wait_p99_s", "wait_max_s", "first_batch_s")
+#: counts: the median repetition's own value (an integer, not a mean of two)
+COUNT_KEYS: tuple[str, ...] = ("epochs", "samples", "batch_bytes", "os_read_bytes")
 DD_MIN_FILE = 1 << 20  # bytes; below this mean file size dd's start-up dominates
 
 
@@ -303,9 +304,10 @@ def combine(reps: list[dict[str, Any]]) -> dict[str, Any]:
     in repetition order) and `per_epoch` every epoch, tagged with its `repeat`.
     """
     out: dict[str, Any] = {"repeat": len(reps)}
-    for k in MEDIAN_KEYS:
-        vals = [r.get(k) for r in reps]
-        out[k] = None if any(v is None for v in vals) else statistics.median(vals)
+    for keys, median in ((MEDIAN_KEYS, statistics.median), (COUNT_KEYS, statistics.median_low)):
+        for k in keys:
+            vals = [r.get(k) for r in reps]
+            out[k] = None if any(v is None for v in vals) else median(vals)
     res = [r["cache_resident_fraction_at_start"] for r in reps]
     out["cache_resident_fraction_at_start"] = None if any(v is None for v in res) else max(res)
     out["cache_status"] = sorted({s for r in reps for s in r["cache_status"]})
