@@ -5,9 +5,12 @@ the residency it measured, iterates `epochs` epochs of one rank's share and
 times every `next()` (METRICS.md: wait per batch, first batch apart). Figures
 per run: samples/s and MB/s (global samples / payload bytes over the slowest
 rank's wall time), wait p50/p95/p99, `os_read_bytes` (`/proc/<pid>/io` of the
-rank and its workers), and ratios to the naive per-sample h5py baseline with
+rank and its workers), and ratios to the two naive per-sample h5py baselines
+(`loaders/naive.py`: file kept open per worker, and opened per sample) with
 the same batch size and workers, and to `dd` with direct I/O reading the same
-files in the same run (the storage's own sequential rate).
+files in the same run (the storage's own sequential rate). With `repeat` N
+the whole grid is measured N times, interleaved, and every row carries the
+median and spread (`iobench.spread`) of its figures and paired ratios.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -30,12 +34,26 @@ from iobench.datasets import dataset_dirname, parse_dataset, parse_format
 from iobench.errors import ConfigError, DatasetNotFoundError
 from iobench.loaders import LOADERS, make_loader
 from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig
+from iobench.loaders.naive import BASELINES
 from iobench.manifest import Manifest
+from iobench.spread import fmt_spread, spread
 from iobench.world import World
 
 SCHEMA = "iobench.bench_read"
-SCHEMA_VERSION = 1
-NAIVE = "naive-h5py"
+#: 2: the naive baseline keeps its file open per worker (the old one is
+#: `naive-h5py-open-per-sample`), both ratios, `--repeat` with spread
+SCHEMA_VERSION = 2
+NAIVE, NAIVE_OPEN_PER_SAMPLE = BASELINES
+#: row key of the ratio of samples/s to each baseline (same workers, same repetition)
+RATIOS: tuple[str, ...] = ("vs_naive", "vs_naive_open_per_sample")
+#: figures whose spread over repetitions each row carries
+SPREAD_KEYS: tuple[str, ...] = ("samples_per_s", "read_MBps", "wait_p50_s", "wait_p99_s",
+                                *RATIOS)
+#: figures whose headline value is the median over repetitions
+MEDIAN_KEYS: tuple[str, ...] = ("wall_s", "samples_per_s", "read_MBps", "wait_p50_s",
+                                "wait_p95_s", "wait_p99_s", "wait_max_s", "first_batch_s")
+#: counts: the median repetition's own value (an integer, not a mean of two)
+COUNT_KEYS: tuple[str, ...] = ("epochs", "samples", "batch_bytes", "os_read_bytes")
 DD_MIN_FILE = 1 << 20  # bytes; below this mean file size dd's start-up dominates
 
 
@@ -62,6 +80,7 @@ class BenchReadConfig:
     dd_max_files: int = 64  # files dd reads (a random subset of larger datasets), for time
     device: str = "cpu"
     max_batches: int | None = None  # per epoch, to bound a run on a huge dataset
+    repeat: int = 1  # cold repetitions of the whole grid, interleaved
 
     def __post_init__(self) -> None:
         parse_dataset(self.dataset)
@@ -89,6 +108,9 @@ class BenchReadConfig:
                      seed=self.seed, device=self.device)
         if self.max_batches is not None and self.max_batches < 1:
             raise ConfigError(f"max_batches={self.max_batches} must be >= 1 (or None)")
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
+            raise ConfigError(f"--repeat {self.repeat!r}: give the number of cold repetitions "
+                              "of the grid, an integer >= 1 (5 as in MLPerf Storage)")
 
     @property
     def root(self) -> Path:
@@ -221,7 +243,7 @@ def dd_baseline(manifest: Manifest, max_files: int, seed: int = 0) -> dict[str, 
 
 
 def naive_manifest(cfg: BenchReadConfig, manifest: Manifest) -> Manifest | None:
-    """The HDF5 copy of the dataset the naive baseline reads, if there is one."""
+    """The HDF5 copy of the dataset the naive baselines read, if there is one."""
     if manifest.format == "hdf5":
         return manifest
     root = Path(cfg.storage) / dataset_dirname(cfg.dataset, "hdf5")
@@ -231,54 +253,125 @@ def naive_manifest(cfg: BenchReadConfig, manifest: Manifest) -> Manifest | None:
         return None
 
 
+@dataclass(frozen=True)
+class _Cell:
+    """One row of the grid: what it measures and how to build its loader."""
+
+    head: dict[str, Any]
+    make: Callable[[], Any]
+    manifest: Manifest
+
+
+def _cells(cfg: BenchReadConfig, manifest: Manifest, nm: Manifest | None,
+           world: World) -> list[_Cell]:
+    """The grid in row order: per worker count, the baselines, then loaders x shuffles."""
+    cells = []
+    for w in cfg.workers:
+        if nm is not None:
+            from iobench.loaders.naive import NaiveLoader
+
+            for base, per_sample in BASELINES.items():
+                cells.append(_Cell(
+                    {"loader": base, "workers": w, "worker_type": "process", "shuffle": "global"},
+                    lambda nm=nm, w=w, per_sample=per_sample: NaiveLoader(
+                        nm, cfg.batch_size, w, True, cfg.decode, cfg.seed, world.rank,
+                        world.size, open_per_sample=per_sample),
+                    nm))
+        for name in cfg.loaders:
+            for shuffle in cfg.shuffles:
+                lc = LoaderConfig(batch_size=cfg.batch_size, workers=w,
+                                  worker_type=cfg.worker_type, shuffle=shuffle,
+                                  block_size=cfg.block_size, shuffle_window=cfg.shuffle_window,
+                                  seed=cfg.seed, decode=cfg.decode, device=cfg.device)
+                wtype = "process" if name == "dali" else cfg.worker_type  # DALI: processes
+                cells.append(_Cell(
+                    {"loader": name, "workers": w, "worker_type": wtype, "shuffle": shuffle},
+                    lambda name=name, lc=lc: make_loader(name, manifest, lc, world.rank,
+                                                         world.size),
+                    manifest))
+    return cells
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def combine(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row's figures from its repetitions: the median of each headline figure.
+
+    Residency at start is the worst repetition's, cache status and warnings
+    the union; `spread` holds median/min/max/cv/values of SPREAD_KEYS (values
+    in repetition order) and `per_epoch` every epoch, tagged with its `repeat`.
+    """
+    out: dict[str, Any] = {"repeat": len(reps)}
+    for keys, median in ((MEDIAN_KEYS, statistics.median), (COUNT_KEYS, statistics.median_low)):
+        for k in keys:
+            vals = [r.get(k) for r in reps]
+            out[k] = None if any(v is None for v in vals) else median(vals)
+    res = [r["cache_resident_fraction_at_start"] for r in reps]
+    out["cache_resident_fraction_at_start"] = None if any(v is None for v in res) else max(res)
+    out["cache_status"] = sorted({s for r in reps for s in r["cache_status"]})
+    out["cache_warnings"] = sorted({w for r in reps for w in r["cache_warnings"]})
+    for k in RATIOS:  # paired within each repetition by `run`
+        vals = [r.get(k) for r in reps]
+        out[k] = None if any(v is None for v in vals) else statistics.median(vals)
+    out["spread"] = {k: spread(r.get(k) for r in reps) for k in SPREAD_KEYS}
+    out["significant"] = {k: _significant(out["spread"][k]) for k in RATIOS}
+    out["per_epoch"] = [{"repeat": i, **ep} for i, r in enumerate(reps) for ep in r["per_epoch"]]
+    return out
+
+
+def _significant(s: dict[str, Any] | None) -> bool | None:
+    """Whether a ratio's spread over repetitions excludes 1.0 (None: fewer than 2 values)."""
+    if not s or s["n"] < 2:
+        return None
+    return not s["min"] <= 1.0 <= s["max"]
+
+
 def run(cfg: BenchReadConfig, world: World,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure the grid; return the bench-read document (rows, dd, config)."""
+    """Measure the grid `cfg.repeat` times, interleaved; return the bench-read document.
+
+    Repetition r measures every cell once (cold) before repetition r + 1
+    starts, so drift on a shared machine hits every cell alike; each ratio
+    to a baseline is taken within one repetition (paired), then summarised.
+    """
     manifest = Manifest.load(cfg.root)
     if manifest.dataset != cfg.dataset or manifest.format != cfg.format:
         raise ConfigError(f"{cfg.root} holds {manifest.dataset}/{manifest.format}, not "
                           f"{cfg.dataset}/{cfg.format}")
     say = progress or (lambda s: None)
-    rows: list[dict[str, Any]] = []
     nm = naive_manifest(cfg, manifest) if cfg.naive else None
-    naive_by_workers: dict[int, float | None] = {}
     dd = None
     if cfg.dd:
         say("dd: reading the data files with direct I/O")
         dd = dd_baseline(manifest, cfg.dd_max_files, cfg.seed) if world.rank == 0 else None
         dd = world.bcast(dd)
-    for w in cfg.workers:
-        if nm is not None:
-            from iobench.loaders.naive import NaiveLoader
-
-            say(f"naive baseline, workers={w}")
-            fig = measure(lambda nm=nm, w=w: NaiveLoader(nm, cfg.batch_size, w, True, cfg.decode,
-                                                         cfg.seed, world.rank, world.size),
-                          nm, cfg, world)
-            naive_by_workers[w] = fig["samples_per_s"]
-            rows.append({"loader": NAIVE, "workers": w, "worker_type": "process",
-                         "shuffle": "global", **fig})
-        for name in cfg.loaders:
-            for shuffle in cfg.shuffles:
-                say(f"{name}, workers={w}, shuffle={shuffle}")
-                lc = LoaderConfig(batch_size=cfg.batch_size, workers=w,
-                                  worker_type=cfg.worker_type, shuffle=shuffle,
-                                  block_size=cfg.block_size, shuffle_window=cfg.shuffle_window,
-                                  seed=cfg.seed, decode=cfg.decode, device=cfg.device)
-                fig = measure(lambda name=name, lc=lc: make_loader(name, manifest, lc,
-                                                                   world.rank, world.size),
-                              manifest, cfg, world)
-                wtype = "process" if name == "dali" else cfg.worker_type  # DALI: processes
-                rows.append({"loader": name, "workers": w, "worker_type": wtype,
-                             "shuffle": shuffle, **fig})
-    for r in rows:
-        base = naive_by_workers.get(r["workers"])
-        r["vs_naive"] = r["samples_per_s"] / base if base and r["samples_per_s"] else None
+    cells = _cells(cfg, manifest, nm, world)
+    figs: list[list[dict[str, Any]]] = [[] for _ in cells]
+    for rep in range(cfg.repeat):
+        for cell, out in zip(cells, figs, strict=True):
+            h = cell.head
+            tag = f"[{rep + 1}/{cfg.repeat}] " if cfg.repeat > 1 else ""
+            say(f"{tag}{h['loader']}, workers={h['workers']}, shuffle={h['shuffle']}")
+            out.append(measure(cell.make, cell.manifest, cfg, world))
+    # paired ratios: each repetition of a row against the same repetition of its baselines
+    bases = {(c.head["loader"], c.head["workers"]): f for c, f in zip(cells, figs, strict=True)
+             if c.head["loader"] in BASELINES}
+    rows = []
+    for cell, reps in zip(cells, figs, strict=True):
+        for key, base in zip(RATIOS, BASELINES, strict=True):
+            b = bases.get((base, cell.head["workers"]))
+            for i, r in enumerate(reps):
+                r[key] = _ratio(r["samples_per_s"], b[i]["samples_per_s"]) if b else None
+        row = {**cell.head, **combine(reps)}
         ddm = dd.get("MBps") if dd else None
-        r["vs_dd"] = r["read_MBps"] / ddm if ddm and r["read_MBps"] else None
+        row["vs_dd"] = _ratio(row["read_MBps"], ddm)
+        rows.append(row)
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "config": asdict(cfg),
             "dataset": manifest.identity(), "world": {"size": world.size,
                                                       "nodes": world.num_nodes},
+            "baselines": dict(zip(RATIOS, BASELINES, strict=True)),
             "dd": dd, "naive_dataset": str(nm.root) if nm is not None else None, "rows": rows}
 
 
@@ -286,22 +379,58 @@ def _f(v: float | None, fmt: str) -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
+def _cell(r: dict[str, Any], key: str, spec: str, scale: float = 1.0) -> str:
+    """A figure for the table: `median [min-max]` over repetitions, else the value."""
+    s = (r.get("spread") or {}).get(key)
+    if s is None or s["n"] < 2:
+        v = r.get(key)
+        return _f(None if v is None else v * scale, spec)
+    return fmt_spread({**s, "median": s["median"] * scale, "min": s["min"] * scale,
+                       "max": s["max"] * scale}, spec)
+
+
+def _ratio_cell(r: dict[str, Any], key: str, base: str) -> str:
+    """A ratio for the table; `base` on the baseline's own row, `n.s.` when 1.0 is in its spread."""
+    if r["loader"] == base:
+        return "base"
+    text = _cell(r, key, ".2f")
+    return f"{text} n.s." if (r.get("significant") or {}).get(key) is False else text
+
+
 def markdown_table(doc: dict[str, Any]) -> str:
-    """The rows as a Markdown table (MB = 10^6 bytes; waits in milliseconds)."""
+    """The rows as a Markdown table (MB = 10^6 bytes; waits in milliseconds).
+
+    With repetitions, figures read `median [min-max]`, and a ratio whose
+    spread includes 1.0 is marked `n.s.` (not significantly different from
+    that baseline).
+    """
     head = ("| loader | workers | shuffle | samples/s | MB/s | wait p50 ms | wait p95 ms | "
-            "wait p99 ms | first batch s | OS read MB | resident at start | x naive | / dd |")
-    lines = [head, "|" + "---|" * 13]
+            "wait p99 ms | first batch s | OS read MB | resident at start | x naive | "
+            "x open-per-sample | / dd |")
+    lines = [head, "|" + "---|" * 14]
     for r in doc["rows"]:
-        ms = [None if r[k] is None else r[k] * 1e3 for k in ("wait_p50_s", "wait_p95_s",
-                                                                "wait_p99_s")]
         osr = None if r["os_read_bytes"] is None else r["os_read_bytes"] / 1e6
+        p95 = None if r["wait_p95_s"] is None else r["wait_p95_s"] * 1e3
         lines.append(
             f"| {r['loader']} | {r['workers']}{'t' if r['worker_type'] == 'thread' else ''} | "
-            f"{r['shuffle']} | {_f(r['samples_per_s'], '.1f')} | {_f(r['read_MBps'], '.1f')} | "
-            f"{_f(ms[0], '.2f')} | {_f(ms[1], '.2f')} | {_f(ms[2], '.2f')} | "
+            f"{r['shuffle']} | {_cell(r, 'samples_per_s', '.1f')} | "
+            f"{_cell(r, 'read_MBps', '.1f')} | {_cell(r, 'wait_p50_s', '.2f', 1e3)} | "
+            f"{_f(p95, '.2f')} | {_cell(r, 'wait_p99_s', '.2f', 1e3)} | "
             f"{_f(r['first_batch_s'], '.3f')} | {_f(osr, '.1f')} | "
-            f"{_f(r['cache_resident_fraction_at_start'], '.2f')} | {_f(r['vs_naive'], '.2f')} | "
+            f"{_f(r['cache_resident_fraction_at_start'], '.2f')} | "
+            f"{_ratio_cell(r, 'vs_naive', NAIVE)} | "
+            f"{_ratio_cell(r, 'vs_naive_open_per_sample', NAIVE_OPEN_PER_SAMPLE)} | "
             f"{_f(r['vs_dd'], '.2f')} |")
+    n = doc["config"].get("repeat", 1)
+    if n > 1:
+        lines.append(f"\n{n} cold repetitions of the grid, interleaved: median [min-max]; "
+                     "ratios paired within each repetition; n.s. = the ratio's spread "
+                     "includes 1.0 (not significantly different from that baseline). "
+                     "Other columns: medians (resident at start: the worst).")
+    if any(r["loader"] in BASELINES for r in doc["rows"]):
+        lines.append(f"\nx naive: samples/s over {NAIVE} (h5py file opened once per worker, "
+                     f"one sample per __getitem__); x open-per-sample: over "
+                     f"{NAIVE_OPEN_PER_SAMPLE} (the file opened for every sample).")
     dd = doc.get("dd")
     if dd and dd.get("available"):
         lines.append(f"\ndd ({dd['mode']}, bs=16M, {dd['files']} files, "

@@ -1,16 +1,28 @@
-"""The naive baseline every user writes first: a per-sample `Dataset` over h5py, default `DataLoader`.
+"""The naive baselines every user writes first: a per-sample `Dataset` over h5py, default `DataLoader`.
 
-`__getitem__(i)` opens the HDF5 file holding sample i, reads that one sample
-and its label, and closes the file; `DataLoader(batch_size=B, num_workers=W)`
-with a `DistributedSampler` (shuffled, 1/world share per rank). With `decode=True` it applies the
-same preprocessing as the iobench loaders, one sample at a time. It exists
-only so `bench-read` can show every figure as a ratio to it; it is not a
-registered loader.
+Two baselines, both `DataLoader(batch_size=B, num_workers=W)` over a
+per-sample `Dataset` with a `DistributedSampler` (shuffled, 1/world share per
+rank), reading one sample and its label per `__getitem__`:
+
+- `naive-h5py` (the baseline, what users really write): the HDF5 file is
+  opened lazily in the process that reads it (each worker process, or the
+  main process with W = 0), once, and kept open; with the default
+  (non-persistent) workers that is once per file per worker per epoch. The
+  main process's handles are closed between epochs, so no HDF5 cache carries
+  samples from one cold epoch to the next.
+- `naive-h5py-open-per-sample`: `__getitem__` opens the file, reads the
+  sample and closes it again (the older, slower habit; on a parallel
+  filesystem every open is a metadata round trip).
+
+With `decode=True` they apply the same preprocessing as the iobench loaders,
+one sample at a time. They exist only so `bench-read` can show every figure
+as a ratio to them; they are not registered loaders.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,11 +36,15 @@ from iobench.loaders._reader import RawBatch
 from iobench.loaders.base import Batch
 from iobench.manifest import Manifest
 
+#: baseline name -> whether `__getitem__` opens the file for every sample
+BASELINES: dict[str, bool] = {"naive-h5py": False, "naive-h5py-open-per-sample": True}
+
 
 class NaiveH5Dataset(Dataset):
-    """One sample per `__getitem__`, opening its file each time (as typical user code does)."""
+    """One sample per `__getitem__`; the file kept open per process, or opened per sample."""
 
-    def __init__(self, manifest: Manifest, decode: bool, seed: int = 0) -> None:
+    def __init__(self, manifest: Manifest, decode: bool, seed: int = 0,
+                 open_per_sample: bool = False) -> None:
         if manifest.format != "hdf5":
             raise DatasetError(f"the naive baseline reads HDF5; {manifest.root} is "
                                f"{manifest.format!r}: generate an hdf5 copy of the dataset")
@@ -37,29 +53,56 @@ class NaiveH5Dataset(Dataset):
         self.n = manifest.num_samples
         self.dataset, self.decode, self.seed = manifest.dataset, decode, seed
         self.jpeg = manifest.sample["kind"] == "jpeg"
+        self.open_per_sample = open_per_sample
         self.epoch = 0
+        self._files: dict[int, Any] = {}  # file index -> h5py.File, of process `_pid`
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return self.n
+
+    def __getstate__(self) -> dict[str, Any]:
+        # open HDF5 handles never cross a process boundary (spawned workers open their own)
+        return {**self.__dict__, "_files": {}}
+
+    def _file(self, k: int) -> Any:
+        """File k, opened on first use in this process (a forked worker opens its own)."""
+        import h5py
+
+        if self._pid != os.getpid():
+            self._files, self._pid = {}, os.getpid()
+        f = self._files.get(k)
+        if f is None:
+            f = self._files[k] = h5py.File(self.paths[k], "r")
+        return f
+
+    def close_files(self) -> None:
+        """Close this process's handles (between epochs: nothing cached survives)."""
+        if self._pid == os.getpid():
+            for f in self._files.values():
+                f.close()
+        self._files = {}
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         import h5py
 
         k = bisect.bisect_right(self.starts, i) - 1
         local = i - self.starts[k]
-        with h5py.File(self.paths[k], "r") as f:
-            if self.jpeg:
-                lo, hi = f["offsets"][local:local + 2]
-                x = f["jpeg"][lo:hi]
-                offsets: np.ndarray | None = np.array([0, hi - lo], dtype=np.int64)
-            else:
-                x = f["samples"][local]
-                offsets = None
-            y = f["labels"][local]
+        if self.open_per_sample:
+            with h5py.File(self.paths[k], "r") as f:
+                x, y, offsets = self._read(f, local)
+        else:
+            x, y, offsets = self._read(self._file(k), local)
         raw = RawBatch(x[None] if offsets is None else x, np.asarray(y)[None],
                        np.array([x.nbytes], dtype=np.int64), offsets)
         b = to_batch(self.dataset, raw, np.array([i]), self.seed, self.epoch, self.decode)
         return b.samples, b.labels[0], x.nbytes
+
+    def _read(self, f: Any, local: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        if self.jpeg:
+            lo, hi = f["offsets"][local:local + 2]
+            return f["jpeg"][lo:hi], f["labels"][local], np.array([0, hi - lo], dtype=np.int64)
+        return f["samples"][local], f["labels"][local], None
 
 
 def _collate(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[Any, torch.Tensor, int]:
@@ -71,23 +114,30 @@ def _collate(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[Any, 
 
 
 class NaiveLoader:
-    """Epoch iterator over the naive baseline, yielding `Batch`es like the real loaders."""
+    """Epoch iterator over a naive baseline, yielding `Batch`es like the real loaders."""
 
     def __init__(self, manifest: Manifest, batch_size: int, workers: int, shuffle: bool,
-                 decode: bool, seed: int = 0, rank: int = 0, world: int = 1) -> None:
-        self.ds = NaiveH5Dataset(manifest, decode, seed)
+                 decode: bool, seed: int = 0, rank: int = 0, world: int = 1,
+                 open_per_sample: bool = False) -> None:
+        self.ds = NaiveH5Dataset(manifest, decode, seed, open_per_sample)
         # what users write for several ranks: DistributedSampler, a 1/world share each
         self.sampler = DistributedSampler(self.ds, num_replicas=world, rank=rank,
                                           shuffle=shuffle, seed=seed, drop_last=True)
+        # default DataLoader: workers (if any) start afresh every epoch
         self.dl = DataLoader(self.ds, batch_size=batch_size, sampler=self.sampler,
                              num_workers=workers, collate_fn=_collate)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
+        self.ds.close_files()  # before workers fork: they inherit no open handle
         self.sampler.set_epoch(epoch)
         self.ds.epoch = epoch
-        for samples, labels, nbytes in self.dl:
-            n = len(labels)
-            yield Batch(samples, labels, torch.empty(n, dtype=torch.int64), nbytes)
+        try:
+            for samples, labels, nbytes in self.dl:
+                n = len(labels)
+                yield Batch(samples, labels, torch.empty(n, dtype=torch.int64), nbytes)
+        finally:
+            self.ds.close_files()  # W = 0: the next cold epoch starts without HDF5's caches
 
     def close(self) -> None:
+        self.ds.close_files()
         self.dl = None  # type: ignore[assignment]

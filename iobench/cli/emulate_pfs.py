@@ -48,8 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iops", metavar="N", help="override: cap on read requests per second")
     p.add_argument("--direct-io", action="store_true", help="no kernel page cache or readahead "
                    "for the mount: served bytes equal requested bytes, but mmap (LMDB) fails")
-    p.add_argument("--kernel-cache", action="store_true", help="let the kernel keep pages and "
-                   "attributes across opens (warm-client experiments)")
+    p.add_argument("--kernel-cache", action="store_true", help="a warm client: also keep "
+                   "names and attributes 60 s, so repeated opens/stats cost no metadata round "
+                   "trip (data pages are kept across opens in any case)")
+    p.add_argument("--no-client-cache", action="store_true", help="drop the mount's pages at "
+                   "every open (no real client does; the behaviour before issue 11)")
     p.add_argument("--no-evict-backing", action="store_true", help="keep the backing files' "
                    "pages in the page cache after serving them")
     p.add_argument("--foreground", action="store_true", help="serve in this process until "
@@ -101,6 +104,9 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--mount needs --backing DIR, the local directory to serve")
     if args.direct_io and args.kernel_cache:
         raise ConfigError("--direct-io and --kernel-cache contradict each other; choose one")
+    if args.kernel_cache and args.no_client_cache:
+        raise ConfigError("--kernel-cache and --no-client-cache contradict each other; "
+                          "choose one")
     config = control.build_config(
         args.backing, args.mount, args.profile,
         open_latency_ms=_opt(args.open_latency, "--open-latency", parse_ms),
@@ -108,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
         bandwidth_MBps=_opt(args.bandwidth, "--bandwidth", parse_positive),
         iops=_opt(args.iops, "--iops", parse_positive),
         direct_io=args.direct_io, kernel_cache=args.kernel_cache,
-        evict_backing=not args.no_evict_backing)
+        evict_backing=not args.no_evict_backing, client_cache=not args.no_client_cache)
     if args.foreground:
         from iobench.pfs._daemon import run_daemon
 
@@ -144,7 +150,20 @@ def _print_counters(doc: dict[str, Any]) -> None:
           f"over {c['uptime_s']:.1f} s (daemon CPU {c['daemon_cpu_s']:.2f} s)")
     print(f"  waits: metadata {c['metadata_wait_s']:.3f} s, read latency "
           f"{c['read_latency_wait_s']:.3f} s, bandwidth/IOPS {c['read_throttle_wait_s']:.3f} s")
+    print(f"  client cache: {_cache_mode(doc.get('options') or {})}")
     print(f"  {a['verdict']}")
+
+
+def _cache_mode(opts: dict[str, Any]) -> str:
+    """The mount's client-side caching in words (stats documents before issue 11 lack it)."""
+    if opts.get("direct_io"):
+        return "none (direct I/O: every read reaches the daemon)"
+    # before issue 11 only --kernel-cache kept pages across opens
+    if not opts.get("client_cache", bool(opts.get("kernel_cache"))):
+        return "pages dropped at every open (--no-client-cache)"
+    names = ("names and attributes kept 60 s too (--kernel-cache)" if opts.get("kernel_cache")
+             else "every open/stat costs a metadata round trip")
+    return f"data pages kept across opens until evicted through the mount; {names}"
 
 
 def _list_profiles() -> int:

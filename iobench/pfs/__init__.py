@@ -10,9 +10,12 @@ Library API (the CLI is `iobench emulate-pfs`):
 
 - `mount(backing, mountpoint, profile="lustre-light", *, open_latency_ms=None,
   read_latency_ms=None, bandwidth_MBps=None, iops=None, direct_io=False,
-  kernel_cache=False, evict_backing=True) -> PfsMount`: start the daemon in
-  the background (pid file under `config.run_dir()`), return once the mount
-  is live. `PfsMount` has `.stats()`, `.unmount()` and is a context manager.
+  kernel_cache=False, evict_backing=True, client_cache=True) -> PfsMount`:
+  start the daemon in the background (pid file under `config.run_dir()`),
+  return once the mount is live. `PfsMount` has `.stats()`, `.unmount()` and
+  is a context manager. The mount's page cache is the node's client cache:
+  pages survive opens and go only when iobench evicts through the mount
+  (`iobench.cache.evict`), as on a Lustre/GPFS client (`config.PfsConfig`).
 - `unmount(mountpoint, *, lazy=False) -> dict | None`: unmount, wait for the
   daemon to exit (SIGTERM/SIGKILL after a timeout), remove the pid file,
   return the daemon's final stats.

@@ -15,6 +15,11 @@ Cost model (figures in `profiles.py`):
   `preadv` overlaps with that wait); it then takes its turn on the shared
   link (`bandwidth_MBps`, strict pacing, no burst credit) and the IOPS
   schedule, and is answered when its transfer would have finished.
+
+Client cache: data pages survive opens (`keep_cache`, as on a Lustre/GPFS
+client), so only what the mount's page cache lacks reaches the daemon; they
+go when iobench evicts through the mount (`POSIX_FADV_DONTNEED`). Names
+still expire at once, so every open and stat is charged its round trip.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ class PfsOperations:
                 "note": NOTE, "mount": self.config.mountpoint, "backing": self.config.backing,
                 "pid": os.getpid(), "libfuse": self.libfuse, "started_unix": self.started_unix,
                 "options": {"direct_io": self.config.direct_io,
+                            "client_cache": self.config.keeps_pages,
                             "kernel_cache": self.config.kernel_cache,
                             "evict_backing": self.config.evict_backing,
                             "max_read_bytes": self.config.max_read_bytes,
@@ -257,7 +263,9 @@ class PfsOperations:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         fi.fh = fd
         fi.direct_io = int(self.config.direct_io)
-        fi.keep_cache = int(self.config.kernel_cache)
+        # The client cache: the kernel keeps this inode's pages across opens (without it,
+        # every open would drop them, which no Lustre/GPFS client does).
+        fi.keep_cache = int(self.config.keeps_pages)
         with self._lock:
             self._open_paths[path] = self._open_paths.get(path, 0) + 1
             self._c["opens"] += 1
@@ -340,7 +348,8 @@ def _timeouts(config: PfsConfig) -> tuple[float, float]:
     metadata round trip). Attributes may live 1 s: the tier is read-only, so
     they cannot go stale, and it spares the GETATTR that would otherwise
     follow each LOOKUP (a stat would cost two round trips where Lustre needs
-    one). Neither caches data. `kernel_cache` keeps both for 60 s.
+    one). Data pages are kept apart from these (`keep_cache` at open).
+    `kernel_cache` keeps both for 60 s (a warm client: opens cost nothing).
     """
     return (60.0, 60.0) if config.kernel_cache else (0.0, 1.0)
 

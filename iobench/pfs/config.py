@@ -22,15 +22,20 @@ DEFAULT_MAX_READ_BYTES = MiB
 class PfsConfig:
     """One mount: backing directory, mount point, cost profile and cache behaviour.
 
+    - `client_cache` (default): the mount's page cache is the client cache of
+      a Lustre/GPFS node: data pages survive `open()` and `close()` and are
+      dropped only by eviction (`iobench.cache.evict` does
+      `POSIX_FADV_DONTNEED` through the mount, as before every cold epoch)
+      or memory pressure. Every open and stat still costs its metadata round
+      trip (names expire at once). Off: the pages are dropped at every open,
+      which no real client does (it punishes open-per-sample readers).
     - `direct_io`: every read goes to the daemon exactly as the application
-      issued it (no kernel readahead or page cache for the mount), so served
-      bytes equal requested bytes; but shared `mmap` (LMDB) then fails with
-      ENODEV, as libfuse 3.14 cannot ask the kernel to allow it. Off by
-      default: the mount's page cache then lives only while a file is open
-      (it is dropped at every open, like a Lustre client losing its lock),
-      and `iobench.cache.evict` drops it between epochs.
-    - `kernel_cache`: keep pages and attributes across opens (60 s), for
-      experiments that want a warm client cache.
+      issued it (no kernel readahead or page cache for the mount, so no
+      client cache either), so served bytes equal requested bytes; but shared
+      `mmap` (LMDB) then fails with ENODEV, as libfuse 3.14 cannot ask the
+      kernel to allow it.
+    - `kernel_cache`: a warm client: names and attributes are kept too (60 s),
+      so repeated opens and stats of a file cost no metadata round trip.
     - `evict_backing`: drop the backing file's pages after serving them, so
       the local disk's page cache does not make the backing look faster.
     """
@@ -42,11 +47,15 @@ class PfsConfig:
     kernel_cache: bool = False
     evict_backing: bool = True
     max_read_bytes: int = DEFAULT_MAX_READ_BYTES
+    client_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.direct_io and self.kernel_cache:
             raise ConfigError("direct_io=True and kernel_cache=True contradict each other; "
                               "choose one")
+        if self.kernel_cache and not self.client_cache:
+            raise ConfigError("kernel_cache=True (a warm client) and client_cache=False (pages "
+                              "dropped at every open) contradict each other; choose one")
         if not (4096 <= self.max_read_bytes <= 16 * MiB) or self.max_read_bytes % 4096:
             raise ConfigError(f"max_read_bytes={self.max_read_bytes} must be a multiple of 4096 "
                               "between 4096 and 16 MiB")
@@ -58,7 +67,12 @@ class PfsConfig:
         return {"backing": self.backing, "mountpoint": self.mountpoint,
                 "profile": self.profile.to_dict(), "direct_io": self.direct_io,
                 "kernel_cache": self.kernel_cache, "evict_backing": self.evict_backing,
-                "max_read_bytes": self.max_read_bytes}
+                "max_read_bytes": self.max_read_bytes, "client_cache": self.client_cache}
+
+    @property
+    def keeps_pages(self) -> bool:
+        """Whether data pages survive opens (the client cache); never with direct_io."""
+        return self.client_cache and not self.direct_io
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PfsConfig:

@@ -208,14 +208,14 @@ def build_config(backing: str | Path, mountpoint: str | Path, profile: str | Pro
                  *, open_latency_ms: float | None = None, read_latency_ms: float | None = None,
                  bandwidth_MBps: float | None = None, iops: float | None = None,
                  direct_io: bool = False, kernel_cache: bool = False,
-                 evict_backing: bool = True) -> PfsConfig:
+                 evict_backing: bool = True, client_cache: bool = True) -> PfsConfig:
     """Validate options into a PfsConfig (profile figures, then explicit overrides)."""
     prof = get_profile(profile) if isinstance(profile, str) else profile
     prof = prof.with_overrides(metadata_ms=open_latency_ms, read_ms=read_latency_ms,
                                bandwidth_MBps=bandwidth_MBps, iops=iops)
     return PfsConfig(backing=os.path.abspath(backing), mountpoint=os.path.abspath(mountpoint),
                      profile=prof, direct_io=direct_io, kernel_cache=kernel_cache,
-                     evict_backing=evict_backing)
+                     evict_backing=evict_backing, client_cache=client_cache)
 
 
 def check_paths(config: PfsConfig) -> bool:
@@ -268,7 +268,7 @@ def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = 
     """Mount the emulated tier over `backing` at `mountpoint` in a background daemon.
 
     `options` are `build_config`'s keywords (latencies in ms, bandwidth in MB/s,
-    iops in requests/s, direct_io, kernel_cache, evict_backing). Returns when
+    iops in requests/s, direct_io, kernel_cache, evict_backing, client_cache). Returns when
     the mount is live; raises UnsupportedError (no FUSE), StorageError (paths,
     or the daemon failed: its log's last lines are in the message) or ConfigError.
     """

@@ -6,8 +6,13 @@ latency, not counted in its own figures): a JSON document, schema
 `iobench.pfs-stats` version 1:
 
 - `emulated` (always true) and `note`: the tier is an emulation.
-- `mount`, `backing`, `pid`, `libfuse`, `options` (direct_io, kernel_cache,
-  evict_backing, max_read_bytes) and `profile` (see `profiles.Profile`).
+- `mount`, `backing`, `pid`, `libfuse`, `options` (direct_io, client_cache,
+  kernel_cache, evict_backing, max_read_bytes, readahead_kb) and `profile`
+  (see `profiles.Profile`). `client_cache` true: the mount's page cache keeps
+  data across opens like a Lustre/GPFS client, so a re-read of cached pages
+  never reaches the daemon (`bytes_served` does not grow) until iobench
+  evicts through the mount; false: pages dropped at every open (or
+  `direct_io`, no page cache at all).
 - `counters`, all cumulative since the mount, flat numbers:
   `bytes_served` (bytes the daemon returned to the kernel for reads),
   `read_requests`, `opens`, `lookups` (file lookups/stats by path, each one
@@ -23,7 +28,8 @@ latency, not counted in its own figures): a JSON document, schema
 The kernel's `/proc/<pid>/io` `read_bytes` is 0 for FUSE traffic, so
 `bytes_served` is what a run records as the tier's read bytes. Since FUSE
 requests are page-granular and the kernel may read ahead (not with
-`direct_io`), it can exceed the bytes an application asked for.
+`direct_io`), it can exceed the bytes an application asked for; with the
+client cache it can also be less (pages read earlier and not evicted since).
 """
 
 from __future__ import annotations
