@@ -40,7 +40,7 @@ DATASET_KEYS = {"name", "samples", "samples_per_file", "generate_args"}
 TIER_KEYS = {"name", "path", "generate", "stage_to", "stage_name", "stage_args", "write_via",
              "emulate_pfs"}
 PFS_KEYS = {"backing", "profile", "open_latency_ms", "read_latency_ms", "bandwidth_MBps", "iops",
-            "direct_io", "kernel_cache"}
+            "direct_io", "kernel_cache", "client_cache"}
 PROBE_KEYS = {"size", "runtime", "readers", "metadata_files", "engine"}
 
 

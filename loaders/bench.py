@@ -158,6 +158,12 @@ def measure(make: Callable[[], Any], manifest: Manifest, cfg: BenchReadConfig,
     loader = make()
     epochs = []
     try:
+        # workers start and import their libraries before the counters (docs/metrics.md);
+        # the naive baselines' default DataLoader restarts its workers every epoch, as
+        # users' code does, so their start-up stays in each epoch
+        start = getattr(loader, "start", None)
+        if start is not None:
+            start()
         for e in range(cfg.epochs):
             ev = cache.evict_for_node(manifest, world, evict_pages=not cfg.warm_cache,
                                       loud=False)
@@ -282,7 +288,8 @@ def _cells(cfg: BenchReadConfig, manifest: Manifest, nm: Manifest | None,
                 lc = LoaderConfig(batch_size=cfg.batch_size, workers=w,
                                   worker_type=cfg.worker_type, shuffle=shuffle,
                                   block_size=cfg.block_size, shuffle_window=cfg.shuffle_window,
-                                  seed=cfg.seed, decode=cfg.decode, device=cfg.device)
+                                  seed=cfg.seed, decode=cfg.decode, device=cfg.device,
+                                  library_cache=cfg.warm_cache)
                 wtype = "process" if name == "dali" else cfg.worker_type  # DALI: processes
                 cells.append(_Cell(
                     {"loader": name, "workers": w, "worker_type": wtype, "shuffle": shuffle},
