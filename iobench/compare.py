@@ -1,26 +1,38 @@
-"""Compare training results side by side: a per-epoch table and a stall-time bar chart.
+"""Compare training results side by side (per run and per epoch), and the staging break-even.
 
 Report code: the only place (with `iobench report`) that imports matplotlib.
 Rows come from `iobench.result` documents (docs/results-schema.md); each
-run's ratio is taken to the first run given, epoch by epoch.
+run's ratio is taken to the first run given. A run with `--repeat N`
+repetitions shows each headline figure as median [min-max], and a
+difference to the first run no larger than the spread is marked `n.s.`
+(`iobench.spread.differs`). `staging_pairs` is the one break-even of
+staging (METRICS.md), used here and by `iobench report`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from iobench.errors import StorageError
 from iobench.metrics import fmt_rate
 from iobench.results import ResultError, find_results, load_result
+from iobench.spread import HEADLINE, differs, fmt_spread, repetition_figures, run_spread, spread
 
 
 def load_runs(paths: list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
     """(path, document) for each result named by `paths` (files or directories)."""
     return [(p, load_result(p)) for p in find_results(paths)]
+
+
+def _root_of(place: Any) -> str | None:
+    """The root of a staging's `from`/`to` (an object with `root`, or a bare path)."""
+    return place.get("root") if isinstance(place, dict) else place
 
 
 def run_label(doc: dict[str, Any]) -> str:
@@ -34,37 +46,179 @@ def run_label(doc: dict[str, Any]) -> str:
     if doc.get("tier"):
         where += f" [EMULATED pfs, {doc['tier']['profile'].get('name')}]"
     if doc.get("staging"):
-        src = doc["staging"].get("from")
-        where += f" [staged from {src.get('root') if isinstance(src, dict) else src}]"
+        where += f" [staged from {_root_of(doc['staging'].get('from'))}]"
     return f"{c['loader']} @ {where}, {what}"
 
 
-def break_even(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each staged run, the staging cost against run 1 (in place), per METRICS.md.
+def repetitions(doc: Mapping[str, Any]) -> int:
+    """How many repetitions (`--repeat N`) a training result holds (1 for v1 results)."""
+    return len({int(e.get("repeat", 0)) for e in doc["epochs"]}) or 1
 
-    `break_even_epochs` = stage_s / (mean epoch wall of run 1 - mean epoch wall
-    of the staged run); None (never pays) when staging does not make epochs faster.
+
+# --------------------------------------------------------------------- staging break-even
+
+def real(path: str | None) -> str:
+    """The real path of a dataset root (symlinks and `..` resolved); '' for None."""
+    return os.path.realpath(path) if path else ""
+
+
+def staging_record(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The staging a document describes, or None: an `iobench.stage` result, or a training
+    result with a `staging` section (`iobench train --stage-to`).
+
+    With `--repeat N` stagings (a `spread` section), `stage_s` and `stage_MBps`
+    are the medians and `stage_spread` the spread of `stage_s`.
     """
-    if not docs:
-        return []
-    def mean_wall(d: dict[str, Any]) -> float:
-        walls = [e["summary"]["wall_s"] for e in d["epochs"]]
-        return sum(walls) / len(walls) if walls else float("nan")
+    if doc.get("schema") == "iobench.stage":
+        st, run = doc, None
+    elif doc.get("staging"):
+        st, run = doc["staging"], doc
+    else:
+        return None
+    sp = st.get("spread") or {}
+    src, dst = st.get("from"), st.get("to")
+    ds = doc["dataset"]
+    resumed = st.get("skipped_files") or 0
+    return {
+        "stage_s": sp["stage_s"]["median"] if sp.get("stage_s") else st["stage_s"],
+        "stage_spread": sp.get("stage_s"),
+        "stage_bytes": st["stage_bytes"],
+        "stage_MBps": sp["stage_MBps"]["median"] if sp.get("stage_MBps") else st.get("stage_MBps"),
+        "repeats": st.get("repeats") or 1,
+        "mode": (st.get("mode") or "n/a") + (f" (resumed: {resumed} files were already there)"
+                                              if resumed else ""),
+        "resumed": resumed,
+        "from": real(_root_of(src)), "to": real(_root_of(dst)),
+        "from_kind": src.get("fstype") if isinstance(src, dict) else None,
+        "to_kind": dst.get("fstype") if isinstance(dst, dict) else None,
+        "dataset": ds["dataset"], "format": ds["format"],
+        "staged_run": run,
+    }
 
-    slow = mean_wall(docs[0])
-    out = []
-    for i, d in enumerate(docs):
-        st = d.get("staging")
-        if not st or i == 0:
-            continue
-        fast = mean_wall(d)
-        saved = slow - fast
-        out.append({"run": i, "stage_s": st["stage_s"], "stage_bytes": st["stage_bytes"],
-                    "stage_MBps": st.get("stage_MBps"), "epoch_wall_in_place_s": slow,
-                    "epoch_wall_staged_s": fast,
-                    "break_even_epochs": st["stage_s"] / saved if saved > 0 else None})
+
+def _comparable_key(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """What must be equal for two runs' epoch times to differ by their storage alone."""
+    c, comp, ds = doc["config"], doc["compute"], doc["dataset"]
+    return {"dataset": ds["dataset"], "format": ds["format"], "samples": ds.get("num_samples"),
+            "compute": comp["kind"], "model": comp.get("model"),
+            "compute_time_s": comp.get("compute_time_s"), "decode": comp.get("decode"),
+            "batch_size": c["batch_size"], "ranks": doc["world"]["size"], "loader": c["loader"],
+            "workers": c["workers"], "shuffle": c.get("shuffle"),
+            "max_steps": c.get("max_steps"), "cache": doc["cache"]["mode"]}
+
+
+def comparability(slow: Mapping[str, Any], fast: Mapping[str, Any]) -> list[str]:
+    """Why two runs' epoch times are not comparable, one `field a vs b` each; [] when they are.
+
+    Dataset (name, format, samples), compute (kind, model, emulated step time,
+    decode), batch size, ranks, loader, workers, shuffle, steps per epoch and
+    cache mode must match.
+    """
+    a, b = _comparable_key(slow), _comparable_key(fast)
+    return [f"{k} {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
+
+
+def break_even_text(row: Mapping[str, Any]) -> str:
+    """The break-even of a `staging_pairs` row for tables: epochs, `never`, or why not."""
+    be = row.get("break_even_epochs")
+    if row.get("refused"):
+        return f"not computed: {row['refused']}"
+    if be is None:
+        return "n/a (resumed staging: not a full staging cost)" if row.get("resumed") else "n/a"
+    text = "never" if math.isinf(be) else f"{be:.2f}"
+    if row.get("significant") is False:
+        text += " (n.s.: epoch times within their spread)"
+    return text
+
+
+def jsonable_break_even(value: float | None) -> float | str | None:
+    """`break_even_epochs` for JSON: the word `never` for infinity (JSON has no infinity)."""
+    return "never" if value is not None and math.isinf(value) else value
+
+
+def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
+               fast: Mapping[str, Any]) -> dict[str, Any]:
+    """Staging cost against the epoch time it saves, per METRICS.md.
+
+    `slow` reads the staging's source in place, `fast` the staged copy.
+    `break_even_epochs` = stage_s / (epoch_wall_slow - epoch_wall_fast), with
+    epoch walls the medians over repetitions (seconds) and stage_s the
+    median over repeated stagings: epochs until staging pays for itself;
+    math.inf when staging does not make epochs faster; None when the runs
+    are not comparable (`refused` says why) or the staging was resumed
+    (part of the data was already there: its time is no staging cost).
+    `significant` is `iobench.spread.differs` of the two epoch walls.
+    """
+    out = {**staging, "slow_run_id": slow["run_id"], "fast_run_id": fast["run_id"],
+           "run": f"{slow['config']['loader']}, {slow['config']['workers']} workers, batch "
+                  f"{slow['config']['batch_size']}, shuffle {slow['config'].get('shuffle')}",
+           "refused": None, "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
+           "epoch_fast": None, "significant": None, "break_even_epochs": None, "epochs": None,
+           "in_place_s": None, "staged_total_s": None}
+    out.pop("staged_run", None)
+    diff = comparability(slow, fast)
+    if diff:
+        out["refused"] = ("runs not comparable: " + ", ".join(diff)
+                          + " (in place vs staged)")
+        return out
+    slow_sp, fast_sp = run_spread(slow["epochs"])["epoch_wall_s"], \
+        run_spread(fast["epochs"])["epoch_wall_s"]
+    if not slow_sp or not fast_sp:
+        out["refused"] = "a run has no epochs"
+        return out
+    slow_s, fast_s = slow_sp["median"], fast_sp["median"]
+    gain = slow_s - fast_s
+    stage_s = staging["stage_s"]
+    epochs = repetition_figures(slow["epochs"])[0]["epochs"]
+    out.update({
+        "epoch_slow_s": slow_s, "epoch_fast_s": fast_s, "epoch_slow": slow_sp,
+        "epoch_fast": fast_sp, "significant": differs(slow_sp, fast_sp),
+        "break_even_epochs": None if staging["resumed"] else
+        stage_s / gain if gain > 0 else math.inf,
+        # time to solution for the runs' epoch count, in place vs staged
+        "epochs": epochs, "in_place_s": slow_s * epochs,
+        "staged_total_s": stage_s + fast_s * epochs,
+    })
     return out
 
+
+def staging_pairs(runs: Sequence[Mapping[str, Any]],
+                  stages: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every staging paired with the in-place runs of its source: `break_even` rows.
+
+    A staging is a training result with a `staging` section (its own epochs
+    are the staged ones) or an `iobench stage` result in `stages` (the staged
+    epochs come from runs reading its destination). The in-place runs are
+    those without staging whose dataset root is the staging's source, by real
+    path, whatever the order the runs were given in. A staging without any
+    in-place run gets one row with `run` None and `refused` saying so. Rows of
+    one staging share their `staging_index`.
+    """
+    out = []
+    stagings = [st for st in map(staging_record, [*stages, *runs]) if st is not None]
+    for k, st in enumerate(stagings):
+        st = {**st, "staging_index": k}
+        fasts = ([st["staged_run"]] if st["staged_run"] is not None else
+                 [r for r in runs if real(r["dataset"].get("root")) == st["to"]])
+        slows = [r for r in runs if not r.get("staging")
+                 and real(r["dataset"].get("root")) == st["from"]]
+        pairs = [(a, b) for a in slows for b in fasts if a is not b]
+        if not pairs:
+            row = {**st, "run": None, "slow_run_id": None,
+                   "fast_run_id": st["staged_run"]["run_id"] if st["staged_run"] else None,
+                   "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
+                   "epoch_fast": None, "significant": None, "break_even_epochs": None,
+                   "epochs": None, "in_place_s": None, "staged_total_s": None,
+                   "refused": f"no in-place run of {st['from']}" if not slows else
+                   f"no run of the staged copy {st['to']}"}
+            row.pop("staged_run")
+            out.append(row)
+            continue
+        out += [break_even(st, a, b) for a, b in pairs]
+    return out
+
+
+# ------------------------------------------------------------------------ per-run figures
 
 def unique_labels(docs: list[dict[str, Any]]) -> list[str]:
     """Labels for `docs`, with the run id's tail appended where two would read the same."""
@@ -79,23 +233,53 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def _median(s: Mapping[str, Any] | None) -> float | None:
+    return s["median"] if s else None
+
+
+def run_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run: the spread of each HEADLINE figure over its repetitions.
+
+    `spread[k]` is `iobench.spread.run_spread`'s (median, min, max, cv, n);
+    `differs[k]` is whether it differs from the first run's beyond either
+    spread (None: unknown, both single passes); `samples_per_s_vs_first` the
+    ratio of the medians.
+    """
+    spreads = [run_spread(d["epochs"]) for d in docs]
+    rows = []
+    for i, (doc, label, sp) in enumerate(zip(docs, unique_labels(docs), spreads, strict=True)):
+        first = spreads[0]
+        rows.append({
+            "run": i, "label": label, "run_id": doc["run_id"], "repeats": repetitions(doc),
+            "spread": sp,
+            "differs": {k: None if i == 0 else differs(sp[k], first[k]) for k in HEADLINE},
+            "samples_per_s_vs_first": _ratio(_median(sp["samples_per_s"]),
+                                             _median(first["samples_per_s"])),
+            "stall_vs_first": _ratio(_median(sp["stall_s"]), _median(first["stall_s"])),
+        })
+    return rows
+
+
 def comparison_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (run, epoch): headline figures and the ratios to the first run.
+    """One row per (run, repetition, epoch): headline figures and the ratios to the first run.
 
     `stall_s` is the max over ranks (the pace setter), `stall_fraction` the
     max over ranks, `au` the mean over ranks, `samples_per_s` and
     `read_MBps` global (METRICS.md). `*_vs_first` divide by the first run's
-    figure for the same epoch (None when that run has no such epoch).
+    figure for the same repetition and epoch (None when it has no such one).
     """
     labels = unique_labels(docs)
-    first = {e["epoch"]: e["summary"] for e in docs[0]["epochs"]} if docs else {}
+    first = ({(int(e.get("repeat", 0)), e["epoch"]): e["summary"] for e in docs[0]["epochs"]}
+             if docs else {})
     rows = []
     for i, (doc, label) in enumerate(zip(docs, labels, strict=True)):
         for e in doc["epochs"]:
             s = e["summary"]
-            f = first.get(e["epoch"])
+            rep = int(e.get("repeat", 0))
+            f = first.get((rep, e["epoch"]))
             rows.append({
-                "run": i, "label": label, "run_id": doc["run_id"], "epoch": e["epoch"],
+                "run": i, "label": label, "run_id": doc["run_id"], "repeat": rep,
+                "epoch": e["epoch"],
                 "stall_s": s["stall_s_max"], "stall_fraction": s["stall_fraction_max"],
                 "au": s["au_mean"], "samples_per_s": s["samples_per_s"],
                 "read_MBps": s["read_MBps"], "wall_s": s["wall_s"],
@@ -111,44 +295,121 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def scaled(s: Mapping[str, Any] | None, factor: float) -> dict[str, Any] | None:
+    """A spread with its median, min and max multiplied by `factor` (e.g. 100 for percent)."""
+    if not s:
+        return None
+    return {**s, **{k: s[k] * factor for k in ("median", "min", "max")}}
+
+
+def fmt_figure(s: Mapping[str, Any] | None, spec: str | None = None) -> str:
+    """`median [min-max]` of a spread; rates (spec None) as `fmt_rate` writes them."""
+    if spec is None:
+        spec = ".0f" if s and abs(s["median"]) >= 100 else ".3g"
+    return fmt_spread(s, spec)
+
+
+def mark(significant: bool | None) -> str:
+    """` n.s.` after a figure whose difference to the baseline is within the spread."""
+    return " n.s." if significant is False else ""
+
+
+# (key, column, format spec or None for a rate, scale)
+RUN_COLUMNS: tuple[tuple[str, str, str | None, float], ...] = (
+    ("epoch_wall_s", "epoch s", ".3g", 1.0), ("stall_s", "stall s", ".3g", 1.0),
+    ("stall_fraction", "stall %", ".3g", 100.0), ("au", "AU", ".2f", 1.0),
+    ("samples_per_s", "samples/s", None, 1.0), ("read_MBps", "MB/s", None, 1.0))
+
+
 def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
-    """Print (and return) the side-by-side rich table."""
+    """Print (and return) the side-by-side rich tables: per epoch, then per run with spreads."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    table = Table(title="iobench compare: per epoch, stall = max over ranks; ratios vs run 1")
-    for col in ("run", "epoch", "stall s", "stall %", "AU", "samples/s", "MB/s", "wall s",
-                "stall ×run1", "samples/s ×run1", "train acc"):
-        table.add_column(col, justify="right" if col not in ("run",) else "left")
+    repeated = any(repetitions(d) > 1 for d in docs)
+    table = Table(title="iobench compare: per epoch, stall = max over ranks; ratios vs run 1"
+                  + (" (same repetition and epoch)" if repeated else ""))
+    cols = ["run", *(["rep"] if repeated else []), "epoch", "stall s", "stall %", "AU",
+            "samples/s", "MB/s", "wall s", "stall ×run1", "samples/s ×run1", "train acc"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "run" else "right")
     rows = comparison_rows(docs)
-    for r in rows:
-        table.add_row(f"{r['run'] + 1}", str(r["epoch"] + 1), _fmt(r["stall_s"], ".2f"),
+    for k, r in enumerate(rows):
+        nxt = rows[k + 1] if k + 1 < len(rows) else None
+        table.add_row(f"{r['run'] + 1}", *([str(r["repeat"] + 1)] if repeated else []),
+                      str(r["epoch"] + 1), _fmt(r["stall_s"], ".2f"),
                       _fmt(r["stall_fraction"] and 100 * r["stall_fraction"], ".1f"),
                       _fmt(r["au"], ".2f"), fmt_rate(r["samples_per_s"]),
                       fmt_rate(r["read_MBps"]), _fmt(r["wall_s"], ".2f"),
                       _fmt(r["stall_vs_first"], ".2f"), _fmt(r["samples_per_s_vs_first"], ".2f"),
                       _fmt(r["accuracy"], ".3f"),
-                      end_section=r is not rows[-1] and rows[rows.index(r) + 1]["run"] != r["run"])
+                      end_section=nxt is not None and (nxt["run"], nxt["repeat"])
+                      != (r["run"], r["repeat"]))
     console.print(table)
+
+    per_run = run_rows(docs)
+    summary = Table(title=escape("iobench compare: per run, median [min-max] over "
+                                 "repetitions"))
+    summary.add_column("figure")
+    for r in per_run:
+        summary.add_column(f"run {r['run'] + 1}", justify="right")
+    summary.add_row("repetitions", *(str(r["repeats"]) for r in per_run), end_section=True)
+    for k, name, spec, f in RUN_COLUMNS:
+        summary.add_row(name, *(fmt_figure(scaled(r["spread"][k], f), spec) + mark(r["differs"][k])
+                                for r in per_run))
+    summary.add_row("samples/s ×run1", *(_fmt(r["samples_per_s_vs_first"], ".2f")
+                                          + mark(r["differs"]["samples_per_s"])
+                                          for r in per_run))
+    console.print(summary)
+    console.print(escape("per run: median [min-max] over repetitions; epoch figures: mean over "
+                         "a repetition's epochs, rates over its summed epoch time; n.s. = not "
+                         "significant: the difference to run 1 is within the min-max spread "
+                         "of either run"))
+    for r in per_run[1:]:
+        if all(v is None for v in r["differs"].values()):
+            console.print(f"run {r['run'] + 1} vs run 1: significance unknown (single passes: "
+                          "no spread measured; `iobench train --repeat N` measures it)")
+
     for i, (doc, label) in enumerate(zip(docs, unique_labels(docs), strict=True)):
         warn = f"  [bold red]{len(doc['warnings'])} warning(s)[/]" if doc["warnings"] else ""
+        reps = f"; {repetitions(doc)} repetitions" if repetitions(doc) > 1 else ""
         console.print(f"run {i + 1}: {escape(label)}; cache {doc['cache']['mode']}; "
-                      f"{doc['world']['size']} rank(s); {doc['run_id']}{warn}")
-    for b in break_even(docs):
-        when = (f"pays for itself after {b['break_even_epochs']:.1f} epochs"
-                if b["break_even_epochs"] is not None else "never pays for itself")
-        console.print(f"staging (run {b['run'] + 1}): {b['stage_bytes'] / 1e6:.1f} MB in "
-                      f"{b['stage_s']:.2f} s; mean epoch {b['epoch_wall_staged_s']:.2f} s vs "
-                      f"{b['epoch_wall_in_place_s']:.2f} s in place (run 1): {when} "
-                      "(break_even_epochs = stage_s / epoch time saved)")
+                      f"{doc['world']['size']} rank(s){reps}; {doc['run_id']}{warn}")
+    index = {d["run_id"]: i + 1 for i, d in enumerate(docs)}
+    for b in staging_pairs(docs):
+        console.print(escape(staging_line(b, index)))
     if any(d.get("tier") for d in docs):
         from iobench.pfs.stats import NOTE
 
         console.print(f"[yellow]{NOTE}[/]")
     return table
 
+
+def staging_line(b: Mapping[str, Any], index: Mapping[str, int]) -> str:
+    """One line on a `staging_pairs` row, naming runs by their number in `index` (run id ->)."""
+    staged = index.get(b["fast_run_id"]) if b["fast_run_id"] else None
+    who = f"staging (run {staged})" if staged else "staging"
+    if b["slow_run_id"] is None:
+        return f"{who}: break-even not computed: {b['refused']} among the runs given"
+    slow = index.get(b["slow_run_id"])
+    if b["refused"]:
+        return f"{who}: break-even vs run {slow} not computed: {b['refused']}"
+    stage = fmt_figure(b["stage_spread"], ".3g") if b["stage_spread"] else f"{b['stage_s']:.2f}"
+    be = b["break_even_epochs"]
+    when = ("resumed staging, not a full staging cost: no break-even" if be is None else
+            "never pays for itself" if math.isinf(be) else
+            f"pays for itself after {be:.2f} epochs")
+    if b["significant"] is False:
+        when += " (n.s.: the epoch times are within their spread)"
+    return (f"{who}: {b['stage_bytes'] / 1e6:.1f} MB in {stage} s; median epoch "
+            f"{fmt_figure(b['epoch_fast'], '.3g')} s staged vs "
+            f"{fmt_figure(b['epoch_slow'], '.3g')} s in place (run {slow}): {when} "
+            "(break_even_epochs = stage_s / epoch time saved)")
+
+
+# ------------------------------------------------------------------------------ plots
 
 def _save_png(fig: Any, path: Path) -> Path:
     """Write a figure atomically (temporary name, then rename) and close it."""
@@ -169,8 +430,29 @@ def _save_png(fig: Any, path: Path) -> Path:
     return path
 
 
+def epoch_spreads(doc: Mapping[str, Any], figure: Any) -> dict[int, dict[str, Any]]:
+    """Per epoch number: the spread over repetitions of `figure(epoch record)` (None skipped)."""
+    by_epoch: dict[int, list[float | None]] = {}
+    for e in doc["epochs"]:
+        by_epoch.setdefault(e["epoch"], []).append(figure(e))
+    out = {}
+    for ep in sorted(by_epoch):
+        s = spread(by_epoch[ep])
+        if s:
+            out[ep] = s
+    return out
+
+
+def error_bars(spreads: Sequence[Mapping[str, Any]]) -> list[list[float]] | None:
+    """matplotlib `yerr` (below, above the median) for min-max bars; None when all are single."""
+    if all(s["n"] < 2 for s in spreads):
+        return None
+    return [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
+
+
 def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
-    """Training accuracy (classification) or loss (regression) per epoch, one line per run.
+    """Training accuracy (classification) or loss (regression) per epoch, one line per run;
+    with repetitions, the median per epoch with min-max error bars.
 
     Runs without a real model have no curve; a ResultError says so when none has one.
     """
@@ -181,17 +463,19 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
 
     curves = []
     for doc, label in zip(docs, unique_labels(docs), strict=True):
-        pts = [(e["epoch"] + 1, e["training"]) for e in doc["epochs"] if e.get("training")]
-        if pts:
-            curves.append((label, doc["compute"].get("task"), pts))
+        if any(e.get("training") for e in doc["epochs"]):
+            curves.append((label, doc["compute"].get("task"), doc))
     if not curves:
         raise ResultError("no run trained a real model (compute kind `model`): no accuracy or "
                           "loss curve to draw; drop --accuracy-plot")
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     metric = "accuracy" if all(t == "classification" for _, t, _ in curves) else "loss"
-    for i, (label, _, pts) in enumerate(curves):
-        ys = [float("nan") if t[metric] is None else t[metric] for _, t in pts]
-        ax.plot([e for e, _ in pts], ys, marker="o", label=f"{i + 1}: {label}")
+    for i, (label, _, doc) in enumerate(curves):
+        sp = epoch_spreads(doc, lambda e: (e.get("training") or {}).get(metric))
+        eps = sorted(sp)
+        ax.errorbar([e + 1 for e in eps], [sp[e]["median"] for e in eps],
+                    yerr=error_bars([sp[e] for e in eps]), marker="o", capsize=3,
+                    label=f"{i + 1}: {label}")
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"training {metric} (all ranks)")
     ax.set_title(f"Training {metric} per epoch")
@@ -213,7 +497,8 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
-    """Bar chart of stall time (max over ranks) per epoch, grouped by epoch, one bar per run.
+    """Bar chart of stall time (max over ranks) per epoch, grouped by epoch, one bar per run;
+    with repetitions, the median over them with min-max error bars.
 
     Written atomically (temporary name, then rename) as PNG.
     """
@@ -223,22 +508,23 @@ def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    rows = comparison_rows(docs)
     labels = unique_labels(docs)
-    epochs = sorted({r["epoch"] for r in rows})
+    per_run = [epoch_spreads(d, lambda e: e["summary"]["stall_s_max"]) for d in docs]
+    epochs = sorted({ep for sp in per_run for ep in sp})
     n = len(docs)
     width = 0.8 / max(n, 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(epochs) * max(n, 2) * 0.6 + 3), 4.5))
-    for i, label in enumerate(labels):
-        xs, ys = [], []
-        for r in rows:
-            if r["run"] == i:
-                xs.append(epochs.index(r["epoch"]) + (i - (n - 1) / 2) * width)
-                ys.append(r["stall_s"])
-        bars = ax.bar(xs, ys, width * 0.95, label=f"{i + 1}: {label}")
+    for i, (label, sp) in enumerate(zip(labels, per_run, strict=True)):
+        eps = sorted(sp)
+        xs = [epochs.index(ep) + (i - (n - 1) / 2) * width for ep in eps]
+        ys = [sp[ep]["median"] for ep in eps]
+        bars = ax.bar(xs, ys, width * 0.95, yerr=error_bars([sp[ep] for ep in eps]), capsize=3,
+                      label=f"{i + 1}: {label}")
         ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=8, padding=2)
     ax.set_xticks(range(len(epochs)), [f"epoch {e + 1}" for e in epochs])
-    ax.set_ylabel("stall time per epoch (s, max over ranks)")
+    repeated = any(repetitions(d) > 1 for d in docs)
+    ax.set_ylabel("stall time per epoch (s, max over ranks)"
+                  + ("\nmedian over repetitions, bars min-max" if repeated else ""))
     ax.set_title("Data stall per epoch (lower is better)")
     ax.margins(y=0.15)
     ax.grid(axis="y", alpha=0.3)

@@ -7,7 +7,9 @@ environment, the probe figures per tier, a table of runs per dataset (with
 each run's MB/s as a fraction of its tier's probe limit), the staging cost
 with break-even epochs (METRICS.md), and plots: stall time per epoch by run,
 throughput by workers, AU by storage tier, loader MB/s next to the probe
-limits. Report code is the only place (with `compare`) that imports matplotlib.
+limits. Runs with `--repeat N` repetitions show median [min-max] and min-max
+error bars; differences within the spread are marked `n.s.`. Report code is
+the only place (with `compare`) that imports matplotlib.
 """
 
 from __future__ import annotations
@@ -25,10 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from iobench import results as _results
+from iobench.compare import (
+    break_even_text,
+    epoch_spreads,
+    error_bars,
+    fmt_figure,
+    mark,
+    real,
+    repetitions,
+    staging_pairs,
+)
 from iobench.errors import ConfigError, DatasetNotFoundError
+from iobench.spread import differs, run_spread
 
-KNOWN = {"iobench.result": _results.SCHEMA_VERSION, "iobench.stage": 1, "iobench.probe": 1, "iobench.sweep": 1}
 LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
 
 
@@ -46,8 +57,11 @@ class Collection:
 def load_directory(results_dir: str | Path) -> Collection:
     """Read every iobench document in `results_dir` (not recursive); damaged files are listed
     in `skipped`, never fatal. An empty or missing directory is an error."""
+    from iobench import probe, results, stage, sweep
     from iobench.results import ResultError, validate
 
+    # the newest version each writer writes is what this reader reads
+    known = {m.SCHEMA: m.SCHEMA_VERSION for m in (results, stage, probe, sweep)}
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
@@ -61,9 +75,9 @@ def load_directory(results_dir: str | Path) -> Collection:
             col.skipped.append((p.name, f"unreadable: {e}"))
             continue
         schema = doc.get("schema") if isinstance(doc, dict) else None
-        if schema not in KNOWN:
+        if schema not in known:
             continue  # not ours (a manifest, someone else's JSON)
-        if not isinstance(doc.get("schema_version"), int) or doc["schema_version"] > KNOWN[schema]:
+        if not isinstance(doc.get("schema_version"), int) or doc["schema_version"] > known[schema]:
             col.skipped.append((p.name, f"{schema} v{doc.get('schema_version')} is newer than "
                                         "this iobench reads"))
             continue
@@ -101,17 +115,13 @@ def _has(doc: dict[str, Any], name: str, col: Collection, keys: Sequence[str]) -
 
 # ------------------------------------------------------------------------------ figures
 
-def _real(p: str | None) -> str:
-    return os.path.realpath(p) if p else ""
-
-
 def _under(path: str, root: str) -> bool:
     return bool(root) and (path == root or path.startswith(root.rstrip("/") + "/"))
 
 
 def probe_for(path: str | None, probes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest probe of the deepest directory holding `path` (a dataset root)."""
-    path = _real(path)
+    path = real(path)
     best = None
     for p in probes:
         root = p["storage"]["path"]
@@ -140,21 +150,31 @@ def sweep_tier_names(sweeps: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     out = []
     for s in sweeps:
         for t in (s.get("config") or {}).get("tiers") or []:
-            out.append((_real(t["path"]), t["name"]))
+            out.append((real(t["path"]), t["name"]))
             if t.get("stage_to"):
-                out.append((_real(t["stage_to"]), t.get("stage_name") or f"{t['name']}-staged"))
+                out.append((real(t["stage_to"]), t.get("stage_name") or f"{t['name']}-staged"))
     return out
 
 
 def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
             names: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    """One line of a runs table: configuration and figures (means over epochs). The tier is
-    named by its probe's label, else by a sweep's tier name, else by its filesystem."""
+    """One line of a runs table: configuration and figures. The tier is named by its probe's
+    label, else by a sweep's tier name, else by its filesystem.
+
+    Headline figures are `iobench.spread.run_spread`'s medians over the run's
+    repetitions (a v1 result is one repetition: means over its epochs, rates
+    over its summed epoch walls), with their spreads in `spread`; `stall_s`
+    and `wall_s` are per epoch number, medians over repetitions, with spreads
+    in `stall_spread`.
+    """
     c, eps = doc["config"], doc["epochs"]
-    sums = [e["summary"] for e in eps]
     storage = (doc.get("provenance") or {}).get("storage") or {}
     probe = probe_for(doc["dataset"].get("root") or storage.get("path"), probes)
-    mbps = _mean([s["read_MBps"] for s in sums])
+    sp = run_spread(eps)
+    med = {k: v["median"] if v else None for k, v in sp.items()}
+    stall = epoch_spreads(doc, lambda e: e["summary"]["stall_s_max"])
+    wall = epoch_spreads(doc, lambda e: e["summary"]["wall_s"])
+    mbps = med["read_MBps"]
     ds = doc["dataset"]
     sample = ds["total_bytes"] / ds["num_samples"] if ds.get("num_samples") else None
     limit = probe_limit(probe, sample) if probe else None
@@ -162,23 +182,24 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
     cache = ("warm (by choice)" if doc["cache"]["mode"] == "warm" else
              "COLD FAILED" if "warm" in statuses else
              "unknown" if "unknown" in statuses else "cold")
-    root = _real(doc["dataset"].get("root"))
+    root = real(doc["dataset"].get("root"))
     named = [n for n in names if _under(root, n[0])]
     tier = (probe["label"] if probe else max(named, key=lambda n: len(n[0]))[1] if named
             else f"{storage.get('kind', '?')} ({storage.get('fstype', '?')})")
     return {
         "run_id": doc["run_id"], "dataset": doc["dataset"]["dataset"],
         "format": doc["dataset"]["format"], "loader": c["loader"], "tier": tier,
-        "storage": c["storage"], "root": _real(doc["dataset"].get("root")),
+        "storage": c["storage"], "root": root,
         "workers": c["workers"], "batch_size": c["batch_size"],
         # a shard-staged run shuffles within each rank's own files
         "shuffle": c["shuffle"] + (" (local)" if (doc.get("staging") or {}).get(
             "shuffle_scope") == "local" else ""),
         "ranks": doc["world"]["size"], "compute": doc["compute"]["kind"],
-        "epochs": len(eps), "stall_s": [s["stall_s_max"] for s in sums],
-        "wall_s": [s["wall_s"] for s in sums],
-        "au": _mean([s["au_mean"] for s in sums]), "samples_per_s": _mean([s["samples_per_s"]
-                                                                          for s in sums]),
+        "repeats": repetitions(doc), "epochs": len(stall),
+        "stall_s": [stall[e]["median"] for e in sorted(stall)],
+        "stall_spread": [stall[e] for e in sorted(stall)],
+        "wall_s": [wall[e]["median"] for e in sorted(wall)],
+        "spread": sp, "au": med["au"], "samples_per_s": med["samples_per_s"],
         "read_MBps": mbps, "limit_MBps": limit,
         "ratio": mbps / limit if mbps is not None and limit else None,
         "cache": cache, "staged": doc.get("staging") is not None,
@@ -186,69 +207,33 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
     }
 
 
-def _same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    keys = ("dataset", "format", "loader", "workers", "batch_size", "shuffle", "ranks",
-            "compute")
-    return all(a[k] == b[k] for k in keys)
-
-
-def staging_rows(col: Collection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Staging cost next to the epoch time it saves: `break_even_epochs` per METRICS.md.
 
-    A staging (from `iobench stage` or a run's `staging` section) is paired
-    with runs of the same configuration reading the source tier (slow) and
-    the staged copy (fast); break-even = stage_s / (epoch_wall_slow -
-    epoch_wall_fast), infinite when staging never pays.
+    `iobench.compare.staging_pairs` pairs each staging (an `iobench stage`
+    result or a run's `staging` section) with the in-place runs reading its
+    source and the runs of its copy, and refuses pairs that are not
+    comparable. Here each staging keeps its comparable pairs, one per
+    configuration; a staging without any keeps one row saying why (the pair
+    with the fewest differences). `rows` is unused (kept for callers).
     """
-    stagings = [{"stage_s": s["stage_s"], "stage_bytes": s["stage_bytes"],
-                 "stage_MBps": s["stage_MBps"], "resumed": s.get("skipped_files", 0),
-                 "mode": s["mode"] + (f" (resumed: {s['skipped_files']} files were already "
-                                      "there)" if s.get("skipped_files") else ""),
-                 "from": _real(s["from"]["root"]), "to": _real(s["to"]["root"]),
-                 "from_kind": s["from"].get("fstype"), "to_kind": s["to"].get("fstype"),
-                 "dataset": s["dataset"]["dataset"], "format": s["dataset"]["format"]}
-                for s in col.stages]
-    for r in col.runs:
-        st = r.get("staging")
-        if st and st.get("from") and st.get("to"):
-            stagings.append({"stage_s": st["stage_s"], "stage_bytes": st["stage_bytes"],
-                             "stage_MBps": st["stage_MBps"], "mode": st.get("mode"),
-                             "resumed": st.get("skipped_files", 0),
-                             "from": _real(st["from"]["root"]), "to": _real(st["to"]["root"]),
-                             "from_kind": st["from"].get("fstype"),
-                             "to_kind": st["to"].get("fstype"),
-                             "dataset": r["dataset"]["dataset"], "format": r["dataset"]["format"]})
-    out = []
-    seen = set()
-    for s in stagings:
-        slow = [r for r in rows if r["root"] == s["from"]]
-        fast = [r for r in rows if r["root"] == s["to"]]
-        pairs = [(a, b) for a in slow for b in fast if _same_config(a, b)]
-        if not pairs:
-            key = (s["from"], s["to"], None)
+    out: list[dict[str, Any]] = []
+    by_staging: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in staging_pairs(col.runs, col.stages):
+        by_staging[row["staging_index"]].append(row)
+    runs = {r["run_id"]: r for r in col.runs}
+    for _, pairs in sorted(by_staging.items()):
+        good = [p for p in pairs if not p["refused"]]
+        if not good:
+            out.append(min(pairs, key=lambda p: p["refused"].count(" vs ")))
+            continue
+        seen = set()
+        for p in good:
+            c = runs[p["slow_run_id"]]["config"]
+            key = (c["loader"], c["workers"], c["batch_size"], c["shuffle"])
             if key not in seen:
                 seen.add(key)
-                out.append({**s, "run": None, "epoch_slow_s": None, "epoch_fast_s": None,
-                            "break_even_epochs": None, "epochs": None, "in_place_s": None,
-                            "staged_total_s": None})
-            continue
-        for a, b in pairs:
-            key = (s["from"], s["to"], s["stage_s"], a["loader"], a["workers"], a["batch_size"],
-                   a["shuffle"])
-            if key in seen:
-                continue
-            seen.add(key)
-            slow_s, fast_s = _mean(a["wall_s"]), _mean(b["wall_s"])
-            gain = slow_s - fast_s
-            # a resumed staging copied only part of the data: its time is no staging cost
-            be = None if s["resumed"] else s["stage_s"] / gain if gain > 0 else math.inf
-            out.append({**s, "run": f"{a['loader']}, {a['workers']} workers, batch "
-                                    f"{a['batch_size']}, shuffle {a['shuffle']}",
-                        "epoch_slow_s": slow_s, "epoch_fast_s": fast_s,
-                        "break_even_epochs": be,
-                        # time to solution for the runs' epoch count, in place vs staged
-                        "epochs": a["epochs"], "in_place_s": slow_s * a["epochs"],
-                        "staged_total_s": s["stage_s"] + fast_s * a["epochs"]})
+                out.append(p)
     return out
 
 
@@ -268,6 +253,17 @@ def environment(col: Collection) -> dict[str, Any]:
 def _short(r: dict[str, Any]) -> str:
     return (f"{r['loader']} @ {r['tier']}, w{r['workers']} b{r['batch_size']} {r['shuffle']}"
             + (" staged" if r["staged"] else ""))
+
+
+REPEAT_NOTE = "\nbars: min-max over repetitions"
+
+
+def pooled(spreads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One point for several alike runs: the mean of their medians, from the lowest min to
+    the highest max (n: the most repetitions among them, so single passes get no bar)."""
+    return {"median": sum(s["median"] for s in spreads) / len(spreads),
+            "min": min(s["min"] for s in spreads), "max": max(s["max"] for s in spreads),
+            "n": max(s["n"] for s in spreads)}
 
 
 def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
@@ -296,10 +292,12 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
     if rows:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for r in sorted(rows, key=_short):
-            ax.plot(range(1, len(r["stall_s"]) + 1), r["stall_s"], marker="o",
-                    label=f"{r['dataset']}: {_short(r)}")
+            ax.errorbar(range(1, len(r["stall_s"]) + 1), r["stall_s"],
+                        yerr=error_bars(r["stall_spread"]), marker="o", capsize=3,
+                        label=f"{r['dataset']}: {_short(r)}")
         ax.set_xlabel("epoch")
-        ax.set_ylabel("stall time per epoch, s (slowest rank)")
+        ax.set_ylabel("stall time per epoch, s (slowest rank)"
+                      + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
         ax.set_title("Data stall per epoch, by run (cold cache)")
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -312,15 +310,18 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
                     r["staged"])].append(r)
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
-            by_w: dict[int, list[float]] = defaultdict(list)
+            by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
             for r in rs:
-                if r["samples_per_s"] is not None:
-                    by_w[r["workers"]].append(r["samples_per_s"])
+                if r["spread"]["samples_per_s"] is not None:
+                    by_w[r["workers"]].append(r["spread"]["samples_per_s"])
             ws = sorted(by_w)
-            ax.plot(ws, [sum(by_w[w]) / len(by_w[w]) for w in ws], marker="o",
-                    label=f"{ds}: {loader} @ {tier}, b{bs} {sh}" + (" staged" if staged else ""))
+            pts = [pooled(by_w[w]) for w in ws]
+            ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
+                        capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
+                        + (" staged" if staged else ""))
         ax.set_xlabel("loader workers per rank")
-        ax.set_ylabel("samples/s (mean over epochs)")
+        ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
+                      + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
         ax.set_title("Throughput by workers")
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -332,17 +333,20 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         width = 0.8 / max(len(loaders), 1)
         for k, loader in enumerate(loaders):
-            vals = []
+            pts = []
             for t in tiers:
-                aus = [r["au"] for r in rows if r["tier"] == t and r["loader"] == loader
-                       and r["au"] is not None]
-                vals.append(sum(aus) / len(aus) if aus else 0.0)
-            ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=loader)
+                aus = [r["spread"]["au"] for r in rows if r["tier"] == t
+                       and r["loader"] == loader and r["spread"]["au"] is not None]
+                pts.append(pooled(aus) if aus else {"median": 0.0, "min": 0.0, "max": 0.0,
+                                                     "n": 1})
+            ax.bar([i + k * width for i in range(len(tiers))], [p["median"] for p in pts], width,
+                   yerr=error_bars(pts), capsize=3, label=loader)
         ax.axhline(0.9, color="red", linestyle="--", linewidth=1,
                    label="AU 0.90 (MLPerf Storage threshold)")
         ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
         ax.set_xticklabels(tiers, fontsize=8)
-        ax.set_ylabel("accelerator utilisation (mean over runs)")
+        ax.set_ylabel("accelerator utilisation (mean over runs)"
+                      + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
         ax.set_ylim(0, 1.05)
         ax.set_title("AU by storage tier")
         ax.legend(fontsize=7)
@@ -388,12 +392,35 @@ def _gb(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 1e9:.1f} GB"
 
 
-def _stalls(xs: list[float]) -> str:
-    """Every epoch's stall, or for long runs the first and last ones and the mean."""
+def _stalls(xs: list[dict[str, Any]]) -> str:
+    """Every epoch's stall (median [min-max] over repetitions), or for long runs the first and
+    last ones and the mean of the medians."""
+    cells = [fmt_figure(x, ".2f") for x in xs]
     if len(xs) <= 8:
-        return " / ".join(_f(x) for x in xs)
-    return (" / ".join(_f(x) for x in xs[:3]) + " / ... / " + " / ".join(_f(x) for x in xs[-2:])
-            + f" (mean {_f(sum(xs) / len(xs))} over {len(xs)})")
+        return " / ".join(cells)
+    meds = [x["median"] for x in xs]
+    return (" / ".join(cells[:3]) + " / ... / " + " / ".join(cells[-2:])
+            + f" (mean {_f(sum(meds) / len(meds))} over {len(xs)})")
+
+
+def versus_best(rs: Sequence[dict[str, Any]]) -> list[str]:
+    """For each run: its median samples/s over the best run's of `rs`, `n.s.` when within
+    the spread of either, `?` when significance is unknown (both single passes)."""
+    rated = [r for r in rs if r["samples_per_s"] is not None]
+    if not rated:
+        return ["n/a" for _ in rs]
+    best = max(rated, key=lambda r: r["samples_per_s"])
+    out = []
+    for r in rs:
+        if r["samples_per_s"] is None:
+            out.append("n/a")
+        elif r is best:
+            out.append("best")
+        else:
+            sig = differs(r["spread"]["samples_per_s"], best["spread"]["samples_per_s"])
+            out.append(_f(r["samples_per_s"] / best["samples_per_s"]) + mark(sig)
+                       + (" ?" if sig is None else ""))
+    return out
 
 
 @dataclass
@@ -447,23 +474,34 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
         trs = [[r["loader"] + (f" ({r['format']})" if r["loader"] == "dali" else ""),
                 r["tier"] + (" [staged]" if r["staged"] else ""), str(r["workers"]),
                 str(r["batch_size"]), r["shuffle"], str(r["ranks"]), r["compute"],
-                _stalls(r["stall_s"]), _f(r["au"]),
-                _f(r["samples_per_s"], ".0f"), _f(r["read_MBps"], ".1f"),
-                _f(r["ratio"], ".2f"), r["cache"]] for r in rs]
+                str(r["repeats"]), _stalls(r["stall_spread"]),
+                fmt_figure(r["spread"]["au"], ".2f"),
+                fmt_figure(r["spread"]["samples_per_s"]), fmt_figure(r["spread"]["read_MBps"]),
+                vs, _f(r["ratio"], ".2f"), r["cache"]] for r, vs in zip(rs, versus_best(rs),
+                                                                          strict=True)]
         tables.append(Table(f"Runs: {ds}", ["loader", "storage tier", "workers", "batch", "shuffle",
-                                            "ranks", "compute", "stall s per epoch", "AU",
-                                            "samples/s", "MB/s", "of probe limit", "cache"], trs,
-                            "Stall: slowest rank, per epoch. AU, samples/s, MB/s: mean over "
-                            "epochs. 'of probe limit': MB/s over the tier's random-read MB/s "
-                            "at the probed sample size nearest the dataset's (n/a without a "
-                            "probe of that tier)."))
+                                            "ranks", "compute", "reps", "stall s per epoch", "AU",
+                                            "samples/s", "MB/s", "samples/s vs best",
+                                            "of probe limit", "cache"], trs,
+                            "Figures with repetitions (reps > 1): median [min-max] over them. "
+                            "Stall: slowest rank, per epoch. AU, samples/s, MB/s: per "
+                            "repetition, mean over its epochs (rates: over its summed epoch "
+                            "time). 'vs best': median samples/s over the fastest run's in this "
+                            "table; n.s. = not significant (the difference is within the "
+                            "min-max spread of either run), ? = unknown (both single passes). "
+                            "'of probe limit': MB/s over the tier's random-read MB/s at the "
+                            "probed sample size nearest the dataset's (n/a without a probe of "
+                            "that tier)."))
     st_rows = staging_rows(col, rows)
     if st_rows:
         trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",
                 f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
-                _f(s["stage_s"]), _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
-                s["run"] or "no matching runs", _f(s["epoch_slow_s"]), _f(s["epoch_fast_s"]),
-                _f(s["break_even_epochs"], ".2f"),
+                fmt_figure(s["stage_spread"], ".2f") if s["stage_spread"] else _f(s["stage_s"]),
+                _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
+                s["run"] or "no matching runs",
+                fmt_figure(s["epoch_slow"], ".2f") if s["epoch_slow"] else "n/a",
+                fmt_figure(s["epoch_fast"], ".2f") if s["epoch_fast"] else "n/a",
+                break_even_text(s),
                 "n/a" if s["epochs"] is None else
                 f"{_f(s['in_place_s'])} / {_f(s['staged_total_s'])} ({s['epochs']} epochs)"]
                for s in st_rows]
@@ -472,10 +510,15 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                                              "epoch s (staged)", "break-even epochs",
                                              "time to solution s: in place / staged"], trs,
                             "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
-                            "(METRICS.md): staging pays for itself after that many epochs. "
-                            "Time to solution: epochs x epoch time in place, against stage_s + "
-                            "epochs x epoch time from the copy (epoch wall time, eviction "
-                            "excluded)."))
+                            "(METRICS.md), from the medians over repetitions (stage s and epoch "
+                            "s: median [min-max] where repeated): staging pays for itself after "
+                            "that many epochs; never when the copy is not faster; n.s. when "
+                            "the two epoch times are within their spread. Runs are compared "
+                            "only when dataset, format, compute, batch, ranks, loader, workers, "
+                            "shuffle, steps and cache mode match. A resumed staging copied "
+                            "only part of the data: no break-even (n/a). Time to solution: "
+                            "epochs x epoch time in place, against stage_s + epochs x epoch "
+                            "time from the copy (epoch wall time, eviction excluded)."))
     failed = [r for s in col.sweeps for r in s.get("runs", []) if r.get("status") == "failed"]
     if failed:
         tables.append(Table("Failed sweep runs", ["run", "error"],

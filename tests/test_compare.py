@@ -1,14 +1,21 @@
-"""`iobench compare`: table rows and ratios, the PNG plot, and bad input."""
+"""`iobench compare`: table rows and ratios, the PNG plot, bad input, staging break-even, repeats."""
 
 from __future__ import annotations
 
+import copy
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
+from test_report import make_npy_dataset as make_checked_dataset
+from test_report import with_repeats
 from test_train import factory, make_npy_dataset
 
 from conftest import cli
 from iobench import compare, results
+from iobench.stage import stage_for_training
 from iobench.train import TrainConfig, run
 from iobench.world import World
 
@@ -89,16 +96,169 @@ def test_accuracy_plot(two_runs, tmp_path: Path, capsys) -> None:
     assert "train acc" in capsys.readouterr().out
 
 
-def test_break_even_of_staging_follows_metrics():
-    from iobench.compare import break_even
+# ------------------------------------------------------------------ staging break-even
 
-    def doc(walls, staging=None):
-        return {"epochs": [{"summary": {"wall_s": w}} for w in walls], "staging": staging}
+def _train(storage: Path, out: Path, delay_s: float, stage_to: Path | None = None,
+           **kw: Any) -> tuple[Path, dict]:
+    """A real run (as `iobench train [--stage-to]` does it), written and read back."""
+    cfg = TrainConfig(**{"loader": "hdf5", "storage": str(storage), "epochs": 2,
+                         "batch_size": 32, "workers": 0, "compute_time_s": 0.002,
+                         "results": str(out), **kw})
+    staging = None
+    if stage_to is not None:
+        cfg, staging = stage_for_training(cfg, stage_to, "replicate", World())
+    doc = run(cfg, factory(delay_s), World())
+    if staging:
+        doc["staging"] = {**staging, "time_to_solution_s": staging["stage_s"]
+                          + doc["summary"]["wall_s"]}
+    path = results.write_result(doc, out)
+    return path, results.load_result(path)
 
-    in_place = doc([10.0, 12.0])  # mean epoch 11 s
-    staged = doc([6.0, 6.0], {"stage_s": 15.0, "stage_bytes": 10**9, "stage_MBps": 66.7})
-    slower = doc([12.0, 12.0], {"stage_s": 1.0, "stage_bytes": 1, "stage_MBps": 1.0})
-    rows = break_even([in_place, staged, slower])
-    assert [r["run"] for r in rows] == [1, 2]
-    assert rows[0]["break_even_epochs"] == 15.0 / (11.0 - 6.0)
-    assert rows[1]["break_even_epochs"] is None  # staging never pays
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """Real runs: in place on `slow`, staged to `fast` (`--stage-to`), staged again to
+    `fast` (resumed: the copy is there), and an in-place run with another batch size."""
+    base = tmp_path_factory.mktemp("cmp-staging")
+    slow, out = base / "slow", base / "results"
+    slow.mkdir()
+    make_checked_dataset(slow)  # real checksums: staging verifies them
+    return {"in_place": _train(slow, out, 0.02),
+            "staged": _train(slow, out, 0.0, stage_to=base / "fast"),
+            "resumed": _train(slow, out, 0.0, stage_to=base / "fast"),
+            "batch16": _train(slow, out, 0.02, batch_size=16)}
+
+
+def _walls(doc: dict, walls: list[float], tmp_path: Path) -> tuple[Path, dict]:
+    """`doc` with its epoch walls set (no timing left to chance), written for the CLI."""
+    d = with_repeats(doc, [walls], "w", tagged=False)
+    return results.write_result(copy.deepcopy(d), tmp_path), d
+
+
+def _text(docs: list[dict]) -> str:
+    console = Console(record=True, width=250, highlight=False)
+    compare.render_table(docs, console=console)
+    return console.export_text()
+
+
+def test_break_even_pairs_the_source_run_whatever_the_order(staged, tmp_path) -> None:
+    p_in, in_place = _walls(staged["in_place"][1], [2.0, 3.0], tmp_path)
+    p_st, st = _walls(staged["staged"][1], [0.5, 0.5], tmp_path)
+    for docs in ([in_place, st], [st, in_place]):  # staged first: still the slow/fast pair
+        (row,) = compare.staging_pairs(docs)
+        assert row["slow_run_id"] == in_place["run_id"] and row["fast_run_id"] == st["run_id"]
+        assert row["refused"] is None and (row["epoch_slow_s"], row["epoch_fast_s"]) == (2.5, 0.5)
+        assert row["break_even_epochs"] == pytest.approx(st["staging"]["stage_s"] / 2.0)
+    assert cli("compare", p_st, p_in) == 0
+    line = _text([st, in_place]).splitlines()[-1]
+    assert line.startswith("staging (run 1):")
+    assert f"in place (run 2): pays for itself after {st['staging']['stage_s'] / 2:.2f}" in line
+
+
+@pytest.mark.parametrize("other, needle", [
+    ("batch16", "batch_size 16 vs 32"),
+    ("other_dataset", "dataset imagenet vs cifar10"),
+])
+def test_incomparable_runs_are_refused_with_the_reason(staged, capsys, other, needle) -> None:
+    if other == "other_dataset":
+        doc = copy.deepcopy(staged["in_place"][1])
+        doc["dataset"]["dataset"] = "imagenet"
+    else:
+        doc = staged[other][1]
+    st = staged["staged"][1]
+    (row,) = compare.staging_pairs([st, doc])
+    assert row["break_even_epochs"] is None and needle in row["refused"]
+    assert "not computed" in compare.break_even_text(row)
+    (line,) = [ln for ln in _text([st, doc]).splitlines() if ln.startswith("staging")]
+    assert "break-even vs run 2 not computed: runs not comparable" in line and needle in line
+
+
+def test_staging_that_does_not_pay_says_never(staged, tmp_path, capsys) -> None:
+    p_in, in_place = _walls(staged["in_place"][1], [1.0, 1.0], tmp_path)
+    p_sl, slower = _walls(staged["staged"][1], [1.5, 1.0], tmp_path)  # the copy is slower
+    (row,) = compare.staging_pairs([in_place, slower])
+    assert row["break_even_epochs"] == math.inf
+    assert compare.break_even_text(row) == "never"
+    assert compare.jsonable_break_even(row["break_even_epochs"]) == "never"
+    assert cli("compare", p_in, p_sl) == 0
+    assert "never pays for itself" in capsys.readouterr().out
+
+
+def test_resumed_staging_is_no_staging_cost(staged) -> None:
+    resumed = staged["resumed"][1]
+    assert resumed["staging"]["skipped_files"] > 0  # the copy was already there
+    (row,) = compare.staging_pairs([staged["in_place"][1], resumed])
+    assert row["break_even_epochs"] is None and row["refused"] is None
+    assert "resumed" in compare.break_even_text(row)
+
+
+def test_staged_run_without_its_source_run_says_so(staged) -> None:
+    (row,) = compare.staging_pairs([staged["staged"][1]])
+    assert row["break_even_epochs"] is None and row["refused"].startswith("no in-place run of")
+
+
+# --------------------------------------------------------------------------- repeats
+
+@pytest.fixture(scope="module")
+def repeated(two_runs) -> list[dict]:
+    base = results.load_result(two_runs[1][0])
+    return [with_repeats(base, [[1.0, 1.0], [1.2, 1.2], [1.4, 1.4]], "a"),
+            with_repeats(base, [[1.1, 1.1], [1.3, 1.3], [1.5, 1.5]], "b"),  # within a's spread
+            with_repeats(base, [[3.0, 3.0], [3.1, 3.1], [3.2, 3.2]], "c")]  # far outside
+
+
+def test_repeats_show_medians_and_mark_not_significant(repeated, tmp_path) -> None:
+    samples = repeated[0]["epochs"][0]["summary"]["samples"]
+    rows = compare.run_rows(repeated)
+    assert [r["repeats"] for r in rows] == [3, 3, 3]
+    a = rows[0]["spread"]
+    assert (a["epoch_wall_s"]["median"], a["epoch_wall_s"]["min"], a["epoch_wall_s"]["max"]) \
+        == pytest.approx((1.2, 1.0, 1.4))
+    assert a["stall_s"]["median"] == pytest.approx(0.6)
+    assert a["samples_per_s"]["median"] == pytest.approx(samples / 1.2)
+    assert rows[1]["differs"]["epoch_wall_s"] is False
+    assert rows[2]["differs"]["epoch_wall_s"] is True
+    assert rows[2]["samples_per_s_vs_first"] == pytest.approx(1.2 / 3.1)
+    text = _text(repeated)
+    (wall_line,) = [ln for ln in text.splitlines() if "epoch s" in ln]
+    assert "1.2 [1-1.4]" in wall_line and "1.3 [1.1-1.5] n.s." in wall_line
+    assert "3.1 [3-3.2]" in wall_line and "3.1 [3-3.2] n.s." not in wall_line
+    assert "significance unknown" not in text
+    # the per-epoch table keeps repetitions apart: run 1 vs itself is 1.0 in every row
+    rows = compare.comparison_rows(repeated)
+    assert len({(r["repeat"], r["epoch"]) for r in rows if r["run"] == 0}) == 6
+    assert all(r["stall_vs_first"] == pytest.approx(1.0) for r in rows if r["run"] == 0)
+    paths = [results.write_result(copy.deepcopy(d), tmp_path) for d in repeated]
+    png = tmp_path / "stall.png"
+    assert cli("compare", *paths, "--plot", png) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_single_passes_say_significance_is_unknown(two_runs) -> None:
+    docs = [results.load_result(p) for p in two_runs[1]]  # v1 results: one repetition each
+    rows = compare.run_rows(docs)
+    assert [r["repeats"] for r in rows] == [1, 1]
+    assert all(v is None for v in rows[1]["differs"].values())
+    assert rows[0]["spread"]["epoch_wall_s"]["median"] == pytest.approx(
+        sum(e["summary"]["wall_s"] for e in docs[0]["epochs"]) / 2)
+    text = _text(docs)
+    assert "run 2 vs run 1: significance unknown (single passes" in text
+    assert not [ln for ln in text.splitlines() if ln.startswith("│") and "n.s." in ln]
+
+
+def test_repeated_staging_break_even_from_medians(staged, repeated) -> None:
+    in_place, st = staged["in_place"][1], staged["staged"][1]
+    slow = with_repeats(in_place, [[3.0, 3.0], [3.5, 3.5], [4.0, 4.0]], "slow")
+    fast = with_repeats(st, [[1.0, 1.0], [1.5, 1.5], [1.2, 1.2]], "fast")
+    stage = {"median": 4.0, "min": 3.0, "max": 6.0, "cv": 0.3, "n": 3, "values": [3.0, 4.0, 6.0]}
+    fast["staging"]["repeats"] = 3
+    fast["staging"]["spread"] = {"stage_s": stage, "stage_MBps": None}
+    (row,) = compare.staging_pairs([fast, slow])
+    assert row["break_even_epochs"] == pytest.approx(4.0 / (3.5 - 1.2))
+    assert row["significant"] is True and row["stage_spread"] == stage
+    line = compare.staging_line(row, {slow["run_id"]: 2, fast["run_id"]: 1})
+    assert "in 4 [3-6] s" in line and "1.2 [1-1.5] s staged vs 3.5 [3-4] s in place" in line
+    # epoch times within their spread: the break-even is marked not significant
+    close = with_repeats(in_place, [[1.1, 1.1], [1.3, 1.3], [1.6, 1.6]], "close")
+    (row,) = compare.staging_pairs([close, fast])
+    assert row["significant"] is False and "n.s." in compare.break_even_text(row)

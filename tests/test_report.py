@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
+import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from iobench import report, results
 from iobench.loaders.base import Batch, Loader
 from iobench.manifest import FileEntry, Manifest
 from iobench.probe import ProbeConfig, probe_storage
+from iobench.spread import run_spread
 from iobench.stage import StageConfig, stage_dataset, write_result
 from iobench.train import TrainConfig, run
 from iobench.world import World
@@ -151,3 +155,107 @@ def test_bad_input_is_one_line(tmp_path, capsys, results_dir, case, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- repeats
+
+def with_repeats(doc: dict, walls: list[list[float]], tag: str, tagged: bool = True) -> dict:
+    """`doc` (a real single-pass result) as an `iobench train --repeat N` result whose
+    repetition r has epoch walls `walls[r]` (half of each a stall), per the format of
+    `--repeat`: epochs tagged `repeat` (0-based) next to `epoch`, `config.repeat`,
+    `summary.spread`; `tagged=False` writes a result from before `--repeat` (no tags, one
+    repetition). schema_version stays 1 (results.validate reads 1 only)."""
+    d = copy.deepcopy(doc)
+    d["run_id"] = f"{doc['run_id']}-{tag}"
+    template = doc["epochs"][0]
+    d["epochs"] = []
+    for r, ws in enumerate(walls):
+        for k, w in enumerate(ws):
+            e = copy.deepcopy(template)
+            e["epoch"] = k
+            if tagged:
+                e["repeat"] = r
+            s = e["summary"]
+            s.update({"wall_s": w, "stall_s_max": w / 2, "stall_fraction_max": 0.5,
+                      "au_mean": 0.5, "samples_per_s": s["samples"] / w,
+                      "read_MBps": s["batch_bytes"] / 1e6 / w})
+            d["epochs"].append(e)
+    if tagged:
+        d["config"]["repeat"] = len(walls)
+        d["summary"]["spread"] = run_spread(d["epochs"])
+    return results.validate(d)
+
+
+STAGE_SPREAD = {"median": 4.0, "min": 3.0, "max": 6.0, "cv": 0.35, "n": 3,
+                "values": [3.0, 4.0, 6.0]}
+
+
+@pytest.fixture(scope="module")
+def repeated_dir(results_dir, tmp_path_factory) -> Path:
+    """The real results with controlled figures: repeated runs (3 repetitions) in place (pfs)
+    and on the staged copy (nvme), a v1 single pass in place, and a repeated staging."""
+    out = tmp_path_factory.mktemp("report-repeats")
+    col = report.load_directory(results_dir)
+    for p in results_dir.glob("probe-*.json"):
+        shutil.copy(p, out)
+    stage = copy.deepcopy(col.stages[0])
+    stage["repeats"] = 3
+    stage["spread"] = {"stage_s": STAGE_SPREAD, "stage_MBps": None}
+    (out / "stage-repeated.json").write_text(json.dumps(stage))
+    run_of = {(Path(r["config"]["storage"]).name, r["config"]["workers"]): r for r in col.runs}
+    docs = [with_repeats(run_of["slow", 0], [[3.0, 3.0], [3.5, 3.5], [4.0, 4.0]], "pfs0"),
+            with_repeats(run_of["fast", 0], [[1.0, 1.0], [1.5, 1.5], [1.2, 1.2]], "nvme0"),
+            with_repeats(run_of["fast", 1], [[1.1, 1.1], [1.3, 1.3], [1.4, 1.4]], "nvme1"),
+            with_repeats(run_of["slow", 1], [[5.0, 5.0]], "pfs1", tagged=False)]
+    for d in docs:
+        results.write_result(d, out)
+    return out
+
+
+def test_report_shows_spread_not_significant_and_median_break_even(repeated_dir, tmp_path):
+    col = report.load_directory(repeated_dir)
+    rows = {r["run_id"].rsplit("-", 1)[1]: r for r in
+            (report.run_row(d, col.probes) for d in col.runs)}
+    assert rows["pfs0"]["repeats"] == 3 and rows["pfs1"]["repeats"] == 1  # v1 still read
+    samples = col.runs[0]["epochs"][0]["summary"]["samples"]
+    assert rows["pfs0"]["samples_per_s"] == pytest.approx(samples / 3.5)  # the median
+    assert rows["pfs0"]["stall_s"] == pytest.approx([1.75, 1.75])
+    assert rows["pfs1"]["stall_s"] == pytest.approx([2.5, 2.5])
+    # min-max error bars where a run has repetitions, none for a single pass
+    from iobench.compare import error_bars
+
+    below, above = error_bars(rows["pfs0"]["stall_spread"])
+    assert below == pytest.approx([0.25, 0.25]) and above == pytest.approx([0.25, 0.25])
+    assert error_bars(rows["pfs1"]["stall_spread"]) is None
+
+    out = tmp_path / "r.md"
+    assert cli("report", repeated_dir, "--out", out) == 0
+    lines = out.read_text().splitlines()
+
+    def line(*needles: str) -> str:
+        (hit,) = [ln for ln in lines if all(n in ln for n in needles)]
+        return hit
+
+    assert "| samples/s vs best |" in line("| reps |")
+    pfs0 = line("| pfs | 0 | 32 |")
+    assert "1.75 [1.50-2.00] / 1.75 [1.50-2.00]" in pfs0 and "n.s." not in pfs0
+    assert "| best |" in line("| nvme | 0 | 32 |")
+    assert "n.s." in line("| nvme | 1 | 32 |")  # within the best run's spread
+    assert "| 2.50 / 2.50 |" in line("| pfs | 1 | 32 |")  # the v1 single pass
+    stage0 = line("| 4.00 [3.00-6.00] |", "0 workers")
+    assert "| 3.50 [3.00-4.00] | 1.20 [1.00-1.50] | 1.74 |" in stage0  # 4 / (3.5 - 1.2)
+    stage1 = line("| 4.00 [3.00-6.00] |", "1 workers")
+    assert "| 5.00 | 1.30 [1.10-1.40] | 1.08 |" in stage1  # 4 / (5 - 1.3)
+    assert len(re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", "\n".join(lines))) == 4
+
+
+def test_report_refuses_incomparable_pairs(results_dir, tmp_path):
+    col = report.load_directory(results_dir)
+    for d in col.runs:
+        if Path(d["config"]["storage"]).name == "slow":
+            d["config"]["batch_size"] = 16  # no in-place run is comparable any more
+    rows = [report.run_row(d, col.probes) for d in col.runs]
+    (st,) = report.staging_rows(col, rows)
+    assert st["break_even_epochs"] is None and "batch_size 16 vs 32" in st["refused"]
+    (table,) = [t for t in report.build_tables(col, rows) if t.title == "Staging cost"]
+    assert "not computed: runs not comparable: batch_size 16 vs 32" in table.rows[0][10]

@@ -1,7 +1,10 @@
 """Compare `iobench train` results side by side: stall, stall %, AU, samples/s, MB/s per epoch.
 
-Each run's ratio is to the first run given. RESULT may be a result file or a
-directory of them. `--plot FILE.png` draws stall time per epoch grouped by run.
+Each run's ratio is to the first run given; runs with `--repeat N` show
+median [min-max], and differences within the spread are marked n.s. A staged
+run (`--stage-to`) is paired with the in-place run of its source for the
+break-even of staging. RESULT may be a result file or a directory of them.
+`--plot FILE.png` draws stall time per epoch grouped by run.
 """
 
 from __future__ import annotations
