@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from test_report import make_npy_dataset as make_checked_dataset
 from test_report import with_repeats
-from test_train import factory, make_npy_dataset
+from test_train import Factory, make_npy_dataset
 
 from conftest import cli
 from iobench import compare, results
@@ -29,7 +29,7 @@ def two_runs(tmp_path_factory) -> tuple[Path, list[Path]]:
     for delay in (0.0, 0.01):  # the second "storage" is slower: 10 ms per batch
         cfg = TrainConfig(loader="hdf5", storage=str(storage), epochs=2, batch_size=32,
                           workers=0, compute_time_s=0.005, results=str(out))
-        paths.append(results.write_result(run(cfg, factory(delay), World()), out))
+        paths.append(results.write_result(run(cfg, Factory(delay), World()), out))
     return out, paths
 
 
@@ -89,7 +89,7 @@ def test_accuracy_plot(two_runs, tmp_path: Path, capsys) -> None:
     make_npy_dataset(storage, n=128)
     cfg = TrainConfig(loader="hdf5", storage=str(storage), epochs=3, batch_size=32, workers=0,
                       model="cnn", results=str(tmp_path / "r"))
-    model_run = results.write_result(run(cfg, factory(), World()), tmp_path / "r")
+    model_run = results.write_result(run(cfg, Factory(), World()), tmp_path / "r")
     png = tmp_path / "acc.png"
     assert cli("compare", str(model_run), str(paths[0]), "--accuracy-plot", str(png)) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -107,7 +107,7 @@ def _train(storage: Path, out: Path, delay_s: float, stage_to: Path | None = Non
     staging = None
     if stage_to is not None:
         cfg, staging = stage_for_training(cfg, stage_to, "replicate", World())
-    doc = run(cfg, factory(delay_s), World())
+    doc = run(cfg, Factory(delay_s), World())
     if staging:
         doc["staging"] = {**staging, "time_to_solution_s": staging["stage_s"]
                           + doc["summary"]["wall_s"]}
