@@ -27,7 +27,7 @@ from typing import Any
 
 from iobench.errors import ConfigError, DatasetNotFoundError
 
-KNOWN = {"iobench.result": 1, "iobench.stage": 1, "iobench.probe": 1, "iobench.sweep": 1}
+KNOWN = {"iobench.result": 1, "iobench.stage": 2, "iobench.probe": 1, "iobench.sweep": 1}
 LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
 
 
