@@ -11,6 +11,13 @@ manifest. Files land under a temporary name, are fsynced and renamed, so a
 file under its final name is always complete; a rerun skips files that are
 already complete and correct. The destination manifest is written last, so a
 dataset that has a manifest at the destination was staged completely.
+
+The copy is timed from a cold source (docs/metrics.md, "Staging"): before it,
+the ranks of every node evict the source files that node reads (each rank its
+share, the split the copy uses), measure the residency left, and count what
+the copy read from storage (`os_read_bytes`, the OS's own count). With
+`repeat` > 1 the whole copy runs that many times, each from a cold source
+into a destination emptied of the previous repetition's files.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import errno
 import hashlib
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from iobench import cache
+from iobench import cache, procio
 from iobench.datasets import dataset_dirname, parse_dataset, parse_format
 from iobench.errors import (
     ConfigError,
@@ -39,10 +47,11 @@ from iobench.errors import (
     StorageError,
 )
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
+from iobench.spread import spread
 from iobench.world import World
 
 SCHEMA = "iobench.stage"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: source_cache, os_read_bytes, repeats/repetitions/spread
 MODES = ("replicate", "shard")
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
@@ -52,6 +61,13 @@ def parse_mode(mode: str) -> str:
     if mode not in MODES:
         raise ConfigError(f"unknown staging mode {mode!r}; choose one of: {', '.join(MODES)}")
     return mode
+
+
+def parse_repeat(repeat: int) -> int:
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ConfigError(f"--repeat {repeat!r}: the number of full copies must be a whole "
+                          "number >= 1 (1: one copy, resumable; 5: median and spread)")
+    return repeat
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,8 @@ class StageConfig:
     verify_existing: bool = True  # re-hash complete-looking files before skipping them
     fsync: bool = True  # a staged file is on the device, not in the page cache
     progress: bool = False  # a progress bar on rank 0 (stderr)
+    warm_source: bool = False  # do not evict the source first (then the copy may read memory)
+    repeat: int = 1  # full copies from a cold source; the last one stays
 
     def __post_init__(self) -> None:
         parse_dataset(self.dataset)
@@ -81,6 +99,7 @@ class StageConfig:
             raise ConfigError(f"threads={self.threads} must be >= 1")
         if not MiB // 16 <= self.buffer_bytes <= 1024 * MiB:
             raise ConfigError(f"buffer_bytes={self.buffer_bytes} must be in [64 KiB, 1 GiB]")
+        parse_repeat(self.repeat)
 
     @property
     def shuffle_scope(self) -> str:
@@ -192,7 +211,8 @@ def _copy_verified(src: Path, tmp: Path, entry: FileEntry, cfg: StageConfig, buf
             os.fsync(fout)
         # staged data should not crowd the page cache (and training starts cold anyway)
         os.posix_fadvise(fout, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
+        if not cfg.warm_source:  # a warm source stays as the user had it, for every repetition
+            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fout)
         os.close(fin)
@@ -295,7 +315,7 @@ def _remove_partials(dest_root: Path, entries: list[FileEntry], host: str) -> in
 
 def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConfig,
                counters: _Counters, lock: threading.Lock, progress: _Progress,
-               buffers: threading.local) -> None:
+               buffers: threading.local, copied: list[Path]) -> None:
     buf = getattr(buffers, "buf", None)
     if buf is None:
         buf = buffers.buf = memoryview(bytearray(cfg.buffer_bytes))
@@ -306,7 +326,8 @@ def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConf
         st = os.stat(dst)
     except FileNotFoundError:
         st = None
-    if st is not None:
+    # repetitions are full copies: a file already complete is copied again, not skipped
+    if st is not None and cfg.repeat == 1:
         if st.st_size == entry.bytes:
             if not cfg.verify_existing:
                 ok = True
@@ -341,6 +362,7 @@ def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConf
         raise
     with lock:
         counters.add(copied_files=1, copied_bytes=entry.bytes, recopied_files=recopy)
+        copied.append(dst)
 
 
 def _check_dest(dest_root: Path, need: Callable[[], int]) -> None:
@@ -394,12 +416,19 @@ def _gather_ok(world: World, error: BaseException | None) -> None:
 
 
 def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any]:
-    """Stage the dataset; return the staging result (the `iobench.stage` v1 document).
+    """Stage the dataset; return the staging result (the `iobench.stage` v2 document).
 
     A collective under MPI: every rank calls it, and every rank gets the same
     result. Errors (missing source, unwritable or full destination, a checksum
     mismatch) are raised on every rank, and no half-written file is left
     under a final name.
+
+    Before each copy the source is evicted on every node (unless
+    `cfg.warm_source`) and its residency measured (`source_cache`); the OS's
+    count of bytes read (`os_read_bytes`, summed over ranks) shows whether the
+    copy read storage. With `cfg.repeat` > 1 every file is copied again in each
+    repetition (no resume), the files the previous repetition wrote are removed
+    first, and `stage_s` / `stage_MBps` are the medians (`spread` has the rest).
     """
     from iobench.sysinfo import mount_of, provenance
 
@@ -409,12 +438,14 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     mine: list[FileEntry] = []
     node_files: list[FileEntry] = []
     manifest = None
+    note: str | None = None  # why the OS cannot count the copy's storage reads, if it cannot
     ranks = cache.node_ranks(world)
     local_index = ranks.index(world.rank)
     try:
         src_root = cfg.source_root()
         manifest = Manifest.load(src_root)
         _check_manifest(manifest, cfg)
+        note = procio.read_bytes_unavailable(src_root)
         dest_root = cfg.dest_root(world)
         if dest_root.resolve() == src_root.resolve():
             raise ConfigError(f"--to {cfg.dest} would stage {src_root} onto itself; give "
@@ -435,10 +466,87 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     _gather_ok(world, error)
     assert manifest is not None and src_root is not None and dest_root is not None
 
+    reps: list[dict[str, Any]] = []
+    copied: list[Path] = []
+    warned = False
+    for r in range(cfg.repeat):
+        if r:  # the next repetition copies everything again, into a destination without it
+            _gather_ok(world, _remove_files(copied))
+            copied = []
+        rep = _copy_once(cfg, world, manifest, src_root, dest_root, mine, r, copied,
+                         count_io=note is None)
+        reps.append(rep)
+        warning = rep["source_cache"]["warning"]
+        if warning and not warned and world.rank == 0:  # loudly, before the figures
+            print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
+            warned = True
+    error = None
+    if local_index == 0:  # manifest last: its presence means the copy is complete
+        try:
+            _write_dest_manifest(manifest, dest_root, cfg, world, node_files, src_root, ranks)
+        except Exception as e:  # every rank must hear of it
+            error = e
+    _gather_ok(world, error)
+
+    first = reps[0]  # the one that met the destination as it was: the resume counters
+    total = first["counters"]
+    figures = {"stage_s": spread(r["stage_s"] for r in reps),
+               "stage_MBps": spread(r["stage_MBps"] for r in reps)}
+    os_reads = [r["os_read_bytes"] for r in reps]
+    source_cache = _merge_source_cache([r["source_cache"] for r in reps])
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "kind": "stage",
+        "created": now_iso(),
+        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+                   "world_size": world.size, "num_nodes": world.num_nodes,
+                   "launcher": world.launcher},
+        "dataset": manifest.identity(),
+        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope,
+        "from": {"root": str(src_root), **asdict(mount_of(src_root))},
+        "to": {"root": str(dest_root), **asdict(mount_of(dest_root))},
+        # medians over the repetitions (the value itself when there is one)
+        "stage_s": figures["stage_s"]["median"] if figures["stage_s"] else None,
+        "stage_bytes": first["stage_bytes"],  # per repetition; every repetition copies as much
+        "stage_MBps": figures["stage_MBps"]["median"] if figures["stage_MBps"] else None,
+        # the least any repetition read from storage: proof that every one of them did
+        "os_read_bytes": None if note or None in os_reads else min(os_reads),
+        "os_read_bytes_note": note,
+        "source_cache": source_cache,
+        "repeats": cfg.repeat,
+        "spread": figures,
+        "repetitions": [{k: r[k] for k in ("repeat", "stage_s", "stage_bytes", "stage_MBps",
+                                           "os_read_bytes", "copied_files", "source_cache",
+                                           "per_rank")} for r in reps],
+        "dataset_bytes": manifest.total_bytes,
+        "node_bytes": sum(e.bytes for e in node_files) if world.num_nodes == 1 else None,
+        "verified": cfg.verify,
+        **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
+                                 "recopied_files", "removed_partials")},
+        "per_rank": first["per_rank_full"],
+        "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
+        "provenance": provenance() if world.rank == 0 else None,
+    }
+    return doc
+
+
+def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Path,
+               dest_root: Path, mine: list[FileEntry], repeat: int, copied: list[Path],
+               count_io: bool) -> dict[str, Any]:
+    """One repetition: evict the source (unless warm_source), then copy this rank's files, timed.
+
+    A collective. Returns the repetition's figures, the same on every rank;
+    `copied` receives the destination paths this rank wrote.
+    """
+    evicted = cache.evict_for_node(manifest, world, scope=cfg.shuffle_scope,
+                                   evict_pages=not cfg.warm_source, loud=False)
     counters, lock = _Counters(), threading.Lock()
     my_bytes = sum(e.bytes for e in mine)
+    label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
     progress = _Progress(cfg.progress and world.rank == 0, my_bytes,
-                         f"staging (rank 0 of {world.size})" if world.size > 1 else "staging")
+                         f"{label} (rank 0 of {world.size})" if world.size > 1 else label)
+    error: BaseException | None = None
+    io0 = procio.tree_io() if count_io else None
     world.barrier()
     t0 = time.perf_counter_ns()
     buffers = threading.local()
@@ -446,7 +554,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         counters.removed_partials = _remove_partials(dest_root, mine, socket.gethostname())
         with ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="stage") as pool:
             futures = [pool.submit(_stage_one, e, src_root, dest_root, cfg, counters, lock,
-                                   progress, buffers) for e in mine]
+                                   progress, buffers, copied) for e in mine]
             try:
                 for f in futures:
                     if f.cancelled():
@@ -467,44 +575,105 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     finally:
         progress.close()
     rank_s = (time.perf_counter_ns() - t0) / 1e9
+    # threads share the process's counters; the rank has no child processes while copying
+    io = procio.tree_io() - io0 if io0 is not None else None
     _gather_ok(world, error)
     world.barrier()
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
-    error = None
-    if local_index == 0:  # manifest last: its presence means the copy is complete
-        try:
-            _write_dest_manifest(manifest, dest_root, cfg, world, node_files, src_root, ranks)
-        except Exception as e:  # every rank must hear of it
-            error = e
-    _gather_ok(world, error)
 
     per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
-                                "files": len(mine), "seconds": rank_s, **asdict(counters)})
+                                "files": len(mine), "seconds": rank_s, **asdict(counters),
+                                "os_read_bytes": io.read_bytes if io is not None else None,
+                                "os_rchar": io.rchar if io is not None else None})
     total = {k: sum(r[k] for r in per_rank) for k in asdict(counters)}
+    reads = [r["os_read_bytes"] for r in per_rank]
     stage_bytes = total["copied_bytes"]
-    doc: dict[str, Any] = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-        "kind": "stage",
-        "created": now_iso(),
-        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-                   "world_size": world.size, "num_nodes": world.num_nodes,
-                   "launcher": world.launcher},
-        "dataset": manifest.identity(),
-        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope,
-        "from": {"root": str(src_root), **asdict(mount_of(src_root))},
-        "to": {"root": str(dest_root), **asdict(mount_of(dest_root))},
-        "stage_s": stage_s,
-        "stage_bytes": stage_bytes,
-        "stage_MBps": stage_bytes / stage_s / 1e6 if stage_s > 0 else None,
-        "dataset_bytes": manifest.total_bytes,
-        "node_bytes": sum(e.bytes for e in node_files) if world.num_nodes == 1 else None,
-        "verified": cfg.verify,
-        **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
-                                 "recopied_files", "removed_partials")},
-        "per_rank": per_rank,
-        "provenance": provenance() if world.rank == 0 else None,
+    return {"repeat": repeat, "stage_s": stage_s, "stage_bytes": stage_bytes,
+            "stage_MBps": stage_bytes / stage_s / 1e6 if stage_s > 0 else None,
+            "os_read_bytes": None if None in reads else sum(reads),
+            "copied_files": total["copied_files"],
+            "source_cache": _source_cache(evicted, cfg.warm_source),
+            "per_rank": [{k: r[k] for k in ("rank", "node", "seconds", "copied_bytes",
+                                            "os_read_bytes")} for r in per_rank],
+            "per_rank_full": per_rank, "counters": total}
+
+
+def _remove_files(paths: list[Path]) -> BaseException | None:
+    """Remove files this rank staged (the previous repetition's); the error, if any."""
+    try:
+        for p in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+    except OSError as e:
+        return StorageError(f"cannot remove {e.filename} (staged by the previous repetition) "
+                            f"before the next: {e.strerror or e}")
+    return None
+
+
+def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
+    """The `source_cache` record of one repetition, from its eviction report."""
+    worst = rep.resident_fraction
+    over = [n["node"] for n in rep.per_node
+            if n["resident_fraction"] is not None and n["resident_fraction"] > rep.warn_above]
+    if warm:
+        warning = None if rep.status == "cold" else (
+            "WARM SOURCE (--warm-source): the source was not evicted, and "
+            + ("its page-cache residency is unknown" if worst is None else
+               f"{worst:.0%} of it was in the page cache") + " when the copy started: stage_s "
+            "and stage_MBps may measure a copy from memory, not from storage")
+    elif rep.status == "warm":
+        why = ("the source is on tmpfs: its data lives in the page cache and cannot be evicted"
+               if rep.storage_kind == "memory" else "the filesystem ignored "
+               "POSIX_FADV_DONTNEED, or a live process keeps the source files mapped")
+        warning = (f"COLD SOURCE FAILED: {worst:.0%} of the source is still in the page cache "
+                   f"after eviction on node(s) {over} (threshold {rep.warn_above:.0%}); {why}. "
+                   "stage_s and stage_MBps measure a copy from memory, not from storage")
+    else:  # unknown residency, or files that could not be evicted
+        warning = rep.warning
+    return {
+        "mode": "warm" if warm else "cold",
+        "method": rep.method,  # "none" with --warm-source: residency measured only
+        "resident_fraction_at_start": worst,  # worst node; None when a node cannot tell
+        "status": rep.status, "warn_above": rep.warn_above, "storage_kind": rep.storage_kind,
+        "per_node": [{"node": n["node"], "host": n["host"], "files": n["files"],
+                      "total_bytes": n["total_bytes"], "resident_bytes": n["resident_bytes"],
+                      "unknown_files": n["unknown_files"],
+                      "resident_fraction_at_start": n["resident_fraction"]}
+                     for n in rep.per_node],
+        "warning": warning, "errors": list(rep.errors), "seconds": rep.seconds,
     }
-    return doc
+
+
+def _merge_source_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's `source_cache`: the worst repetition on each count (the only one when N=1)."""
+    if len(caches) == 1:
+        return caches[0]
+
+    def worse(a: float | None, b: float | None) -> bool:  # unknown counts as the worst
+        return b is not None and (a is None or a > b)
+
+    fracs = [c["resident_fraction_at_start"] for c in caches]
+    statuses = {c["status"] for c in caches}
+    nodes: dict[int, dict[str, Any]] = {}
+    for c in caches:
+        for n in c["per_node"]:
+            old = nodes.get(n["node"])
+            if old is None or worse(n["resident_fraction_at_start"],
+                                    old["resident_fraction_at_start"]):
+                nodes[n["node"]] = n
+    where: dict[str, list[int]] = {}  # the same warning once, with the repetitions it hit
+    for k, c in enumerate(caches):
+        if c["warning"]:
+            where.setdefault(c["warning"], []).append(k + 1)
+    warnings = [f"repetition(s) {', '.join(map(str, ks))} of {len(caches)}: {w}"
+                for w, ks in where.items()]
+    return {**caches[0],
+            "resident_fraction_at_start": None if None in fracs else max(fracs),
+            "status": next(s for s in ("warm", "unknown", "cold") if s in statuses),
+            "per_node": [nodes[k] for k in sorted(nodes)],
+            "warning": "; ".join(warnings) if warnings else None,
+            "errors": [e for c in caches for e in c["errors"]],
+            "seconds": sum(c["seconds"] for c in caches)}
 
 
 def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, world: World,
@@ -548,12 +717,14 @@ def write_result(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> P
 
 
 def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
-                       progress: bool = False) -> tuple[Any, dict[str, Any]]:
+                       progress: bool = False, warm_source: bool = False
+                       ) -> tuple[Any, dict[str, Any]]:
     """For `iobench train --stage-to DIR2`: stage the run's dataset, then train from the copy.
 
     Returns the training config pointing at the staged copy, and the result's
-    `staging` section (stage_s, stage_bytes, stage_MBps, mode, shuffle_scope,
-    tiers). In `shard` mode the loaders must read with `scope="local"`
+    `staging` section (stage_s, stage_bytes, stage_MBps, os_read_bytes,
+    source_cache, mode, shuffle_scope, tiers). The source is evicted before the
+    copy unless `warm_source`. In `shard` mode the loaders must read with `scope="local"`
     (`staging["shuffle_scope"]`). A collective: every rank calls it, and a
     failure is raised on every rank (marked as agreed, so the CLI prints it once).
     """
@@ -567,7 +738,8 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
         src_root = resolve_dataset(config)
         fmt = Manifest.load(src_root).format
         cfg = StageConfig(dataset=config.dataset, format=fmt, source=src_root.parent,
-                          dest=Path(dest), mode=mode, progress=progress)
+                          dest=Path(dest), mode=mode, progress=progress,
+                          warm_source=warm_source)
         if config.warm_cache:
             raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
                               "once, which would warm the cache; drop one of them")
@@ -580,9 +752,11 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
     except IobenchError as e:
         e.iobench_agreed = True  # type: ignore[attr-defined]  # every rank raised it
         raise
-    staging = {k: doc[k] for k in ("stage_s", "stage_bytes", "stage_MBps", "mode",
+    staging = {k: doc[k] for k in ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes",
+                                   "os_read_bytes_note", "source_cache", "mode",
                                    "shuffle_scope", "from", "to", "copied_files",
-                                   "skipped_files", "skipped_bytes", "verified", "dataset_bytes")}
+                                   "skipped_files", "skipped_bytes", "verified", "dataset_bytes",
+                                   "warnings")}
     # needs an epoch time from the source tier, i.e. another run: `iobench report` pairs them
     staging["break_even_epochs"] = None
     staged_storage = str(Path(doc["to"]["root"]).parent)

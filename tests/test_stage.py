@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -16,17 +17,46 @@ import pytest
 from test_cache import make_dataset
 
 from conftest import cli, run_mpi
-from iobench import sampling
-from iobench.errors import DatasetError, StorageError
+from iobench import cache, procio, sampling
+from iobench.errors import ConfigError, DatasetError, StorageError
 from iobench.manifest import Manifest
 from iobench.stage import PARTIAL, StageConfig, stage_dataset
 from iobench.world import World
 
 SIZES = [300_000, 20_000, 200_000, 5_000, 70_000]  # 5 data files + labels.npy
+MiB = 2**20
 
 
 def _dataset(tmp_path: Path) -> Manifest:
     return make_dataset(tmp_path / "src" / "cifar10-files", SIZES)
+
+
+def _warm(m: Manifest) -> None:
+    """Read the whole dataset, as a run before staging would, and check it is cached now."""
+    paths = [m.path_of(f) for f in m.files]
+    for p in paths:
+        p.read_bytes()
+    assert cache.resident_fraction(paths) >= 0.9  # measured, not assumed
+
+
+def _counted(path: Path) -> bool:
+    """Whether the kernel counts storage reads under `path` (not on tmpfs or FUSE)."""
+    return procio.read_bytes_unavailable(path) is None
+
+
+def _check_cold_source(doc: dict, m: Manifest, tmp_path: Path, nodes: int = 1) -> None:
+    """The copy read storage, from a source measured cold at its start, on every node."""
+    sc = doc["source_cache"]
+    assert sc["mode"] == "cold" and sc["status"] == "cold" and sc["method"] == "fadvise"
+    assert sc["resident_fraction_at_start"] <= 0.1 and sc["warning"] is None
+    assert len(sc["per_node"]) == nodes
+    assert all(n["resident_fraction_at_start"] <= 0.1 for n in sc["per_node"])
+    assert sum(n["files"] for n in sc["per_node"]) >= len(m.files)
+    if _counted(tmp_path):
+        assert doc["os_read_bytes"] >= 0.9 * doc["stage_bytes"] > 0, doc["os_read_bytes"]
+        assert doc["os_read_bytes_note"] is None
+    else:
+        assert doc["os_read_bytes"] is None and doc["os_read_bytes_note"]
 
 
 def _assert_copy(m: Manifest, dest: Path, paths: list[str] | None = None) -> None:
@@ -64,6 +94,13 @@ def test_stage_roundtrip_and_resume_under_mpi(tmp_path, mode):
     assert doc["config"]["world_size"] == 2 and len(doc["per_rank"]) == 2
     assert all(r["files"] > 0 for r in doc["per_rank"])  # the two ranks split the work
     assert doc["to"]["fstype"] and doc["from"]["kind"]
+    # the source had just been written (warm, dirty pages): both ranks evicted their share
+    _check_cold_source(doc, m, tmp_path)
+    (node,) = doc["source_cache"]["per_node"]
+    assert node["files"] == len(m.files) and node["total_bytes"] == m.total_bytes
+    if _counted(tmp_path):  # the ranks' own counts, summed
+        assert doc["os_read_bytes"] == sum(r["os_read_bytes"] for r in doc["per_rank"])
+        assert all(r["os_read_bytes"] >= 0.9 * r["copied_bytes"] for r in doc["per_rank"])
 
     # an interrupted copy: manifest not written yet, one file truncated, one missing, one
     # with the right size but wrong bytes, and a temporary file left by a killed process
@@ -265,6 +302,7 @@ def test_train_stage_to_records_staging_and_training_together(tmp_path, mode):
     assert st["shuffle_scope"] == ("local" if mode == "shard" else "global")
     assert st["from"]["root"] == str(m.root) and st["to"]["fstype"]
     assert st["time_to_solution_s"] == pytest.approx(st["stage_s"] + doc["summary"]["wall_s"])
+    _check_cold_source(st, m, tmp_path)  # h5py had just written the source: it was warm
     from iobench import report
 
     col = report.load_directory(tmp_path / "res")
@@ -367,3 +405,153 @@ def test_stage_under_torchrun(tmp_path):
     _assert_copy(m, tmp_path / "dst" / "cifar10-files")
     (doc,) = _results(tmp_path / "res")
     assert doc["config"]["launcher"] == "torchrun" and len(doc["per_rank"]) == 2
+
+
+def test_stage_evicts_a_warm_source_and_reads_storage(tmp_path):
+    """Issue 11 item 2: a source whose pages were just read is evicted before the timed copy,
+    so the copy reads storage (the OS's own count), not the page cache."""
+    if not _counted(tmp_path):
+        pytest.skip(f"the kernel counts no storage reads here: "
+                    f"{procio.read_bytes_unavailable(tmp_path)}")
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [2 * MiB, MiB, 300_000, 5_000])
+    _warm(m)
+    io0 = procio.tree_io()
+    doc = stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
+                                    threads=2))
+    read = (procio.tree_io() - io0).read_bytes  # measured here, apart from the result
+    assert read >= 0.9 * m.total_bytes, f"the copy read {read} of {m.total_bytes} bytes " \
+        "from storage: it copied from the page cache"
+    assert doc["stage_bytes"] == m.total_bytes
+    _check_cold_source(doc, m, tmp_path)
+    assert doc["schema_version"] == 2 and doc["repeats"] == 1 and doc["warnings"] == []
+    # the copy leaves neither side in the page cache
+    dest = tmp_path / "dst" / "cifar10-files"
+    assert cache.resident_fraction([m.path_of(f) for f in m.files]) <= 0.1
+    assert cache.resident_fraction([dest / f.path for f in m.files]) <= 0.1
+    _assert_copy(m, dest)
+
+
+def test_warm_source_keeps_the_source_and_says_so(tmp_path, capsys):
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [2 * MiB, MiB, 5_000])
+    _warm(m)
+    assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
+               "--to", tmp_path / "dst", "--warm-source", "--repeat", "2",
+               "--results", tmp_path / "res") == 0
+    out, err = capsys.readouterr()
+    (doc,) = _results(tmp_path / "res")
+    sc = doc["source_cache"]
+    assert sc["mode"] == "warm" and sc["method"] == "none" and sc["status"] == "warm"
+    assert sc["resident_fraction_at_start"] >= 0.9  # measured at the start, not evicted
+    assert "WARM SOURCE (--warm-source)" in sc["warning"] and doc["warnings"] == [sc["warning"]]
+    assert "source WARM (--warm-source" in out and "WARNING: WARM SOURCE" in err
+    for r in doc["repetitions"]:  # the source stays warm for every repetition
+        assert r["source_cache"]["resident_fraction_at_start"] >= 0.9
+        if _counted(tmp_path):
+            assert r["os_read_bytes"] <= 0.1 * r["stage_bytes"]  # memory, as asked
+    _assert_copy(m, tmp_path / "dst" / "cifar10-files")
+
+
+@pytest.fixture
+def shm_dir():
+    """A directory on tmpfs (/dev/shm), removed afterwards: data that cannot be evicted."""
+    from iobench.sysinfo import mount_of
+
+    base = Path("/dev/shm")
+    if not base.is_dir() or not os.access(base, os.W_OK) or mount_of(base).kind != "memory":
+        pytest.skip("no writable tmpfs at /dev/shm")
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="iobench-test-", dir=base))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_failed_source_eviction_is_said_loudly(tmp_path, shm_dir, capsys):
+    """A source on tmpfs cannot be evicted: the result and the console say the copy read
+    memory, and os_read_bytes is null with the reason, not a misleading 0."""
+    m = make_dataset(shm_dir / "cifar10-files", [MiB, 5_000])
+    assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from", shm_dir,
+               "--to", tmp_path / "dst", "--results", tmp_path / "res") == 0
+    out, err = capsys.readouterr()
+    (doc,) = _results(tmp_path / "res")
+    sc = doc["source_cache"]
+    assert sc["mode"] == "cold" and sc["status"] == "warm"
+    assert sc["resident_fraction_at_start"] > 0.9
+    assert sc["warning"].startswith("COLD SOURCE FAILED") and "tmpfs" in sc["warning"]
+    assert doc["warnings"] == [sc["warning"]]
+    assert "iobench: WARNING: COLD SOURCE FAILED" in err and "eviction failed" in out
+    assert doc["os_read_bytes"] is None and "tmpfs" in doc["os_read_bytes_note"]
+    _assert_copy(m, tmp_path / "dst" / "cifar10-files")
+
+
+def test_repeat_copies_everything_from_a_cold_source_each_time(tmp_path, capsys):
+    """Issue 11 item 9: --repeat N runs N full copies, each from a cold source; the medians
+    are the headline, the spread is recorded, and only this staging's files are touched."""
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [2 * MiB, MiB, 300_000, 5_000])
+    dest = tmp_path / "dst" / "cifar10-files"
+    dest.mkdir(parents=True)
+    (dest / "notes.txt").write_text("not iobench's")  # must survive the repetitions
+    (tmp_path / "dst" / "other").mkdir()
+    (tmp_path / "dst" / "other" / "x.bin").write_bytes(b"x")
+    # complete from an earlier staging: with --repeat it is copied again, not skipped
+    shutil.copyfile(m.path_of(m.files[0]), dest / m.files[0].path)
+    _warm(m)
+    assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
+               "--to", tmp_path / "dst", "--repeat", "3", "--threads", "2",
+               "--results", tmp_path / "res") == 0
+    out = capsys.readouterr().out
+    (doc,) = _results(tmp_path / "res")
+    assert doc["repeats"] == 3 and doc["config"]["repeat"] == 3
+    reps = doc["repetitions"]
+    assert [r["repeat"] for r in reps] == [0, 1, 2] and doc["skipped_files"] == 0
+    for r in reps:
+        assert r["copied_files"] == len(m.files) and r["stage_bytes"] == m.total_bytes
+        assert r["source_cache"]["resident_fraction_at_start"] <= 0.1
+        if _counted(tmp_path):
+            assert r["os_read_bytes"] >= 0.9 * m.total_bytes, r
+    sp = doc["spread"]
+    assert set(sp) == {"stage_s", "stage_MBps"}
+    assert sp["stage_s"]["n"] == 3 and sp["stage_s"]["values"] == [r["stage_s"] for r in reps]
+    assert sp["stage_MBps"]["values"] == [r["stage_MBps"] for r in reps]
+    assert doc["stage_s"] == sp["stage_s"]["median"]
+    assert doc["stage_MBps"] == sp["stage_MBps"]["median"]
+    if _counted(tmp_path):
+        assert doc["os_read_bytes"] == min(r["os_read_bytes"] for r in reps)
+    _check_cold_source(doc, m, tmp_path)
+    assert re.search(r"MB in [\d.]+ \[[\d.]+-[\d.]+\] s \([\d.]+ \[[\d.]+-[\d.]+\] MB/s\), "
+                     r"median \[min-max\] of 3 repetitions", out), out
+    _assert_copy(m, dest)  # the last copy stays, complete and verified
+    assert Manifest.load(dest).files == m.files
+    assert (dest / "notes.txt").read_text() == "not iobench's"
+    assert (tmp_path / "dst" / "other" / "x.bin").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_bad_repeat_is_one_line(tmp_path, capsys, value):
+    _dataset(tmp_path)
+    code = cli("stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
+               "--to", tmp_path / "dst", "--repeat", value, "--results", tmp_path / "res")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "--repeat" in err[0] and value in err[0], err
+    assert not (tmp_path / "dst").exists() and not (tmp_path / "res").exists()
+    with pytest.raises(ConfigError, match="whole number >= 1"):
+        StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst", repeat=0)
+
+
+def test_train_stage_to_warm_source(tmp_path):
+    """`train --stage-to --warm-source`: staging measures the source without evicting it, and
+    the training result's staging section says so."""
+    from test_sweep import make_hdf5_dataset
+
+    m = make_hdf5_dataset(tmp_path / "slow")
+    _warm(m)
+    assert cli("train", "--loader", "hdf5", "--storage", tmp_path / "slow", "--stage-to",
+               tmp_path / "fast", "--warm-source", "--epochs", "1", "--max-steps", "1",
+               "--workers", "0", "--compute-time", "0.001", "--batch-size", "16",
+               "--results", tmp_path / "res") == 0
+    (path,) = (tmp_path / "res").glob("*.json")
+    st = json.loads(path.read_text())["staging"]
+    sc = st["source_cache"]
+    assert sc["mode"] == "warm" and sc["resident_fraction_at_start"] >= 0.9
+    assert sc["warning"] and st["warnings"] == [sc["warning"]]
+    assert "os_read_bytes" in st and st["stage_bytes"] == m.total_bytes

@@ -2,8 +2,10 @@
 
 Under `mpiexec`, every node receives the files its ranks will read (all of
 them with `--mode replicate`; with `--mode shard` only its ranks' share, and
-training from the copy then shuffles within each rank's files). Writes a
-staging result (stage_s, stage_bytes, stage_MBps, mode, tiers) into --results.
+training from the copy then shuffles within each rank's files). The source is
+evicted from the page cache first (unless --warm-source), so the copy reads
+storage. Writes a staging result (stage_s, stage_bytes, stage_MBps,
+os_read_bytes, source_cache, mode, tiers) into --results.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from iobench.datasets import DATASETS, FORMATS
 from iobench.stage import MODES, MiB, StageConfig, stage_dataset, write_result
@@ -36,6 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip files of the right size without re-hashing them on resume")
     p.add_argument("--no-fsync", action="store_true",
                    help="do not fsync each file (stage_s then excludes write-back)")
+    p.add_argument("--warm-source", action="store_true",
+                   help="do not evict the source from the page cache first (the copy may then "
+                        "read memory; the result says so)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="N full copies, each from a cold source into a destination emptied of "
+                        "the previous one's files; reports median [min-max] (default 1; a "
+                        "rerun skips complete files only with 1)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="directory for the staging result (default: ./iobench-results)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -46,14 +56,20 @@ def config_from_args(args: argparse.Namespace) -> StageConfig:
                        dest=Path(args.dest), mode=args.mode, threads=args.threads,
                        buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
                        verify_existing=not args.trust_existing, fsync=not args.no_fsync,
-                       progress=not args.no_progress and sys.stderr.isatty())
+                       progress=not args.no_progress and sys.stderr.isatty(),
+                       warm_source=args.warm_source, repeat=args.repeat)
 
 
 def main(args: argparse.Namespace) -> int:
     from iobench.errors import IobenchError
 
-    cfg = config_from_args(args)
     world = get_world()
+    try:
+        cfg = config_from_args(args)  # bad values fail here, the same on every rank
+    except IobenchError as e:
+        if world.rank == 0:
+            raise  # printed once
+        return e.exit_code
     torchrun = world.launcher == "torchrun" and world.size > 1
     if torchrun:  # collectives go through torch.distributed there (gloo: CPU only)
         from iobench import distributed
@@ -70,10 +86,42 @@ def main(args: argparse.Namespace) -> int:
             distributed.destroy_process_group()
     if world.rank == 0:
         path = write_result(doc, args.results, "stage")
-        mbps = doc["stage_MBps"]
         print(f"staged {doc['dataset']['dataset']}/{doc['dataset']['format']} "
               f"({doc['mode']}) to {doc['to']['root']}: {doc['copied_files']} files copied, "
-              f"{doc['skipped_files']} already complete, {doc['stage_bytes'] / 1e6:.1f} MB in "
-              f"{doc['stage_s']:.2f} s" + (f" ({mbps:.1f} MB/s)" if mbps else "")
-              + f"; result {path}")
+              f"{doc['skipped_files']} already complete, {_figures(doc)}; {_source(doc)}; "
+              f"result {path}")
     return 0
+
+
+def _figures(doc: dict[str, Any]) -> str:
+    """`MB in s (MB/s), OS read MB`; median [min-max] over repetitions when there are several."""
+    from iobench.spread import fmt_spread
+
+    mb = f"{doc['stage_bytes'] / 1e6:.1f} MB"
+    n = doc["repeats"]
+    if n > 1:
+        sp = doc["spread"]
+        text = (f"{mb} in {fmt_spread(sp['stage_s'], '.2f')} s "
+                f"({fmt_spread(sp['stage_MBps'], '.1f')} MB/s), median [min-max] of {n} "
+                "repetitions")
+    else:
+        mbps = doc["stage_MBps"]
+        text = f"{mb} in {doc['stage_s']:.2f} s" + (f" ({mbps:.1f} MB/s)" if mbps else "")
+    reads = doc["os_read_bytes"]
+    if reads is None:
+        return text + ", OS read n/a"
+    text += f", OS read {reads / 1e6:.1f} MB" + (" (least of the repetitions)" if n > 1 else "")
+    if doc["skipped_files"] and doc["config"]["verify_existing"]:
+        text += " (with re-hashing the files found complete)"
+    return text
+
+
+def _source(doc: dict[str, Any]) -> str:
+    sc = doc["source_cache"]
+    frac = sc["resident_fraction_at_start"]
+    res = "residency unknown" if frac is None else f"{frac:.0%} resident"
+    if sc["mode"] == "warm":
+        return f"source WARM (--warm-source: not evicted, {res} at start)"
+    if sc["status"] == "warm":
+        return f"source NOT COLD: eviction failed, {res} at start"
+    return f"source cold (evicted, {res} at start)"

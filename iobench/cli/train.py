@@ -76,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage-mode", default="replicate", choices=("replicate", "shard"),
                    help="with --stage-to: a full copy per node, or each node only its ranks' "
                         "files (then each rank shuffles within its own files)")
+    p.add_argument("--warm-source", action="store_true",
+                   help="with --stage-to: do not evict the source before copying (stage_s may "
+                        "then time a copy from memory; the result says so)")
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -140,7 +143,8 @@ def _main(args: argparse.Namespace, world: Any) -> int:
             from iobench.stage import stage_for_training
 
             config, staging = stage_for_training(config, args.stage_to, args.stage_mode, world,
-                                                 progress=world.is_root and sys.stderr.isatty())
+                                                 progress=world.is_root and sys.stderr.isatty(),
+                                                 warm_source=args.warm_source)
         scope = staging["shuffle_scope"] if staging else "global"
         out = _Output(world, config)
         counters, tier = _emulated_tier(config)
