@@ -55,13 +55,22 @@ def differs(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool | 
     return abs(a["median"] - b["median"]) > width
 
 
-def fmt_spread(s: Mapping[str, Any] | None, spec: str = ".3g") -> str:
-    """`median [min-max]` for tables (just the value when n == 1, `-` when missing)."""
+def _num(v: float, spec: str | None) -> str:
+    if spec is not None:
+        return format(v, spec)
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"  # 0.412, 27.6, 8994
+
+
+def fmt_spread(s: Mapping[str, Any] | None, spec: str | None = None) -> str:
+    """`median [min-max]` for tables (just the value when n == 1, `-` when missing).
+
+    Without `spec`: 3 significant digits below 100, whole numbers above.
+    """
     if not s:
         return "-"
     if s["n"] < 2:
-        return format(s["median"], spec)
-    return f"{format(s['median'], spec)} [{format(s['min'], spec)}-{format(s['max'], spec)}]"
+        return _num(s["median"], spec)
+    return f"{_num(s['median'], spec)} [{_num(s['min'], spec)}-{_num(s['max'], spec)}]"
 
 
 def _mean(xs: list[float | None]) -> float | None:

@@ -131,6 +131,9 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         config = build_config(args)
         if args.amp and not torch.cuda.is_available():
             raise ConfigError("--amp needs a CUDA GPU and none is visible; drop --amp")
+        if args.warm_source and not args.stage_to:
+            raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
+                              "or drop --warm-source")
     except IobenchError as e:
         e.iobench_agreed = True  # type: ignore[attr-defined]  # same on every rank
         raise
@@ -160,8 +163,12 @@ def _main(args: argparse.Namespace, world: Any) -> int:
             return 0
         doc["tier"] = tier
         if staging:
+            # one repetition's epochs after one staging (the median repetition's walls)
+            walls = doc["summary"]["spread"]["epoch_wall_s"]
             doc["staging"] = {**staging, "time_to_solution_s": staging["stage_s"]
-                              + doc["summary"]["wall_s"]}
+                              + (walls["median"] * config.epochs if walls else 0.0)}
+            doc["warnings"] += [w for w in staging.get("warnings", [])
+                                if w not in doc["warnings"]]
         path = results.write_result(doc, config.results)
         out.finish(doc, path)
         return 0
@@ -312,7 +319,7 @@ class _Output:
                           "" if t.get("accuracy") is None else f"{t['accuracy']:.3f}")
         self.console.print(table)
         if reps:
-            self.console.print(spread_line(doc))
+            self.console.print(spread_line(doc), markup=False)
         self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}; steps: "
                            f"{doc['compute']['steps']}")
         self.console.print(f"result: {path}")
