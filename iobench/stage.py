@@ -503,8 +503,8 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                    "launcher": world.launcher},
         "dataset": manifest.identity(),
         "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope,
-        "from": {"root": str(src_root), **asdict(mount_of(src_root))},
-        "to": {"root": str(dest_root), **asdict(mount_of(dest_root))},
+        "from": {"root": str(src_root.resolve()), **asdict(mount_of(src_root))},
+        "to": {"root": str(dest_root.resolve()), **asdict(mount_of(dest_root))},
         # medians over the repetitions (the value itself when there is one)
         "stage_s": figures["stage_s"]["median"] if figures["stage_s"] else None,
         "stage_bytes": first["stage_bytes"],  # per repetition; every repetition copies as much

@@ -201,6 +201,18 @@ def test_stage_in_process_without_verify_uses_kernel_copy(tmp_path):
     assert doc["stage_bytes"] == 0
 
 
+def test_result_names_tiers_by_absolute_path(tmp_path, monkeypatch):
+    """Relative --from/--to are recorded as absolute: compare pairs runs by these paths
+    from whatever directory it runs in."""
+    _dataset(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from", "src",
+               "--to", "dst", "--results", "res") == 0
+    (doc,) = _results(tmp_path / "res")
+    assert doc["from"]["root"] == str((tmp_path / "src" / "cifar10-files").resolve())
+    assert doc["to"]["root"] == str((tmp_path / "dst" / "cifar10-files").resolve())
+
+
 def test_damaged_source_fails_and_leaves_no_half_written_file(tmp_path):
     m = _dataset(tmp_path)
     bad = m.path_of(m.files[0])
