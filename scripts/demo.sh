@@ -6,8 +6,9 @@
 #      Lustre-like metadata latency, request latency and a bandwidth cap),
 #      when FUSE is usable here (root and /dev/fuse); otherwise say so and
 #      use a plain local directory in its place;
-#   3. "would this storage keep up with a GPU?": 3 epochs with an emulated
-#      accelerator that needs 0.05 s per step (DLIO-style), cold cache, from
+#   3. "would this storage keep up with a GPU?": 2 epochs, repeated 3 times,
+#      with an emulated accelerator that needs 0.02 s per step of 64 samples
+#      (DLIO-style), cold cache, from
 #      "pfs" in place, then again with --stage-to: copy to a local "nvme"
 #      directory first (iobench stage, checksummed), then train from the copy;
 #   4. compare stall time per epoch, with the break-even of staging;
@@ -23,11 +24,12 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 WORK="${DEMO_WORK:-$PWD/demo-work}"
 SAMPLES="${DEMO_SAMPLES:-8192}"
-EPOCHS="${DEMO_EPOCHS:-3}"
+EPOCHS="${DEMO_EPOCHS:-2}"
+REPEAT="${DEMO_REPEAT:-3}"
 PROFILE="${DEMO_PROFILE:-lustre-busy}"
 RESULTS="$WORK/results"
 NVME="${DEMO_NVME:-$WORK/nvme}"
-STEP_S="${DEMO_STEP_S:-0.05}"
+STEP_S="${DEMO_STEP_S:-0.02}"
 COMMON=(--loader hdf5 --dataset cifar10 --batch-size 64 --workers 1)
 mkdir -p "$WORK"
 rm -rf "$RESULTS" "$NVME"
@@ -55,7 +57,7 @@ fi
 
 iobench info "$PFS"
 
-EMU=(--compute-time "$STEP_S" --epochs "$EPOCHS" --results "$RESULTS/gpu")
+EMU=(--compute-time "$STEP_S" --epochs "$EPOCHS" --repeat "$REPEAT" --results "$RESULTS/gpu")
 echo "== 1. emulated accelerator ($STEP_S s/step), in place on $PFS (cold cache every epoch)"
 iobench train --storage "$PFS" "${COMMON[@]}" "${EMU[@]}"
 echo "== 2. the same after staging to $NVME (iobench stage), training from the copy"
