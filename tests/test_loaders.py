@@ -411,21 +411,44 @@ def test_lmdb_open_in_the_parent_then_forked_workers(dataset_root):
         _same(a, collect(main_proc))
 
 
+class _KilledReader:
+    """Fault injection: a worker reading sample `victim` is killed (as the OOM killer would).
+
+    The worker dies inside its read, holding no lock of the DataLoader's queues
+    (killing it from outside at an arbitrary moment can leave one held).
+    """
+
+    victim = 5
+
+    def read(self, indices):
+        import os
+        import signal
+
+        if self.victim in indices.tolist() and os.getpid() != self.parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().read(indices)
+
+
 def test_a_killed_worker_is_a_clear_error(dataset_root):
     import os
-    import signal
 
     from iobench.errors import UnsupportedError
+    from iobench.loaders.hdf5 import HDF5Loader, HDF5Reader
+
+    class Reader(_KilledReader, HDF5Reader):
+        parent = os.getpid()
+
+    class Loader(HDF5Loader):
+        reader_cls = Reader
 
     root = dataset_root("cifar10", "hdf5")
-    with make_loader("hdf5", root, cfg(workers=1, prefetch=1, batch_size=2)) as ld:
+    with Loader(root, cfg(workers=1, prefetch=1, batch_size=2, shuffle="none")) as ld:
         it = ld.epoch(0)
-        next(it)
-        for w in ld._dl._iterator._workers:  # the DataLoader's worker processes
-            os.kill(w.pid, signal.SIGKILL)
+        next(it)  # samples 0 and 1; the batch holding sample 5 kills its worker
         with pytest.raises(UnsupportedError, match="worker died"):
             for _ in it:
                 pass
+        Reader.victim = -1
         check_raw("cifar10", collect(ld, 1), ld.indices(1))  # the next epoch starts afresh
 
 
