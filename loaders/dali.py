@@ -33,6 +33,7 @@ not bitwise.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,7 @@ class DaliLoader(Loader):
             x, labels, idx, nbytes = outs[:4]
             aug = (outs[4], outs[5]) if cifar_aug else None
             pipe.set_outputs(self._preprocess(x, aug), labels, idx, nbytes)
-        pipe.build()
+        _build(pipe)
         return pipe
 
     def _files_pipeline(self, epoch: int, idx: np.ndarray) -> Any:
@@ -256,7 +257,7 @@ class DaliLoader(Loader):
                 aug = fn.external_source(source=_AugSource(idx, c.batch_size, c.seed, epoch),
                                          num_outputs=2, batch=True, batch_info=True)
             pipe.set_outputs(self._preprocess(x, aug))
-        pipe.build()
+        _build(pipe)
         return pipe
 
     # -- iteration ---------------------------------------------------------------------
@@ -287,7 +288,7 @@ class DaliLoader(Loader):
         except (StopIteration, IobenchError):
             raise
         except Exception as e:
-            self._pipe = None  # DALI pipelines are unusable after a critical error
+            self._discard()  # DALI pipelines are unusable after a critical error
             raise self._explain(e, idx_all, step) from None
 
     def _explain(self, e: BaseException, idx_all: np.ndarray | None, step: int) -> DatasetError:
@@ -364,11 +365,40 @@ class DaliLoader(Loader):
                 self._next_epoch = epoch + 1
 
     def close(self) -> None:
-        if self._pipe is not None:
-            pipe, self._pipe = self._pipe, None
-            del pipe  # DALI stops its worker processes when the pipeline is collected
+        self._discard()
         self._next_epoch = None
         self.reader.close()
+
+    def _discard(self) -> None:
+        """Shut the live pipeline down now (its threads and worker processes), and drop it."""
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            _shutdown(pipe)
+
+
+def _build(pipe: Any) -> None:
+    """`pipe.build()`; a pipeline that fails to build is shut down before the error leaves."""
+    try:
+        pipe.build()
+    except BaseException:
+        _shutdown(pipe)
+        raise
+
+
+def _shutdown(pipe: Any) -> None:
+    """Stop a DALI pipeline now rather than whenever it is garbage-collected.
+
+    A pipeline sits in reference cycles (and an exception's traceback may hold
+    it). Left to the collector, it may be collected inside a process forked in
+    the meantime (the next pipeline's workers), and its shutdown there hangs
+    for ever. `_shutdown` is what DALI's own `__del__` calls; after it, that
+    `__del__` does nothing.
+    """
+    shutdown = getattr(pipe, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    del pipe
+    gc.collect()
 
 
 _TORCH_DTYPES = {"DALIDataType.FLOAT": torch.float32, "DALIDataType.UINT8": torch.uint8,
