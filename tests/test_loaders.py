@@ -370,8 +370,8 @@ def test_truncated_file_is_named(tmp_path, dataset_root, loader, fmt):
     size = victim.stat().st_size
     with open(victim, "r+b") as f:
         f.truncate(size // 2)
-    with pytest.raises(DatasetError, match=str(victim)):
-        ld = make_loader(loader, root, cfg(workers=2))
+    with pytest.raises(DatasetError, match=str(victim)), \
+            make_loader(loader, root, cfg(workers=2)) as ld:
         collect(ld)
 
 
