@@ -19,15 +19,39 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import StorageError
+from iobench.errors import IobenchError, StorageError
+from iobench.jsonio import read_json
 from iobench.metrics import fmt_rate
-from iobench.results import ResultError, find_results, load_result
+from iobench.results import (
+    STAGE_SCHEMA,
+    ResultError,
+    find_documents,
+    find_results,
+    load_result,
+)
 from iobench.spread import HEADLINE, differs, fmt_spread, repetition_figures, run_spread, spread
 
 
 def load_runs(paths: list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
-    """(path, document) for each result named by `paths` (files or directories)."""
+    """(path, document) for each training result named by `paths` (files or directories)."""
     return [(p, load_result(p)) for p in find_results(paths)]
+
+
+def load_documents(paths: list[str | Path]
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Path, str]]]:
+    """Training results, staging results (`iobench stage`, used for the break-even of
+    staging) and what was set aside with why, from files and directories (searched with
+    their sub-directories)."""
+    from iobench.stage import SCHEMA_VERSION as STAGE_VERSION
+
+    found = find_documents(paths)
+    stages = []
+    for p in found.stages:
+        try:
+            stages.append(read_json(p, schema=STAGE_SCHEMA, max_version=STAGE_VERSION))
+        except IobenchError as e:
+            found.skipped.append((p, str(e)))
+    return [load_result(p) for p in found.results], stages, found.skipped
 
 
 def _root_of(place: Any) -> str | None:
@@ -321,7 +345,8 @@ RUN_COLUMNS: tuple[tuple[str, str, str | None, float], ...] = (
     ("samples_per_s", "samples/s", None, 1.0), ("read_MBps", "MB/s", None, 1.0))
 
 
-def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
+def render_table(docs: list[dict[str, Any]], console: Any = None,
+                 stages: Sequence[Mapping[str, Any]] = ()) -> Any:
     """Print (and return) the side-by-side rich tables: per epoch, then per run with spreads."""
     from rich.console import Console
     from rich.markup import escape
@@ -378,7 +403,7 @@ def render_table(docs: list[dict[str, Any]], console: Any = None) -> Any:
         console.print(f"run {i + 1}: {escape(label)}; cache {doc['cache']['mode']}; "
                       f"{doc['world']['size']} rank(s){reps}; {doc['run_id']}{warn}")
     index = {d["run_id"]: i + 1 for i, d in enumerate(docs)}
-    for b in staging_pairs(docs):
+    for b in staging_pairs(docs, stages):
         console.print(escape(staging_line(b, index)))
     if any(d.get("tier") for d in docs):
         from iobench.pfs.stats import NOTE

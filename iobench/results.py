@@ -11,6 +11,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,31 +101,77 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return validate(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION), str(path))
 
 
+def schema_of(path: Path) -> str | None:
+    """The `schema` of an iobench JSON document (cheap: its first bytes), or None."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(300).decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = re.search(r'"schema":\s*"(iobench\.[a-z_]+)"', head)
+    return m.group(1) if m else None
+
+
 def is_result_file(path: Path) -> bool:
     """Whether `path` holds an `iobench.result` document (cheap check of the schema key)."""
-    try:
-        with open(path) as f:
-            head = f.read(200)
-    except OSError:
-        return False
-    return f'"schema": "{SCHEMA}"' in head
+    return schema_of(path) == SCHEMA
+
+
+@dataclass
+class Found:
+    """The documents `find_documents` found: training results, staging results, and the
+    rest (probe, sweep, bench-read, not iobench's) with why each was set aside."""
+
+    results: list[Path] = field(default_factory=list)
+    stages: list[Path] = field(default_factory=list)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+STAGE_SCHEMA = "iobench.stage"
+
+
+def find_documents(paths: Iterable[str | Path]) -> Found:
+    """Training and staging results named by `paths`: files as given, directories searched
+    with their sub-directories (sorted by path). Other iobench documents (probe, sweep,
+    bench-read) and other JSON are set aside with a reason; a directory holding no
+    training result is an error, and so is a path that does not exist.
+    """
+    found = Found()
+    paths = list(paths)
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*.json") if f.is_file())
+            before = len(found.results)
+            for f in files:
+                _sort_into(found, f)
+            if len(found.results) == before:
+                raise ResultError(f"directory {p} holds no iobench training results (*.json, "
+                                  "searched with its sub-directories); give the --results "
+                                  "directory of `iobench train`")
+        elif p.is_file():
+            _sort_into(found, p, given=True)
+        else:
+            raise ResultError(f"no result file or directory {p}")
+    if not found.results:
+        raise ResultError(f"no iobench training results among {', '.join(map(str, paths))}: "
+                          "give `iobench train` result files or their --results directory")
+    return found
+
+
+# Documents iobench writes into a results directory beside training results.
+OTHER_RESULTS = ("iobench.probe", "iobench.sweep", "iobench.bench_read")
+
+
+def _sort_into(found: Found, path: Path, given: bool = False) -> None:
+    schema = schema_of(path)
+    if schema == STAGE_SCHEMA:
+        found.stages.append(path)
+    elif schema in OTHER_RESULTS:
+        found.skipped.append((path, f"an {schema} document, not a training result"))
+    elif schema == SCHEMA or given:
+        found.results.append(path)  # a file named on the command line: loading it says why not
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
-    """Result files named by `paths`: files as given, directories expanded (sorted by name).
-
-    Files in a directory that are not iobench results are skipped; a
-    directory without any result is an error.
-    """
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.glob("*.json") if is_result_file(f))
-            if not found:
-                raise ResultError(f"directory {p} holds no iobench result files (*.json)")
-            out += found
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise ResultError(f"no result file or directory {p}")
-    return out
+    """The training result files named by `paths` (see `find_documents`)."""
+    return find_documents(paths).results

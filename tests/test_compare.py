@@ -65,7 +65,7 @@ def test_cli_table_and_png(two_runs, tmp_path: Path, capsys) -> None:
     (lambda d: (d / "x.json").write_text('{"schema": "iobench.manifest", "schema_version": 1}')
      and d / "x.json", "not an iobench 'iobench.result' document"),
     (lambda d: (d / "y.json").write_text("{oops") and d / "y.json", "not valid JSON"),
-    (lambda d: d, "holds no iobench result files"),
+    (lambda d: d, "holds no iobench training results"),
 ])
 def test_cli_bad_input_one_line(tmp_path: Path, capsys, make, needle) -> None:
     target = make(tmp_path)
@@ -262,3 +262,25 @@ def test_repeated_staging_break_even_from_medians(staged, repeated) -> None:
     close = with_repeats(in_place, [[1.1, 1.1], [1.3, 1.3], [1.6, 1.6]], "close")
     (row,) = compare.staging_pairs([close, fast])
     assert row["significant"] is False and "n.s." in compare.break_even_text(row)
+
+
+def test_a_results_folder_as_users_fill_it(tmp_path, capsys):
+    """The README's main job: stage and train results (and other documents) in one folder
+    and its sub-folders; `compare` uses the staging for the break-even, skips the rest."""
+    src, dst, res = tmp_path / "pfs", tmp_path / "nvme", tmp_path / "res"
+    assert cli("generate", "--dataset", "cifar10", "--samples", "256", "--storage", src) == 0
+    assert cli("stage", "--dataset", "cifar10", "--format", "hdf5", "--from", src, "--to", dst,
+               "--results", res) == 0
+    for storage, out in ((src, res / "in-place"), (dst, res)):
+        assert cli("train", "--loader", "hdf5", "--storage", storage, "--model", "none",
+                   "--epochs", "1", "--workers", "0", "--results", out) == 0
+    assert cli("bench-read", "--storage", src, "--dataset", "cifar10", "--format", "hdf5",
+               "--workers", "0", "--shuffle", "none", "--no-naive", "--no-dd",
+               "--results", res) == 0
+    capsys.readouterr()
+    assert cli("compare", res) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "run 2:" in out and "skipped" in out and "iobench.bench_read" in out
+    assert "in place (run" in out and "pays for itself" in out  # the stage result was paired
+    globbed = sorted(str(p) for p in res.glob("*.json"))  # the shell's `res/*.json`
+    assert cli("compare", *globbed, res / "in-place") == 0

@@ -180,7 +180,6 @@ def test_epoch_clock_figures() -> None:
     f = metrics.rank_figures(clock)
     assert f["steps"] == 4 and f["samples"] == 40 and f["batch_bytes"] == 400
     assert f["wait_max_s"] >= f["wait_p99_s"] >= f["wait_p50_s"] >= 0.004
-    assert f["first_batch_s"] < 0.002
 
 
 def test_epoch_summary_across_ranks() -> None:

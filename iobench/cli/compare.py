@@ -16,7 +16,10 @@ from iobench.errors import ConfigError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", metavar="RESULT",
-                   help="result .json files or directories of them (the first is the baseline)")
+                   help="result .json files or directories of them, searched with their "
+                        "sub-directories (the first run is the baseline); `iobench stage` "
+                        "results among them give the break-even of staging, other "
+                        "documents (probe, sweep, bench-read) are skipped with a note")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw stall time per epoch, grouped by run, into this PNG")
     p.add_argument("--accuracy-plot", default=None, metavar="FILE.png",
@@ -29,9 +32,10 @@ def main(args: argparse.Namespace) -> int:
     for opt, value in (("--plot", args.plot), ("--accuracy-plot", args.accuracy_plot)):
         if value is not None and not value.lower().endswith(".png"):
             raise ConfigError(f"{opt} {value}: give a file name ending in .png")
-    runs = compare.load_runs(args.results)
-    docs = [d for _, d in runs]
-    compare.render_table(docs)
+    docs, stages, skipped = compare.load_documents(args.results)
+    for path, why in skipped:
+        print(f"compare: skipped {path}: {why}")
+    compare.render_table(docs, stages=stages)
     if args.plot:
         path = compare.plot_stall(docs, args.plot)
         print(f"plot: {path}")
