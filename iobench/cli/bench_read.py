@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from iobench.datasets import DATASETS, FORMATS
 from iobench.errors import ConfigError
@@ -32,8 +33,11 @@ def _names(s: str) -> tuple[str, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", required=True, metavar="DIR",
                    help="storage root holding <dataset>-<format>/ (as written by `generate`)")
-    p.add_argument("--dataset", required=True, choices=list(DATASETS))
-    p.add_argument("--format", required=True, choices=FORMATS)
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
+                   help="dataset name (default: the one dataset under --storage)")
+    p.add_argument("--format", default=None, choices=FORMATS,
+                   help="on-disk format (default: the one format of the dataset under "
+                        "--storage)")
     p.add_argument("--loaders", default=None, metavar="L1,L2",
                    help="loaders to compare (default: the format's own loader, and dali if "
                         "installed)")
@@ -68,8 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from iobench.loaders import bench
+    from iobench.manifest import locate
     from iobench.world import get_world
 
+    dataset, fmt, root = locate(args.storage, args.dataset, args.format)
+    if root == Path(args.storage):  # --storage named the dataset directory itself
+        args.storage = str(root.parent)
+    args.dataset, args.format = dataset, fmt
     loaders = _names(args.loaders) if args.loaders else _default_loaders(args.format)
     cfg = bench.BenchReadConfig(
         storage=args.storage, dataset=args.dataset, format=args.format, loaders=loaders,

@@ -21,10 +21,13 @@ from iobench.world import get_world
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", required=True, choices=list(DATASETS), help="dataset name")
-    p.add_argument("--format", required=True, choices=list(FORMATS), help="on-disk format")
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
+                   help="dataset name (default: the one dataset under --from)")
+    p.add_argument("--format", default=None, choices=list(FORMATS),
+                   help="on-disk format (default: the one format of the dataset under --from)")
     p.add_argument("--from", dest="source", required=True, metavar="DIR",
-                   help="storage root holding <dataset>-<format>/ (e.g. on Lustre)")
+                   help="storage root holding <dataset>-<format>/ (e.g. on Lustre), or that "
+                        "dataset directory itself")
     p.add_argument("--to", dest="dest", required=True, metavar="DIR2",
                    help="storage root to copy to (e.g. node-local NVMe)")
     p.add_argument("--mode", choices=MODES, default="replicate",
@@ -52,7 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> StageConfig:
-    return StageConfig(dataset=args.dataset, format=args.format, source=Path(args.source),
+    from iobench.manifest import locate
+
+    dataset, fmt, _ = locate(args.source, args.dataset, args.format)
+    return StageConfig(dataset=dataset, format=fmt, source=Path(args.source),
                        dest=Path(args.dest), mode=args.mode, threads=args.threads,
                        buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
                        verify_existing=not args.trust_existing, fsync=not args.no_fsync,
