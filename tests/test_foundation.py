@@ -125,3 +125,18 @@ def test_local_scope_reads_only_own_files():
     assert set(r1) <= set(range(100, 200)) | set(range(300, 350))
     with pytest.raises(ConfigError, match="at least one file per rank"):
         sampling.rank_indices(350, "global", 1, 0, 0, 8, file_ranges=ranges, scope="local")
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    import argparse
+
+    from iobench.cli import SUBCOMMANDS, build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(SUBCOMMANDS)
+    missing = [(name, a.option_strings or a.dest) for name, sp in sub.choices.items()
+               for a in sp._actions if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert not missing, missing
+    top = parser.format_help()
+    assert all(name in top for name in SUBCOMMANDS)  # `iobench --help` lists every command

@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="loaders to compare (default: the format's own loader, and dali if "
                         "installed)")
     p.add_argument("--workers", default="0,2,4", metavar="N1,N2", help="worker counts")
-    p.add_argument("--worker-type", default="process", choices=("process", "thread"))
+    p.add_argument("--worker-type", default="process", choices=("process", "thread"),
+                   help="loader workers as processes (PyTorch DataLoader) or threads "
+                        "(default: process; DALI always uses processes)")
     p.add_argument("--shuffle", default="global,block,none", metavar="S1,S2",
                    help="shuffle modes: global, block, none")
     p.add_argument("--block-size", type=int, default=256, help="samples per block (block shuffle)")
@@ -65,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="data files dd reads (a random subset when there are more)")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
                    help="where DALI runs its operators")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sample order and augmentation (default 0)")
     p.add_argument("--results", default=None, metavar="DIR",
                    help="also write the JSON document into DIR (never overwrites)")
 

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loader", required=True, choices=LOADER_NAMES, help="reader to use")
     p.add_argument("--storage", required=True, metavar="DIR",
                    help="directory holding <dataset>-<format>/ (from `iobench generate`)")
-    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS))
+    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS),
+                   help="which dataset under --storage (default: cifar10)")
     p.add_argument("--format", default=None, choices=FORMATS,
                    help="on-disk format, for --loader dali (default: the one found)")
     p.add_argument("--model", default="auto", metavar="NAME",
@@ -37,12 +38,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(pure ingest), or one of: {', '.join(MODELS)}")
     p.add_argument("--compute-time", type=float, default=None, metavar="SECONDS",
                    help="emulate an accelerator that computes SECONDS per step (no model)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3,
+                   help="epochs per repetition, each from a cold cache (default 3)")
     p.add_argument("--batch-size", type=int, default=64, help="samples per step per rank")
     p.add_argument("--workers", type=int, default=2, help="loader workers per rank")
-    p.add_argument("--worker-type", default="process", choices=("process", "thread"))
-    p.add_argument("--shuffle", default="global", choices=("global", "block", "none"))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worker-type", default="process", choices=("process", "thread"),
+                   help="loader workers as processes (PyTorch DataLoader) or threads "
+                        "(default: process)")
+    p.add_argument("--shuffle", default="global", choices=("global", "block", "none"),
+                   help="global: every sample in random order; block: random blocks of "
+                        "consecutive samples, shuffled within a window; none: file order "
+                        "(default: global)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sample order, augmentation and model (default 0)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="steps per epoch at most")
     p.add_argument("--no-decode", action="store_true",
                    help="read stored bytes only, no decoding (needs --model none or --compute-time)")
