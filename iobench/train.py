@@ -255,6 +255,44 @@ def emulate_compute(seconds: float, start_ns: int) -> int:
     return now
 
 
+def describe_device(device: torch.device) -> dict[str, Any]:
+    """What computes: the GPU's name and CUDA build, or the CPU model and its cores."""
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device),
+                "cuda": torch.version.cuda, "torch": torch.__version__}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"type": "cpu", "name": sysinfo.cpu_model(), "cores": cores,
+            "cuda": torch.version.cuda, "torch": torch.__version__}
+
+
+def device_words(d: dict[str, Any]) -> str:
+    """`describe_device`'s answer in words, for the console."""
+    if d["type"] == "cuda":
+        return f"GPU {d['name']} (CUDA {d['cuda']}, torch {d['torch']})"
+    return f"CPU {d['name']} ({d['cores']} cores, torch {d['torch']})"
+
+
+def device_warnings(d: dict[str, Any], compute_kind: str) -> list[str]:
+    """A GPU this torch cannot use, and a real model that trains on the CPU."""
+    out = []
+    if d["type"] == "cpu":
+        gpus = sysinfo.gpus()
+        if gpus and d["cuda"] is None:
+            out.append(f"a GPU is present ({gpus[0]['name']}) but torch {d['torch']} is a CPU "
+                       "build, so this run computes on the CPU: install a CUDA build of torch "
+                       "in this environment (README, \"Bring your own torch\")")
+        elif gpus:
+            out.append(f"a GPU is present ({gpus[0]['name']}) but torch cannot use it "
+                       f"(torch {d['torch']}, CUDA {d['cuda']}): check the driver and "
+                       "CUDA_VISIBLE_DEVICES")
+        if compute_kind == "model":
+            out.append("the model trains on the CPU: its step time, not the storage, sets the "
+                       "pace, and AU describes a CPU-speed accelerator; to ask whether the "
+                       "storage keeps up with your GPU, emulate its step with --compute-time "
+                       "SECONDS (e.g. 0.05 for a ResNet-50-class step of 64 samples)")
+    return out
+
+
 def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     if device.type != "cuda":
         return batch.samples, batch.labels
@@ -557,7 +595,8 @@ class _Run:
         use_cuda = self.device.type == "cuda"
         server = server_cache_check(config, self.mount, self.manifest, cluster_memory_bytes,
                                     world.num_nodes)
-        warnings = list(self.warnings)
+        device = describe_device(self.device)
+        warnings = list(self.warnings) + device_warnings(device, compute.kind)
         if server and server["warning"]:
             warnings.append(server["warning"])
         if self.io_note:
@@ -579,6 +618,7 @@ class _Run:
                         "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
                         "amp": config.amp and use_cuda, "channels_last": config.channels_last,
                         "decode": config.decode, "torch_threads": compute.threads,
+                        "device": device,
                         "steps": _steps_mode(config, world)},
             "cache": {"mode": "warm" if config.warm_cache else "cold",
                       "method": None if config.warm_cache else "posix_fadvise(DONTNEED) per "

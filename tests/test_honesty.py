@@ -196,3 +196,22 @@ def test_server_cache_rule_on_shared_tiers_only(plain_storage: Path, tmp_path: P
     got = server_cache_check(sized, lustre, manifest, 24 << 30, 2)
     assert got is not None and got["ok"] and got["cache_source"] == "--server-cache-gb"
     assert got["warning"] is None
+
+
+def test_the_result_says_what_computed(plain_storage: Path, tmp_path: Path) -> None:
+    assert cli("train", "--loader", "hdf5", "--storage", plain_storage, "--model", "cnn",
+               "--epochs", "1", "--workers", "0", "--max-steps", "2", "--results", tmp_path) == 0
+    doc = _result(tmp_path)
+    dev = doc["compute"]["device"]
+    assert dev["type"] == "cpu" and dev["name"] == sysinfo.cpu_model() and dev["cores"] >= 1
+    assert any("trains on the CPU" in w and "--compute-time" in w for w in doc["warnings"])
+
+
+def test_a_gpu_this_torch_cannot_use_is_named(monkeypatch) -> None:
+    from iobench import train
+
+    monkeypatch.setattr(sysinfo, "gpus", lambda: [{"index": 0, "name": "NVIDIA H100"}])
+    cpu_build = {"type": "cpu", "name": "x", "cores": 2, "cuda": None, "torch": "2.13.0+cpu"}
+    (w,) = train.device_warnings(cpu_build, "emulated")
+    assert "NVIDIA H100" in w and "CPU build" in w and "CUDA build of torch" in w
+    assert not train.device_warnings({**cpu_build, "name": "y"}, "emulated")[0].startswith("the")

@@ -251,7 +251,17 @@ class _Output:
         self.console.print(f"[bold]iobench train[/] {c.dataset} via {c.loader} from {c.storage}: "
                            f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
                            f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
-        self.console.print(f"compute: {compute}; cache: {cache}")
+        import torch
+
+        from iobench.train import describe_device, device_warnings, device_words
+
+        use_cuda = torch.cuda.is_available()
+        device = describe_device(torch.device(f"cuda:{self.world.local_rank}" if use_cuda
+                                              else "cpu"))
+        self.console.print(f"compute: {compute} on {device_words(device)}; cache: {cache}")
+        for w in device_warnings(device, c.compute_kind):
+            self.shown.add(w)
+            self.console.print(f"[bold red]WARNING:[/] {w}")
 
     @property
     def live_interval_s(self) -> float:
