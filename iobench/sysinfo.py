@@ -185,6 +185,27 @@ def mpi_library_version() -> str | None:
         return None
 
 
+def code_version() -> dict[str, Any] | None:
+    """The git commit iobench runs from and whether its tracked files differ from it
+    (`dirty`); None when iobench is not installed from a git checkout."""
+    here = Path(__file__).resolve().parent
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        head = subprocess.run([git, "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run([git, "-C", str(here), "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True,
+                                timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head.stdout.strip(),
+            "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
 def provenance(storage: str | Path | None = None) -> dict[str, Any]:
     """Everything a result file records about where it was measured."""
     doc: dict[str, Any] = {
@@ -196,6 +217,7 @@ def provenance(storage: str | Path | None = None) -> dict[str, Any]:
         "memory_bytes": memory_bytes(),
         "gpus": gpus(),
         "versions": library_versions(),
+        "code": code_version(),
         "argv": sys.argv,
     }
     if storage is not None:

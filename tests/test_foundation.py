@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,3 +141,17 @@ def test_every_option_of_every_command_says_what_it_does() -> None:
     assert not missing, missing
     top = parser.format_help()
     assert all(name in top for name in SUBCOMMANDS)  # `iobench --help` lists every command
+
+
+def test_provenance_names_the_code_that_measured() -> None:
+    from iobench.sysinfo import code_version, provenance
+
+    here = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    code = code_version()
+    assert code is not None and code["commit"] == head.stdout.strip()
+    assert isinstance(code["dirty"], bool)
+    assert provenance()["code"] == code
