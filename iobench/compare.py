@@ -6,7 +6,7 @@ run's ratio is taken to the first run given. A run with `--repeat N`
 repetitions shows each headline figure as median [min-max], and a
 difference to the first run no larger than the spread is marked `n.s.`
 (`iobench.spread.differs`). `staging_pairs` is the one break-even of
-staging (METRICS.md), used here and by `iobench report`.
+staging (docs/metrics.md), used here and by `iobench report`.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def jsonable_break_even(value: float | None) -> float | str | None:
 
 def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
                fast: Mapping[str, Any]) -> dict[str, Any]:
-    """Staging cost against the epoch time it saves, per METRICS.md.
+    """Staging cost against the epoch time it saves, per docs/metrics.md.
 
     `slow` reads the staging's source in place, `fast` the staged copy.
     `break_even_epochs` = stage_s / (epoch_wall_slow - epoch_wall_fast), with
@@ -289,7 +289,7 @@ def comparison_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     `stall_s` is the max over ranks (the pace setter), `stall_fraction` the
     max over ranks, `au` the mean over ranks, `samples_per_s` and
-    `read_MBps` global (METRICS.md). `*_vs_first` divide by the first run's
+    `read_MBps` global (docs/metrics.md). `*_vs_first` divide by the first run's
     figure for the same repetition and epoch (None when it has no such one).
     """
     labels = unique_labels(docs)

@@ -1,4 +1,4 @@
-"""Step and epoch figures exactly as /work/shared/METRICS.md (docs/results-schema.md) defines them.
+"""Step and epoch figures exactly as docs/metrics.md defines them (docs/results-schema.md: where).
 
 `EpochClock` records one rank's epoch from `perf_counter_ns` reads that tile
 the epoch without gaps: step k's wait runs from the end of step k-1's compute
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-MB = 1_000_000  # METRICS.md: MB = 10^6 bytes
+MB = 1_000_000  # docs/metrics.md: MB = 10^6 bytes
 
 
 class EpochClock:
@@ -67,12 +67,12 @@ def _pct(a: np.ndarray, q: float) -> float | None:
 
 
 def rank_figures(clock: EpochClock) -> dict[str, Any]:
-    """Per-rank epoch figures (seconds, bytes, samples) with METRICS.md names.
+    """Per-rank epoch figures (seconds, bytes, samples) with docs/metrics.md names.
 
     `wait_*` percentiles are over steps 2..N (the first step's wait is
     `first_batch_s`); `None` when there is no such step. `stall_s` includes
     `first_batch_s`. Rates here are this rank's own (`rank_` prefix); the
-    METRICS.md `samples_per_s`/`read_MBps` are global, see `epoch_summary`.
+    docs/metrics.md `samples_per_s`/`read_MBps` are global, see `epoch_summary`.
     """
     if clock.start_ns is None:
         raise RuntimeError("EpochClock.start() was never called")
@@ -109,7 +109,7 @@ def epoch_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Across-rank figures of one epoch from every rank's `rank_figures` (plus extras).
 
     `wall_s` is the slowest rank's; `samples_per_s` and `read_MBps` are global
-    samples and bytes over it (METRICS.md). Stall: mean and max over ranks
+    samples and bytes over it (docs/metrics.md). Stall: mean and max over ranks
     (max is the headline: the slowest rank sets the pace).
     """
     walls = [r["wall_s"] for r in ranks]

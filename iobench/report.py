@@ -5,7 +5,7 @@ Reads every iobench document in the directory: training results
 (`iobench.probe`) and sweep records (`iobench.sweep`), and writes the
 environment, the probe figures per tier, a table of runs per dataset (with
 each run's MB/s as a fraction of its tier's probe limit), the staging cost
-with break-even epochs (METRICS.md), and plots: stall time per epoch by run,
+with break-even epochs (docs/metrics.md), and plots: stall time per epoch by run,
 throughput by workers, AU by storage tier, loader MB/s next to the probe
 limits. Runs with `--repeat N` repetitions show median [min-max] and min-max
 error bars; differences within the spread are marked `n.s.`. Report code is
@@ -208,7 +208,7 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
 
 
 def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
-    """Staging cost next to the epoch time it saves: `break_even_epochs` per METRICS.md.
+    """Staging cost next to the epoch time it saves: `break_even_epochs` per docs/metrics.md.
 
     `iobench.compare.staging_pairs` pairs each staging (an `iobench stage`
     result or a run's `staging` section) with the in-place runs reading its
@@ -510,7 +510,7 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                                              "epoch s (staged)", "break-even epochs",
                                              "time to solution s: in place / staged"], trs,
                             "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
-                            "(METRICS.md), from the medians over repetitions (stage s and epoch "
+                            "(docs/metrics.md), from the medians over repetitions (stage s and epoch "
                             "s: median [min-max] where repeated): staging pays for itself after "
                             "that many epochs; never when the copy is not faster; n.s. when "
                             "the two epoch times are within their spread. Runs are compared "

@@ -148,7 +148,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
     distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s)
     try:
         staging = None
-        if args.stage_to:  # issue 6: stage first, then train from the copy
+        if args.stage_to:  # stage first, then train from the copy
             from dataclasses import replace
 
             from iobench.stage import stage_for_training
