@@ -402,6 +402,7 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
         reps = f"; {repetitions(doc)} repetitions" if repetitions(doc) > 1 else ""
         console.print(f"run {i + 1}: {escape(label)}; cache {doc['cache']['mode']}; "
                       f"{doc['world']['size']} rank(s){reps}; {doc['run_id']}{warn}")
+        console.print(f"  {escape(run_verdict(doc)['line'])}")
     index = {d["run_id"]: i + 1 for i, d in enumerate(docs)}
     for b in staging_pairs(docs, stages):
         console.print(escape(staging_line(b, index)))
@@ -410,6 +411,14 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
 
         console.print(f"[yellow]{NOTE}[/]")
     return table
+
+
+def run_verdict(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's verdict as `iobench train` recorded it, or worked out now for a result
+    written before verdicts (the default AU threshold)."""
+    from iobench.verdict import verdict
+
+    return (doc.get("summary") or {}).get("verdict") or verdict(doc)
 
 
 def staging_line(b: Mapping[str, Any], index: Mapping[str, int]) -> str:

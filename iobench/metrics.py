@@ -53,6 +53,11 @@ class EpochClock:
         self.batch_bytes += batch_bytes
 
     @property
+    def last_ns(self) -> int:
+        """The last clock read: the end of the last step's compute (or the epoch start)."""
+        return self._last
+
+    @property
     def end_ns(self) -> int:
         """End of the last step's compute (the epoch's end), or its start if no step ran."""
         return self._last

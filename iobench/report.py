@@ -39,8 +39,7 @@ from iobench.compare import (
 )
 from iobench.errors import ConfigError, DatasetNotFoundError
 from iobench.spread import differs, run_spread
-
-LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
+from iobench.verdict import LIMIT_KEY, probe_for, probe_limit, under
 
 
 @dataclass
@@ -115,31 +114,6 @@ def _has(doc: dict[str, Any], name: str, col: Collection, keys: Sequence[str]) -
 
 # ------------------------------------------------------------------------------ figures
 
-def _under(path: str, root: str) -> bool:
-    return bool(root) and (path == root or path.startswith(root.rstrip("/") + "/"))
-
-
-def probe_for(path: str | None, probes: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest probe of the deepest directory holding `path` (a dataset root)."""
-    path = real(path)
-    best = None
-    for p in probes:
-        root = p["storage"]["path"]
-        if _under(path, root) and (best is None or len(root) > len(best["storage"]["path"])
-                                   or (len(root) == len(best["storage"]["path"])
-                                       and p["created"] > best["created"])):
-            best = p
-    return best
-
-
-def probe_limit(probe: dict[str, Any], sample_bytes: float | None) -> float | None:
-    """The probe's random-read MB/s at the sample size nearest the run's (log scale)."""
-    reads = [r for r in probe["summary"].get("sample_reads") or [] if r.get("MBps")]
-    if not reads or not sample_bytes:
-        return probe["summary"].get(LIMIT_KEY)
-    return min(reads, key=lambda r: abs(math.log(r["sample_bytes"] / sample_bytes)))["MBps"]
-
-
 def _mean(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return sum(vals) / len(vals) if vals else None
@@ -183,7 +157,7 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
              "COLD FAILED" if "warm" in statuses else
              "unknown" if "unknown" in statuses else "cold")
     root = real(doc["dataset"].get("root"))
-    named = [n for n in names if _under(root, n[0])]
+    named = [n for n in names if under(root, n[0])]
     tier = (probe["label"] if probe else max(named, key=lambda n: len(n[0]))[1] if named
             else f"{storage.get('kind', '?')} ({storage.get('fstype', '?')})")
     return {

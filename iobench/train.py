@@ -83,6 +83,7 @@ class TrainConfig:
     repeat: int = 1  # independent cold repetitions of the whole run
     step_sync: bool = True  # emulated/no compute: each step waits for every rank's batch
     server_cache_gb: float | None = None  # storage servers' cache (GPFS pagepool, OSS RAM)
+    au_threshold: float = 0.90  # the verdict: AU at or above this keeps up (MLPerf Storage)
 
     def __post_init__(self) -> None:
         if self.loader not in LOADER_NAMES:
@@ -131,6 +132,9 @@ class TrainConfig:
             raise ConfigError("--amp only applies to a real model; drop it or pick --model")
         if self.repeat < 1:
             raise ConfigError(f"--repeat {self.repeat} must be >= 1")
+        from iobench.verdict import parse_threshold
+
+        parse_threshold(self.au_threshold)
         if not self.step_sync and self.compute_kind == "model":
             raise ConfigError("--no-step-sync applies to --compute-time and --model none; a "
                               "real model is synchronised by DDP's all-reduce")
@@ -511,7 +515,7 @@ class _Run:
         tier0 = self.counters() if self.counters and world.is_root else None
         io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
         compute.reset()
-        clock = self._steps(rep, epoch, loader, compute)
+        clock, timing = self._steps(rep, epoch, loader, compute)
         io = procio.tree_io() - io0
         tier = None
         if tier0 is not None and self.counters is not None:
@@ -522,28 +526,35 @@ class _Run:
                **rank_figures(clock),
                "os_read_bytes": io.read_bytes if self.count_io else None,
                "os_rchar": io.rchar, "os_processes": io.processes,
+               "loader": timing,
                "cache_resident_fraction_at_start": node_frac.get(world.node)}
         gathered = world.allgather((fig, compute.stats()))
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
                          tier)
 
-    def _steps(self, rep: int, epoch: int, loader: Loader, compute: _Compute) -> EpochClock:
-        """Run the epoch's steps; the clock's reads tile it (wait, compute, wait, ...)."""
+    def _steps(self, rep: int, epoch: int, loader: Loader, compute: _Compute
+               ) -> tuple[EpochClock, dict[str, Any] | None]:
+        """Run the epoch's steps; the clock's reads tile it (wait, compute, wait, ...).
+
+        Also sums the readers' own clocks carried by each batch (`Batch.timing`):
+        where the loader's time went, for the verdict (None without such clocks).
+        """
         config, world = self.config, self.world
         steps_total = loader.steps_per_epoch()
         if config.max_steps is not None:
             steps_total = min(steps_total, config.max_steps)
         clock = EpochClock()
-        last_live = clock.start()
+        last_live = prev_end = clock.start()
         it: Iterator[Any] = iter(loader.epoch(epoch))
-        step = 0
+        step = timed = read_ns = decode_ns = handoff_ns = 0
         try:
             while config.max_steps is None or step < config.max_steps:
                 try:
                     batch = next(it)
                 except StopIteration:
                     break
+                t_got = time.perf_counter_ns()
                 x, y = _to_device(batch, self.device)
                 compute.wait_for_all_ranks()
                 t_ready = clock.batch_ready()
@@ -554,11 +565,21 @@ class _Run:
                 end = compute.step(x, y, t_ready)
                 clock.compute_done(len(batch.indices), batch.payload_bytes, end)
                 step += 1
+                if batch.timing is not None:
+                    timed += 1
+                    read_ns += batch.timing[0]
+                    decode_ns += batch.timing[1]
+                    # the part of this step's wait in which its batch was already made:
+                    # handing it over (queues, unpickling, collate) cost the step that much
+                    handoff_ns += max(0, t_got - max(batch.timing[2], prev_end))
+                prev_end = clock.last_ns
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stop a generator left early (--max-steps) so workers settle
-        return clock
+        timing = {"workers": loader.config.workers, "batches": timed, "read_s": read_ns / 1e9,
+                  "decode_s": decode_ns / 1e9, "handoff_s": handoff_ns / 1e9} if timed else None
+        return clock, timing
 
     def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],
                 stats: list[tuple[float, int, int]], report: cache.EvictReport,

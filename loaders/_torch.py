@@ -12,6 +12,7 @@ netCDF's lack of thread safety cost.
 from __future__ import annotations
 
 import collections
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -67,9 +68,13 @@ class BatchFetcher(Dataset):
                 return WorkerFailure(e)
             return None
         try:
+            t0 = time.perf_counter_ns()
             raw = self.reader.read(idx)
+            t1 = time.perf_counter_ns()
             try:
-                return to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode)
+                batch = to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode)
+                t2 = time.perf_counter_ns()
+                return batch._replace(timing=(t1 - t0, t2 - t1, t2))
             except DecodeError as e:
                 raise DatasetError(f"cannot decode sample {e.index} stored in "
                                    f"{self.reader.where(e.index)} ({e.cause}); the file is "

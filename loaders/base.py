@@ -77,6 +77,11 @@ class Batch(NamedTuple):
     indices: int64 [B], the global sample indices, in batch order.
     payload_bytes: bytes the readers took from storage for this batch
       (encoded/stored bytes), per METRICS.md `batch_bytes`.
+    timing: (read_ns, decode_ns, done_ns) of the reader that made this batch:
+      time reading it from storage, time decoding and preprocessing it, and
+      `perf_counter_ns()` when it was done (the same clock in every process of
+      a node: the consumer can tell how long a finished batch took to reach
+      it); None when the loader keeps no such clocks.
     """
 
     samples: torch.Tensor
@@ -84,6 +89,7 @@ class Batch(NamedTuple):
     indices: torch.Tensor
     payload_bytes: int
     offsets: torch.Tensor | None = None
+    timing: tuple[int, int, int] | None = None
 
 
 class Loader(ABC):

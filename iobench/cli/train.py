@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size of the storage servers' caches (GPFS pagepool, Lustre OSS "
                         "memory); a dataset under 5x this (default: 5x the nodes' RAM) on a "
                         "shared tier is flagged, since clients cannot evict server caches")
+    p.add_argument("--au-threshold", type=float, default=0.90, metavar="FRACTION",
+                   help="the verdict: accelerator utilisation at or above this keeps up "
+                        "(default 0.90, MLPerf Storage's)")
     p.add_argument("--stage-to", default=None, metavar="DIR2",
                    help="stage the dataset to DIR2 first (iobench stage), then train from the "
                         "copy; the result records staging and training together")
@@ -101,7 +104,8 @@ def build_config(args: argparse.Namespace) -> Any:
                        amp=args.amp,
                        channels_last=args.channels_last, timeout_s=args.timeout,
                        results=args.results, repeat=args.repeat,
-                       step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb)
+                       step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
+                       au_threshold=args.au_threshold)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -177,6 +181,9 @@ def _main(args: argparse.Namespace, world: Any) -> int:
                               + (walls["median"] * config.epochs if walls else 0.0)}
             doc["warnings"] += [w for w in staging.get("warnings", [])
                                 if w not in doc["warnings"]]
+        from iobench.verdict import for_run
+
+        doc["summary"]["verdict"] = for_run(doc, config.results, config.au_threshold)
         path = results.write_result(doc, config.results)
         out.finish(doc, path)
         return 0
@@ -341,3 +348,4 @@ class _Output:
         self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}; steps: "
                            f"{doc['compute']['steps']}")
         self.console.print(f"result: {path}")
+        print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped

@@ -1,0 +1,143 @@
+"""The verdict a run ends with: keeps up or starved, by what, and what to do about it.
+
+Each class is checked on a constructed case: a document with known clocks,
+and real runs where the cause is built in (an emulated Lustre for storage,
+JPEG decoding on one worker for the CPU, a slow hand-off for the loader).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from iobench import results
+from iobench.errors import ConfigError
+from iobench.loaders import make_loader
+from iobench.loaders.base import Batch
+from iobench.train import TrainConfig, run
+from iobench.verdict import for_run, parse_threshold, verdict
+from iobench.world import World
+from wrappers import Wrapped
+
+
+def _doc(au: float, *, workers: int = 2, read_s: float = 0.0, decode_s: float = 0.0,
+         handoff_s: float = 0.0, stall_s: float = 1.0, wall_s: float = 10.0,
+         fstype: str = "lustre", kind: str = "parallel", fmt: str = "hdf5") -> dict:
+    rank = {"stall_s": stall_s, "loader": {"workers": workers, "batches": 100, "read_s": read_s,
+                                           "decode_s": decode_s, "handoff_s": handoff_s}}
+    return {"epochs": [{"summary": {"wall_s": wall_s, "au_mean": au}, "ranks": [rank]}],
+            "summary": {"spread": {"au": {"median": au}, "read_MBps": {"median": 410.0},
+                                   "stall_fraction": {"median": stall_s / wall_s}}},
+            "config": {"workers": workers, "worker_type": "process"},
+            "compute": {"kind": "emulated", "device": {"type": "cpu"}},
+            "world": {"local_size": 1}, "provenance": {"cpu_affinity": 16, "storage": {
+                "fstype": fstype, "kind": kind}},
+            "dataset": {"dataset": "cifar10", "format": fmt, "total_bytes": 3072 * 1000,
+                        "num_samples": 1000}}
+
+
+PROBE = {"storage": {"path": "/"}, "created": "x",
+         "summary": {"sample_read_MBps": 440.0, "sample_reads": []}}
+
+
+def test_each_class_from_the_clocks() -> None:
+    keeps = verdict(_doc(0.97, read_s=1.0))
+    assert (keeps["status"], keeps["bottleneck"]) == ("keeps up", "none")
+    assert keeps["line"].startswith("verdict: keeps up - AU 0.97 >= 0.90")
+
+    storage = verdict(_doc(0.62, read_s=17.0, decode_s=1.0, stall_s=3.8), probe=PROBE,
+                      break_even={"break_even_epochs": 1.4})
+    assert (storage["status"], storage["bottleneck"]) == ("starved", "storage")
+    assert storage["line"].startswith("verdict: starved by storage - AU 0.62 < 0.90")
+    assert "reads at 410 MB/s = 0.93 of lustre (parallel)'s probed limit" in storage["line"]
+    assert "pays off after 1.4 epochs" in storage["line"]
+
+    cpu = verdict(_doc(0.5, read_s=2.0, decode_s=16.0))
+    assert cpu["bottleneck"] == "cpu" and any("--workers" in a for a in cpu["advice"])
+
+    loader = verdict(_doc(0.6, read_s=1.0, decode_s=1.0, handoff_s=3.0, stall_s=4.0))
+    assert loader["bottleneck"] == "loader"
+    assert any("--worker-type thread" in a for a in loader["advice"])
+
+    no_clocks = _doc(0.6)
+    no_clocks["epochs"][0]["ranks"][0]["loader"] = None
+    assert verdict(no_clocks)["bottleneck"] == "unknown"
+    assert verdict(_doc(0.85, read_s=1.0), threshold=0.8)["status"] == "keeps up"
+
+
+def test_threshold_is_validated() -> None:
+    assert parse_threshold(0.7) == 0.7
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="--au-threshold"):
+            parse_threshold(bad)
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory) -> Path:
+    s = tmp_path_factory.mktemp("v-cifar")
+    assert cli("generate", "--dataset", "cifar10", "--samples", "1024", "--storage", s) == 0
+    return s
+
+
+def test_every_train_ends_with_a_verdict(cifar: Path, tmp_path: Path, capsys) -> None:
+    assert cli("train", "--loader", "hdf5", "--storage", cifar, "--compute-time", "0.2",
+               "--epochs", "1", "--max-steps", "4", "--results", tmp_path) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    doc = results.load_result(results.find_results([tmp_path])[0])
+    v = doc["summary"]["verdict"]
+    assert last == v["line"] and last.startswith("verdict: keeps up - AU ")
+    assert v["bottleneck"] == "none" and v["threshold"] == 0.9
+    assert cli("compare", tmp_path) == 0
+    assert "verdict: keeps up" in capsys.readouterr().out
+
+
+def test_decoding_on_one_worker_is_the_cpu(tmp_path: Path) -> None:
+    assert cli("generate", "--dataset", "imagenet", "--samples", "128", "--storage",
+               tmp_path) == 0
+    assert cli("train", "--loader", "hdf5", "--dataset", "imagenet", "--storage", tmp_path,
+               "--compute-time", "0.005", "--epochs", "1", "--workers", "1",
+               "--batch-size", "16", "--results", tmp_path / "r") == 0
+    doc = results.load_result(results.find_results([tmp_path / "r"])[0])
+    v = doc["summary"]["verdict"]
+    assert (v["status"], v["bottleneck"]) == ("starved", "cpu"), v["line"]
+
+
+class SlowHandOff(Wrapped):
+    """Batches arrive made, then wait `delay_s` before the step gets them (a slow hand-off)."""
+
+    delay_s = 0.03
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        for batch in self.inner.epoch(epoch):
+            time.sleep(self.delay_s)
+            yield batch
+
+
+def test_a_slow_hand_off_is_the_loader(cifar: Path, tmp_path: Path) -> None:
+    cfg = TrainConfig(loader="hdf5", storage=str(cifar), compute_time_s=0.005, epochs=1,
+                      batch_size=64, workers=1, results=str(tmp_path))
+    doc = run(cfg, lambda m, c, r, w: SlowHandOff(make_loader("hdf5", m, c, r, w)), World())
+    v = verdict(doc)
+    assert (v["status"], v["bottleneck"]) == ("starved", "loader"), v["line"]
+    assert "waiting to be handed over" in v["line"]
+
+
+def test_an_emulated_lustre_is_the_storage(cifar: Path, tmp_path: Path) -> None:
+    from iobench.pfs import fuse_problem, mount
+
+    problem = fuse_problem()
+    if problem:
+        pytest.skip(f"FUSE unusable: {problem}")
+    mnt = tmp_path / "pfs"
+    with mount(cifar, mnt, "lustre-busy"):
+        assert cli("train", "--loader", "hdf5", "--storage", mnt, "--compute-time", "0.005",
+                   "--epochs", "1", "--workers", "1", "--max-steps", "12",
+                   "--results", tmp_path / "r") == 0
+    doc = results.load_result(results.find_results([tmp_path / "r"])[0])
+    v = for_run(doc, str(tmp_path / "r"), 0.9)
+    assert (v["status"], v["bottleneck"]) == ("starved", "storage"), v["line"]
+    assert any("--stage-to" in a for a in v["advice"])
