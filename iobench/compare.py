@@ -452,7 +452,10 @@ def _save_png(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)  # readable as any new file (mkstemp makes 0600)
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
         os.replace(tmp, path)
     except OSError as e:
@@ -531,8 +534,9 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
-    """Bar chart of stall time (max over ranks) per epoch, grouped by epoch, one bar per run;
-    with repetitions, the median over them with min-max error bars.
+    """Stall per epoch (% of the epoch, max over ranks; bars labelled with seconds), grouped
+    by epoch with one bar per run, beside each run's AU against the verdict's threshold;
+    with repetitions, medians over them with min-max error bars.
 
     Written atomically (temporary name, then rename) as PNG.
     """
@@ -543,25 +547,45 @@ def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
 
     path = Path(path)
     labels = unique_labels(docs)
-    per_run = [epoch_spreads(d, lambda e: e["summary"]["stall_s_max"]) for d in docs]
-    epochs = sorted({ep for sp in per_run for ep in sp})
+    fracs = [epoch_spreads(d, lambda e: 100 * (e["summary"]["stall_fraction_max"] or 0.0))
+             for d in docs]
+    secs = [epoch_spreads(d, lambda e: e["summary"]["stall_s_max"]) for d in docs]
+    epochs = sorted({ep for sp in fracs for ep in sp})
     n = len(docs)
     width = 0.8 / max(n, 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(epochs) * max(n, 2) * 0.6 + 3), 4.5))
-    for i, (label, sp) in enumerate(zip(labels, per_run, strict=True)):
+    fig, (ax, ax_au) = plt.subplots(
+        1, 2, figsize=(max(6.0, 1.2 * len(epochs) * max(n, 2) * 0.6 + 3) + 3, 4.5),
+        gridspec_kw={"width_ratios": [3, 1]})
+    for i, (label, sp, sec) in enumerate(zip(labels, fracs, secs, strict=True)):
         eps = sorted(sp)
         xs = [epochs.index(ep) + (i - (n - 1) / 2) * width for ep in eps]
         ys = [sp[ep]["median"] for ep in eps]
         bars = ax.bar(xs, ys, width * 0.95, yerr=error_bars([sp[ep] for ep in eps]), capsize=3,
                       label=f"{i + 1}: {label}")
-        ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=8, padding=2)
+        ax.bar_label(bars, labels=[f"{y:.3g}%\n{sec[ep]['median']:.3g} s"
+                                   for y, ep in zip(ys, eps, strict=True)],
+                     fontsize=7, padding=2)
     ax.set_xticks(range(len(epochs)), [f"epoch {e + 1}" for e in epochs])
     repeated = any(repetitions(d) > 1 for d in docs)
-    ax.set_ylabel("stall time per epoch (s, max over ranks)"
-                  + ("\nmedian over repetitions, bars min-max" if repeated else ""))
+    note = "\nmedian over repetitions, bars min-max" if repeated else ""
+    ax.set_ylabel("stall, % of the epoch (max over ranks)" + note)
     ax.set_title("Data stall per epoch (lower is better)")
-    ax.margins(y=0.15)
+    ax.margins(y=0.2)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, frameon=False)
+
+    aus = [run_spread(d["epochs"])["au"] for d in docs]
+    au_pts = [a or {"median": 0.0, "min": 0.0, "max": 0.0, "n": 1} for a in aus]
+    ax_au.bar(range(1, n + 1), [a["median"] for a in au_pts], 0.6,
+              yerr=error_bars(au_pts), capsize=3, color=[f"C{i}" for i in range(n)])
+    threshold = max((run_verdict(d)["threshold"] for d in docs), default=0.9)
+    ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1)
+    ax_au.text(0.02, threshold, f"AU {threshold:.2f}: keeps up above", color="red", fontsize=7,
+               va="bottom", ha="left", transform=ax_au.get_yaxis_transform())
+    ax_au.set_xticks(range(1, n + 1), [str(i) for i in range(1, n + 1)])
+    ax_au.set_xlabel("run")
+    ax_au.set_ylim(0, 1.1)
+    ax_au.set_ylabel("accelerator utilisation (AU)" + note)
+    ax_au.set_title("AU per run")
     fig.tight_layout()
     return _save_png(fig, path)

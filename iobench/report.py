@@ -39,7 +39,7 @@ from iobench.compare import (
 )
 from iobench.errors import ConfigError, DatasetNotFoundError
 from iobench.spread import differs, run_spread
-from iobench.verdict import LIMIT_KEY, probe_for, probe_limit, under
+from iobench.verdict import DEFAULT_THRESHOLD, LIMIT_KEY, probe_for, probe_limit, under
 
 
 @dataclass
@@ -148,6 +148,8 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
     med = {k: v["median"] if v else None for k, v in sp.items()}
     stall = epoch_spreads(doc, lambda e: e["summary"]["stall_s_max"])
     wall = epoch_spreads(doc, lambda e: e["summary"]["wall_s"])
+    frac = epoch_spreads(doc, lambda e: e["summary"]["stall_fraction_max"])
+    au = epoch_spreads(doc, lambda e: e["summary"]["au_mean"])
     mbps = med["read_MBps"]
     ds = doc["dataset"]
     sample = ds["total_bytes"] / ds["num_samples"] if ds.get("num_samples") else None
@@ -173,6 +175,10 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
         "stall_s": [stall[e]["median"] for e in sorted(stall)],
         "stall_spread": [stall[e] for e in sorted(stall)],
         "wall_s": [wall[e]["median"] for e in sorted(wall)],
+        "stall_fraction_spread": [frac[e] for e in sorted(frac)],
+        "au_spread": [au[e] for e in sorted(au)],
+        "threshold": ((doc["summary"].get("verdict") or {}).get("threshold")
+                      or DEFAULT_THRESHOLD),
         "spread": sp, "au": med["au"], "samples_per_s": med["samples_per_s"],
         "read_MBps": mbps, "limit_MBps": limit,
         "ratio": mbps / limit if mbps is not None and limit else None,
@@ -264,43 +270,58 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
         pngs[name] = buf.getvalue()
 
     if rows:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        repeated = REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""
+        fig, (ax, ax_au) = plt.subplots(1, 2, figsize=(11, 4.5))
         for r in sorted(rows, key=_short):
-            ax.errorbar(range(1, len(r["stall_s"]) + 1), r["stall_s"],
-                        yerr=error_bars(r["stall_spread"]), marker="o", capsize=3,
-                        label=f"{r['dataset']}: {_short(r)}")
+            epochs = range(1, len(r["stall_fraction_spread"]) + 1)
+            pct = [{k: v * 100 if k in ("median", "min", "max") else v for k, v in sp.items()}
+                   for sp in r["stall_fraction_spread"]]
+            line = ax.errorbar(epochs, [p["median"] for p in pct], yerr=error_bars(pct),
+                               marker="o", capsize=3, label=f"{r['dataset']}: {_short(r)}")
+            ax_au.errorbar(epochs, [p["median"] for p in r["au_spread"]],
+                           yerr=error_bars(r["au_spread"]), marker="o", capsize=3,
+                           color=line[0].get_color())
         ax.set_xlabel("epoch")
-        ax.set_ylabel("stall time per epoch, s (slowest rank)"
-                      + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+        ax.set_ylabel("stall, % of the epoch (slowest rank)" + repeated)
         ax.set_title("Data stall per epoch, by run (cold cache)")
         ax.set_ylim(bottom=0)
         ax.xaxis.get_major_locator().set_params(integer=True)
+        threshold = rows[0]["threshold"]
+        ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1,
+                      label=f"AU {threshold:.2f}: below it storage cannot keep up")
+        ax_au.set_xlabel("epoch")
+        ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
+        ax_au.set_ylim(0, 1.05)
+        ax_au.set_title("AU per epoch, by run")
+        ax_au.xaxis.get_major_locator().set_params(integer=True)
+        ax_au.legend(fontsize=7, loc="lower right")
         _legend(ax, len(rows))
         save(fig, "stall")
 
         groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        for r in rows:
+        for r in rows if len({r["workers"] for r in rows}) > 1 else ():
             groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
                     r["staged"])].append(r)
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
-            by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
-            for r in rs:
-                if r["spread"]["samples_per_s"] is not None:
-                    by_w[r["workers"]].append(r["spread"]["samples_per_s"])
-            ws = sorted(by_w)
-            pts = [pooled(by_w[w]) for w in ws]
-            ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
-                        capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
-                        + (" staged" if staged else ""))
-        ax.set_xlabel("loader workers per rank")
-        ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
-                      + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
-        ax.set_title("Throughput by workers")
-        ax.set_ylim(bottom=0)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        _legend(ax, len(groups))
-        save(fig, "throughput")
+        if groups:  # throughput against the worker count: only with several counts
+            fig, ax = plt.subplots(figsize=(8, 4.5))
+            for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
+                by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
+                for r in rs:
+                    if r["spread"]["samples_per_s"] is not None:
+                        by_w[r["workers"]].append(r["spread"]["samples_per_s"])
+                ws = sorted(by_w)
+                pts = [pooled(by_w[w]) for w in ws]
+                ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
+                            capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
+                            + (" staged" if staged else ""))
+            ax.set_xlabel("loader workers per rank")
+            ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
+                          + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+            ax.set_title("Throughput by workers")
+            ax.set_ylim(bottom=0)
+            ax.xaxis.get_major_locator().set_params(integer=True)
+            _legend(ax, len(groups))
+            save(fig, "throughput")
 
         tiers = sorted({r["tier"] for r in rows})
         loaders = sorted({r["loader"] for r in rows})
@@ -315,8 +336,8 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
                                                      "n": 1})
             ax.bar([i + k * width for i in range(len(tiers))], [p["median"] for p in pts], width,
                    yerr=error_bars(pts), capsize=3, label=loader)
-        ax.axhline(0.9, color="red", linestyle="--", linewidth=1,
-                   label="AU 0.90 (MLPerf Storage threshold)")
+        ax.axhline(rows[0]["threshold"], color="red", linestyle="--", linewidth=1,
+                   label=f"AU {rows[0]['threshold']:.2f} (the verdict's threshold)")
         ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
         ax.set_xticklabels(tiers, fontsize=8)
         ax.set_ylabel("accelerator utilisation (mean over runs)"

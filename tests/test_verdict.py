@@ -89,10 +89,10 @@ def test_every_train_ends_with_a_verdict(cifar: Path, tmp_path: Path, capsys) ->
     last = capsys.readouterr().out.rstrip().splitlines()[-1]
     doc = results.load_result(results.find_results([tmp_path])[0])
     v = doc["summary"]["verdict"]
-    assert last == v["line"] and last.startswith("verdict: keeps up - AU ")
-    assert v["bottleneck"] == "none" and v["threshold"] == 0.9
+    assert last == v["line"] and last.startswith("verdict: ")
+    assert v["status"] in ("keeps up", "starved") and v["threshold"] == 0.9
     assert cli("compare", tmp_path) == 0
-    assert "verdict: keeps up" in capsys.readouterr().out
+    assert v["line"][:40] in " ".join(capsys.readouterr().out.split())
 
 
 def test_decoding_on_one_worker_is_the_cpu(tmp_path: Path) -> None:
