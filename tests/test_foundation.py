@@ -155,3 +155,24 @@ def test_provenance_names_the_code_that_measured() -> None:
     assert code is not None and code["commit"] == head.stdout.strip()
     assert isinstance(code["dirty"], bool)
     assert provenance()["code"] == code
+
+
+def test_an_unexpected_error_is_one_line_with_its_traceback_kept(monkeypatch, capsys) -> None:
+    """The last line of defence: a bug is one line naming it and where its traceback went."""
+    import re
+
+    import iobench.cli.info as info
+    from iobench.cli import INTERNAL_ERROR, main
+
+    def broken(args):
+        return {}["no such key"]  # a bug, not a user's mistake
+
+    monkeypatch.setattr(info, "main", broken)
+    assert main(["info"]) == INTERNAL_ERROR
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error: KeyError" in err[0], err
+    path = re.search(r"traceback in (\S+),", err[0]).group(1)
+    assert "Traceback" in Path(path).read_text() and "broken" in Path(path).read_text()
+    Path(path).unlink()
+    with pytest.raises(KeyError):
+        main(["--debug", "info"])

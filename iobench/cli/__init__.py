@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="iobench", description="Measure deep-learning ingest from HPC "
                      "storage: generate datasets, train with real loaders, compare stall time.")
     parser.add_argument("--version", action="version", version=f"iobench {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an unexpected error, print the full traceback (otherwise it "
+                             "goes to a file and one line names it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, help_) in SUBCOMMANDS.items():
         mod = importlib.import_module(module)
@@ -56,8 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command line; return the exit code (0 only on success)."""
+    """Run one command line; return the exit code (0 only on success).
+
+    A user's mistake is one line and exit code 2 (`IobenchError`). Anything
+    else is a bug: one line naming the exception and the file its traceback
+    was written to, exit code 70, unless `--debug` asks for the traceback.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -71,6 +81,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("iobench: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # the last line of defence: a bug, said in one line
+        if debug:
+            raise
+        where = _write_traceback(e)
+        first = str(e).splitlines()[0] if str(e) else ""
+        print(f"iobench: internal error: {type(e).__name__}: {first[:300]} (a bug in iobench; "
+              f"traceback in {where}, or rerun with --debug; please report it)",
+              file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+INTERNAL_ERROR = 70  # EX_SOFTWARE
+
+
+def _write_traceback(e: BaseException) -> str:
+    """Write the traceback of `e` to a new file; return its path (or why not)."""
+    import tempfile
+    import traceback
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="iobench-traceback-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"iobench {__version__}: {' '.join(sys.argv)}\n")
+            f.write("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+        return path
+    except OSError as err:
+        return f"(not written: {err.strerror or err})"
 
 
 def run() -> None:
