@@ -48,11 +48,21 @@ def read_json(path: str | Path, *, schema: str, max_version: int) -> dict[str, A
     """Read a document written by iobench, checking its `schema` and version."""
     path = Path(path)
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); "
                            "it was damaged or not written by iobench") from e
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x}):"
+                           " it was damaged or is not a document iobench wrote") from None
+    except RecursionError:
+        raise DatasetError(f"{path} nests JSON too deeply to be a document iobench wrote: it "
+                           "was damaged or crafted") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path} is a directory, not a JSON document") from None
+    except OSError as e:
+        raise DatasetError(f"cannot read {path}: {e.strerror or e}") from e
     if not isinstance(doc, dict) or doc.get("schema") != schema:
         raise DatasetError(f"{path} is not an iobench {schema!r} document "
                            f"(schema={doc.get('schema') if isinstance(doc, dict) else None!r})")

@@ -8,14 +8,18 @@ guesses. See docs/design.md for the per-format layouts.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from iobench.errors import ConfigError, DatasetError, DatasetNotFoundError
 from iobench.jsonio import read_json, write_json_atomic
+from iobench.schema import Count, Enum, Int, List, Map, Opt, SchemaError, Str, check
 
 MANIFEST_NAME = "iobench.json"
+CONTAINMENT_FILES = 65_536  # up to this many files, each one's real path is checked
 SCHEMA = "iobench.manifest"
 SCHEMA_VERSION = 1
 
@@ -83,17 +87,13 @@ class Manifest:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **d}
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any], root: Path | None = None) -> Manifest:
+    def from_dict(cls, doc: Any, root: Path | None = None) -> Manifest:
+        """Build from a manifest document, checked first (`check_manifest`): a manifest is
+        input from whoever made the dataset, so nothing in it is used unchecked."""
+        where = f"manifest in {root}" if root is not None else "manifest"
+        check_manifest(doc, where)
         doc = {k: v for k, v in doc.items() if k not in ("schema", "schema_version")}
-        known = {f.name for f in dataclasses.fields(cls)} - {"root"}
-        unknown = sorted(set(doc) - known)
-        missing = sorted(k for k in known - set(doc) if k != "extra")
-        if unknown or missing:
-            raise DatasetError(f"manifest in {root} has unknown keys {unknown} / lacks {missing}")
-        try:
-            files = tuple(FileEntry(**f) for f in doc.pop("files"))
-        except TypeError as e:
-            raise DatasetError(f"manifest in {root} has a malformed file entry: {e}") from e
+        files = tuple(FileEntry(**f) for f in doc.pop("files"))
         return cls(files=files, root=root, **doc)
 
     def write(self, root: str | Path) -> Path:
@@ -102,7 +102,8 @@ class Manifest:
 
     @classmethod
     def load(cls, root: str | Path) -> Manifest:
-        """Read `root/iobench.json`; clear errors when missing or damaged."""
+        """Read `root/iobench.json`, checked, with every file it lists inside `root`
+        (symbolic links resolved); clear errors when missing, damaged or escaping."""
         root = Path(root)
         path = root / MANIFEST_NAME
         if not root.is_dir():
@@ -110,8 +111,30 @@ class Manifest:
         if not path.is_file():
             raise DatasetNotFoundError(f"no iobench dataset at {root}: {MANIFEST_NAME} is missing "
                                        "(generation did not finish, or this is not a dataset)")
-        return cls.from_dict(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION),
-                             root=root.resolve())
+        m = cls.from_dict(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION),
+                          root=root.resolve())
+        m.check_contained()
+        return m
+
+    def check_contained(self) -> None:
+        """Every listed file resolves (symbolic links followed) inside the dataset root.
+
+        Files are checked one by one up to CONTAINMENT_FILES of them; beyond
+        that, every distinct directory is, and the readers of one-file-per-sample
+        datasets open files with O_NOFOLLOW (a million realpath calls on a
+        parallel filesystem would cost minutes before the first batch).
+        """
+        if self.root is None:
+            return
+        top = os.path.realpath(self.root)
+        paths = ([f.path for f in self.files] if len(self.files) <= CONTAINMENT_FILES
+                 else sorted({os.path.dirname(f.path) or "." for f in self.files}))
+        for rel in paths:
+            real = os.path.realpath(os.path.join(top, rel))
+            if real != top and not real.startswith(top + os.sep):
+                raise DatasetError(f"manifest in {self.root} lists {rel!r}, which resolves to "
+                                   f"{real}, outside the dataset: refused (a symbolic link out "
+                                   "of the tree); remove it or regenerate the dataset")
 
 
 def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = None
@@ -156,3 +179,74 @@ def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = No
     names = ", ".join(f"{d}-{f}" for d, f in found)
     hint = "--format" if dataset else "--dataset and --format"
     raise ConfigError(f"{root} holds several datasets ({names}); pick one with {hint}")
+
+
+# ------------------------------------------------------------------------ checking a manifest
+
+_ENTRY = Map({"path": Str, "bytes": Count, "sha256": Str, "first_sample": Int,
+              "num_samples": Count, "role": Enum("data", "labels", "index")},
+             optional=("role",), extra=False)
+MANIFEST_SPEC = Map({
+    "schema": Enum(SCHEMA), "schema_version": Int, "dataset": Str, "format": Str,
+    "num_samples": Count, "num_classes": Count,
+    "sample": Map({"kind": Enum("array", "jpeg"), "shape": Opt(List(Count)), "dtype": Str},
+                  optional=("shape",)),
+    "label": Map({"shape": List(Count), "dtype": Str}),
+    "layout": Map({}, extra=True), "files": List(_ENTRY, min_len=1), "seed": Int,
+    "iobench_version": Str, "created": Str, "extra": Map({}, extra=True),
+}, optional=("schema", "schema_version", "extra"), extra=False)
+MAX_SAMPLES = 2**40  # more samples than any dataset: a count beyond is damage, not data
+MAX_SAMPLE_BYTES = 2**40
+
+
+def _dtype(value: str, where: str) -> None:
+    import numpy as np
+
+    try:
+        dt = np.dtype(value)
+    except (TypeError, ValueError):
+        raise DatasetError(f"{where}: {value!r} is not a numpy dtype") from None
+    if dt.kind not in "biuf" or dt.itemsize == 0:  # no objects (pickle), no void or strings
+        raise DatasetError(f"{where}: dtype {value!r} is not a plain number type")
+
+
+def check_manifest(doc: Any, where: str = "manifest") -> None:
+    """The manifest's shape (`MANIFEST_SPEC`), then its meaning: plain relative paths, each
+    once; counts in range; data files tiling samples 0..num_samples-1 in order."""
+    try:
+        check(doc, MANIFEST_SPEC, where)
+    except SchemaError as e:
+        raise DatasetError(str(e)) from None
+    n = doc["num_samples"]
+    if n < 1 or n > MAX_SAMPLES:
+        raise DatasetError(f"{where}: num_samples {n} is outside 1..{MAX_SAMPLES}")
+    for part in ("sample", "label"):
+        _dtype(doc[part]["dtype"], f"{where}: {part}.dtype")
+        shape = doc[part].get("shape")
+        if shape is not None:
+            itemsize = 8  # the largest plain number type
+            if math.prod(shape) * itemsize > MAX_SAMPLE_BYTES or any(d == 0 for d in shape):
+                raise DatasetError(f"{where}: {part}.shape {shape} is not a sample's shape")
+    seen: set[str] = set()
+    nxt = 0
+    for i, f in enumerate(doc["files"]):
+        p = f["path"]
+        parts = p.split("/")
+        if (not p or "\0" in p or p.startswith("/") or ".." in parts or "" in parts
+                or "." in parts or p == MANIFEST_NAME or "\\" in p):
+            raise DatasetError(f"{where}: files[{i}].path {p!r} is not a plain relative path "
+                               "inside the dataset: refused")
+        if p in seen:
+            raise DatasetError(f"{where}: files[{i}].path {p!r} is listed twice")
+        seen.add(p)
+        if f.get("role", "data") == "data":
+            if f["first_sample"] != nxt or f["num_samples"] < 1:
+                raise DatasetError(f"{where}: files[{i}] ({p}) holds samples "
+                                   f"{f['first_sample']}..{f['first_sample'] + f['num_samples']}"
+                                   f", but the data files must tile 0..{n} in order (next: "
+                                   f"{nxt})")
+            nxt += f["num_samples"]
+            if nxt > n:
+                break
+    if nxt != n:
+        raise DatasetError(f"{where}: the data files hold {nxt} samples, num_samples says {n}")

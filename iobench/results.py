@@ -17,6 +17,20 @@ from typing import Any
 
 from iobench.errors import IobenchError
 from iobench.jsonio import read_json, write_json_atomic
+from iobench.schema import (
+    ANY,
+    Count,
+    Enum,
+    Int,
+    List,
+    Map,
+    NonNeg,
+    Num,
+    Opt,
+    SchemaError,
+    Str,
+    check,
+)
 
 SCHEMA = "iobench.result"
 # v2: repetitions (`config.repeat`, epochs tagged `repeat`, `summary.spread`), the loader's
@@ -24,18 +38,6 @@ SCHEMA = "iobench.result"
 # `cache.server_cache`), synchronised emulated steps (`compute.steps`). v1 still loads.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
-
-# top-level keys every result has (values may be null where the schema says so)
-REQUIRED: tuple[str, ...] = ("schema", "schema_version", "run_id", "created", "kind", "config",
-                             "world", "compute", "cache", "dataset", "provenance", "epochs",
-                             "summary", "warnings")
-OPTIONAL: tuple[str, ...] = ("staging", "tier", "loader")  # --stage-to; an emulated pfs tier
-EPOCH_REQUIRED: tuple[str, ...] = ("epoch", "summary", "ranks", "cache", "training")
-RANK_REQUIRED: tuple[str, ...] = ("rank", "host", "steps", "samples", "batch_bytes", "wall_s",
-                                  "stall_s", "compute_s", "first_batch_s", "stall_fraction", "au",
-                                  "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s",
-                                  "os_read_bytes", "cache_resident_fraction_at_start")
-
 
 class ResultError(IobenchError, ValueError):
     """A result document is malformed or cannot be found."""
@@ -47,33 +49,70 @@ def new_run_id(host: str | None = None) -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host[:40]}-{secrets.token_hex(3)}"
 
 
+_NUM = Opt(Num)
+_RANK = Map({
+    "rank": Count, "host": Str, "steps": Count, "samples": Count, "batch_bytes": Count,
+    "wall_s": NonNeg, "stall_s": NonNeg, "compute_s": NonNeg, "first_batch_s": _NUM,
+    "stall_fraction": _NUM, "au": _NUM, "wait_p50_s": _NUM, "wait_p95_s": _NUM,
+    "wait_p99_s": _NUM, "wait_max_s": _NUM, "os_read_bytes": Opt(Count),
+    "cache_resident_fraction_at_start": _NUM,
+    "loader": Opt(Map({"workers": Count, "batches": Count, "read_s": NonNeg,
+                       "decode_s": NonNeg, "handoff_s": NonNeg}, optional=("handoff_s",))),
+}, optional=("loader",))
+_EPOCH_SUMMARY = Map({
+    "ranks": Count, "steps": Count, "samples": Count, "batch_bytes": Count, "wall_s": NonNeg,
+    "stall_s_mean": NonNeg, "stall_s_max": NonNeg, "stall_fraction_mean": _NUM,
+    "stall_fraction_max": _NUM, "au_mean": _NUM, "au_min": _NUM, "samples_per_s": _NUM,
+    "read_MBps": _NUM, "os_read_bytes": Opt(Count),
+})
+_SPREAD = Opt(Map({"median": Num, "min": Num, "max": Num, "cv": _NUM, "n": Count}))
+_STAGING = Map({"stage_s": NonNeg, "stage_bytes": Count, "stage_MBps": _NUM,
+                "from": ANY, "to": ANY, "skipped_files": Count,
+                "spread": Opt(Map({"stage_s": _SPREAD, "stage_MBps": _SPREAD})),
+                "repeats": Count},
+               optional=("skipped_files", "spread", "repeats", "stage_MBps"))
+RESULT_SPEC = Map({
+    "schema": Enum(SCHEMA), "schema_version": Enum(*READABLE_VERSIONS), "run_id": Str,
+    "created": Str, "kind": Enum("train"),
+    "config": Map({"loader": Str, "storage": Str, "dataset": Str, "workers": Count,
+                   "batch_size": Count, "shuffle": Str, "epochs": Count,
+                   "worker_type": Str, "compute_time_s": _NUM, "repeat": Count},
+                  optional=("worker_type", "compute_time_s", "repeat")),
+    "world": Map({"size": Int, "num_nodes": Int, "local_size": Int}, optional=("local_size",)),
+    "compute": Map({"kind": Enum("model", "emulated", "none"), "model": Opt(Str),
+                    "compute_time_s": _NUM, "device": Opt(Map({"type": Str}))},
+                   optional=("model", "compute_time_s", "device")),
+    "cache": Map({"mode": Enum("cold", "warm")}),
+    "dataset": Map({"dataset": Str, "format": Str, "num_samples": Count,
+                    "total_bytes": Count, "root": Opt(Str)}, optional=("root",)),
+    "provenance": Map({"storage": Map({"path": Str, "fstype": Str, "kind": Str},
+                                      optional=("path", "fstype", "kind"))},
+                      optional=("storage",)),
+    "epochs": List(Map({
+        "repeat": Count, "epoch": Count, "summary": _EPOCH_SUMMARY,
+        "ranks": List(_RANK, min_len=1),
+        "cache": Map({"status": Str, "resident_fraction": _NUM},
+                     optional=("status", "resident_fraction")),
+        "training": Opt(Map({"loss": _NUM, "accuracy": _NUM}, optional=("loss", "accuracy"))),
+    }, optional=("repeat",))),
+    "summary": Map({"spread": Opt(Map({}, extra=True)),
+                    "verdict": Opt(Map({"line": Str, "threshold": NonNeg, "status": Str,
+                                        "bottleneck": Str}))},
+                   optional=("spread", "verdict")),
+    "warnings": List(Str),
+    "staging": Opt(_STAGING),
+    "tier": Opt(Map({"profile": Map({}, extra=True)}, optional=("profile",))),
+    "loader": Opt(Map({}, extra=True)),
+}, optional=("staging", "tier", "loader"), extra=False)
+
+
 def validate(doc: Any, where: str = "result") -> dict[str, Any]:
-    """Check a result document's structure; raise ResultError naming the first problem."""
-    if not isinstance(doc, dict):
-        raise ResultError(f"{where}: not a JSON object")
-    missing = [k for k in REQUIRED if k not in doc]
-    unknown = sorted(set(doc) - set(REQUIRED) - set(OPTIONAL))
-    if missing or unknown:
-        raise ResultError(f"{where}: missing keys {missing}, unknown keys {unknown}")
-    if doc["schema"] != SCHEMA or doc["schema_version"] not in READABLE_VERSIONS:
-        raise ResultError(f"{where}: schema {doc['schema']!r} v{doc['schema_version']!r}, "
-                          f"expected {SCHEMA!r} v{' or v'.join(map(str, READABLE_VERSIONS))}")
-    if not isinstance(doc["epochs"], list):
-        raise ResultError(f"{where}: 'epochs' must be a list")
-    for i, ep in enumerate(doc["epochs"]):
-        miss = [k for k in EPOCH_REQUIRED if k not in ep]
-        if miss:
-            raise ResultError(f"{where}: epochs[{i}] lacks {miss}")
-        if not ep["ranks"]:
-            raise ResultError(f"{where}: epochs[{i}] has no ranks")
-        for r in ep["ranks"]:
-            miss = [k for k in RANK_REQUIRED if k not in r]
-            if miss:
-                raise ResultError(f"{where}: epochs[{i}] rank {r.get('rank')} lacks {miss}")
-    if doc["compute"].get("kind") not in ("model", "emulated", "none"):
-        raise ResultError(f"{where}: compute.kind={doc['compute'].get('kind')!r}, expected "
-                          "model, emulated or none")
-    return doc
+    """Check a result document against `RESULT_SPEC`; raise ResultError naming the first
+    bad field by its path (docs/results-schema.md documents every field)."""
+    try:
+        return check(doc, RESULT_SPEC, where)
+    except SchemaError as e:
+        raise ResultError(str(e)) from None
 
 
 def write_result(doc: dict[str, Any], results_dir: str | Path) -> Path:

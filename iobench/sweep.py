@@ -29,6 +29,7 @@ from typing import Any
 from iobench.datasets import DATASETS, FORMATS, dataset_dirname
 from iobench.errors import ConfigError
 from iobench.sampling import SHUFFLES
+from iobench.schema import ANY, Bool, Count, List, Map, NonNeg, Opt, SchemaError, Spec, Str, check
 
 SCHEMA = "iobench.sweep"
 SCHEMA_VERSION = 1
@@ -121,14 +122,67 @@ class SweepConfig:
     compute_time: float | None = None
     decode: bool = True
     ranks: int = 1
-    launcher: str = "mpiexec -n {ranks}"
+    # the command that starts a multi-rank run, as a list of arguments (never a shell):
+    # whatever program it names runs, so a sweep file is code (docs/storage.md)
+    launcher: tuple[str, ...] = ("mpiexec", "-n", "{ranks}")
     probe: dict[str, Any] | None = None
     run_timeout: float = 3600.0
     train_args: tuple[str, ...] = ()
 
 
+def _one_or_list(spec: Any) -> Any:
+    """A value that may be given alone or as a list of them (`workers: 2` or `[0, 2]`)."""
+    return _Either(spec, List(spec))
+
+
+class _Either(Spec):
+    def __init__(self, a: Spec, b: Spec) -> None:
+        super().__init__(f"{a.name} or {b.name}")
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+
+    def check(self, v: Any, at: str) -> None:
+        try:
+            self.a.check(v, at)
+        except SchemaError:
+            try:
+                self.b.check(v, at)
+            except SchemaError as e:
+                if str(e).startswith(f"{at}: expected "):  # neither fits at this level
+                    raise SchemaError(f"{at}: expected {self.name}, got {v!r}") from None
+                raise
+
+
+_ARGS = List(Str)
+_NUMBER = _Either(Count, NonNeg)
+SWEEP_SPEC = Map({
+    "name": Str, "results": Str, "report": Opt(Str),
+    "datasets": List(_Either(Str, Map({"name": Str, "samples": Count, "samples_per_file": Count,
+                                       "generate_args": _ARGS},
+                                      optional=("samples", "samples_per_file", "generate_args"),
+                                      extra=False)), min_len=1),
+    "formats": _one_or_list(Str), "loaders": _one_or_list(Str),
+    "tiers": List(Map({"name": Str, "path": Str, "generate": Bool, "stage_to": Opt(Str),
+                       "stage_name": Opt(Str), "stage_args": _ARGS, "write_via": Opt(Str),
+                       "emulate_pfs": Opt(Map({"backing": Str, "profile": Str}, extra=True,
+                                              optional=("profile",)))},
+                      optional=("generate", "stage_to", "stage_name", "stage_args",
+                                "write_via", "emulate_pfs"), extra=False), min_len=1),
+    "workers": _one_or_list(Count), "batch_size": _one_or_list(Count),
+    "shuffle": _one_or_list(Str), "epochs": Count, "max_steps": Opt(Count), "model": Str,
+    "compute_time": Opt(_NUMBER), "decode": Bool, "ranks": Count,
+    "launcher": _Either(Str, List(Str, min_len=1)), "probe": ANY,
+    "run_timeout": _NUMBER, "train_args": _ARGS,
+}, optional=tuple(TOP_KEYS - {"datasets", "tiers"}), extra=False)
+
+
 def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
-    """Validate a loaded YAML document; every problem is a ConfigError naming the key."""
+    """Validate a loaded YAML document; every problem is a ConfigError naming the key
+    (`datasets[0].name: expected a string, got []`)."""
+    try:
+        check(doc, SWEEP_SPEC, src)
+    except SchemaError as e:
+        raise ConfigError(str(e)) from None
     doc = _unknown(doc, TOP_KEYS, src)
     for k in ("datasets", "tiers"):
         if k not in doc:
@@ -209,8 +263,10 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
     rt = doc.get("run_timeout", 3600)
     if not isinstance(rt, int | float) or rt <= 0:
         raise ConfigError(f"{src}: run_timeout={rt!r} must be seconds > 0")
-    if "{ranks}" not in str(doc.get("launcher", "{ranks}")):
-        raise ConfigError(f"{src}: launcher must contain {{ranks}}, e.g. 'srun -n {{ranks}}'")
+    launcher = doc.get("launcher", ["mpiexec", "-n", "{ranks}"])
+    launcher = tuple(shlex.split(launcher) if isinstance(launcher, str) else launcher)
+    if not launcher or not any("{ranks}" in a for a in launcher):
+        raise ConfigError(f"{src}: launcher must contain {{ranks}}, e.g. [srun, -n, '{{ranks}}']")
     if not isinstance(doc.get("decode", True), bool):
         raise ConfigError(f"{src}: decode must be true or false")
     return SweepConfig(
@@ -221,7 +277,7 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
         workers=tuple(workers), batch_size=tuple(batch), shuffle=tuple(shuffle),
         epochs=doc.get("epochs", 2), max_steps=ms, model=str(doc.get("model", "none")),
         compute_time=ct, decode=doc.get("decode", True), ranks=doc.get("ranks", 1),
-        launcher=str(doc.get("launcher", "mpiexec -n {ranks}")), probe=probe,
+        launcher=launcher, probe=probe,
         run_timeout=float(rt), train_args=tuple(map(str, doc.get("train_args", []))))
 
 
@@ -326,15 +382,21 @@ class Outcome:
     config: dict[str, Any] = field(default_factory=dict)
 
 
+def _executable(name: str) -> str | None:
+    """`name` resolved on PATH (or beside this Python, where the mpich extra puts mpiexec)."""
+    found = shutil.which(name)
+    if found is None and os.sep not in name:
+        beside = Path(sys.executable).parent / name
+        found = str(beside) if beside.exists() and os.access(beside, os.X_OK) else None
+    return found
+
+
 def _iobench_cmd(cfg: SweepConfig, args: list[str], ranks: int = 1) -> list[str]:
     cmd = [sys.executable, "-m", "iobench", *args]
     if ranks <= 1:
         return cmd
-    launcher = shlex.split(cfg.launcher.format(ranks=ranks))
-    if launcher and launcher[0] == "mpiexec":
-        venv = Path(sys.executable).parent / "mpiexec"
-        if venv.exists() and not shutil.which("mpiexec"):
-            launcher[0] = str(venv)
+    launcher = [a.replace("{ranks}", str(ranks)) for a in cfg.launcher]
+    launcher[0] = _executable(launcher[0]) or launcher[0]
     return [*launcher, *cmd]
 
 
@@ -389,6 +451,9 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         for r in plan:
             log(("  skip " if r not in todo else "  run  ") + r.label)
         return {"plan": [asdict(r) for r in plan], "todo": [asdict(r) for r in todo]}
+    if cfg.ranks > 1 and _executable(cfg.launcher[0]) is None:
+        raise ConfigError(f"launcher {cfg.launcher[0]!r} is not an executable on PATH; name "
+                          "the launcher program (mpiexec, srun, ...) or install it")
     results.mkdir(parents=True, exist_ok=True)
     outcomes: list[Outcome] = []
     started = now_iso()
@@ -399,6 +464,7 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         seq[0] += 1
         path = logs / f"{seq[0]:04d}-{kind}-{_slug(label)}.log"
         log(f"[{kind}] {label}")
+        log(f"  $ {shlex.join(_iobench_cmd(cfg, args, ranks))}")
         code, err, secs = _run(_iobench_cmd(cfg, args, ranks), path, cfg.run_timeout)
         out = Outcome(label, "done" if code == 0 else "failed", secs, err or None, str(path),
                       kind)

@@ -143,12 +143,16 @@ def test_matrix_pairs_loaders_with_formats():
     ({"datasets": ["mnist"], "tiers": [{"name": "a", "path": "/x"}]}, "choose one of"),
     ({"datasets": ["cifar10"]}, "'tiers' is required"),
     ({"datasets": ["cifar10"], "tiers": [{"name": "a", "path": "/x"}], "workers": "two"},
-     "workers must be a non-empty list of int"),
+     "workers: expected an integer >= 0 or a list, got 'two'"),
+    ({"datasets": [{"name": []}], "tiers": [{"name": "a", "path": "/x"}]},
+     "datasets[0].name: expected a string, got []"),
+    ({"datasets": ["cifar10"], "tiers": [{"name": "a", "path": "/x", "generate": "yes"}]},
+     "tiers[0].generate: expected true or false, got 'yes'"),
     ({"datasets": ["cifar10"], "tiers": [{"name": "a", "path": "/x"}], "loaders": ["torch"]},
      "loaders has 'torch'"),
     ({"datasets": ["cifar10"], "tiers": [{"name": "a", "path": "/x"}],
       "probe": {"size": "1G", "duration": 3}}, "probe: unknown key(s) 'duration'"),
-    (["not", "a", "mapping"], "must be a mapping"),
+    (["not", "a", "mapping"], "expected a mapping"),
 ])
 def test_bad_sweep_files_are_rejected_by_name(doc, needle):
     with pytest.raises(ConfigError) as e:
@@ -206,3 +210,21 @@ compute_time: 0.001
     assert doc["provenance"]["storage"]["kind"] == "fuse"  # it read through the mount
     assert control.mount_containing(mnt) is None  # unmounted at the end
     assert (tmp_path / "results" / "report.md").is_file()
+
+
+def test_the_launcher_is_arguments_never_a_shell(tmp_path):
+    """A sweep file is code: its launcher runs as given, without a shell, and must exist."""
+    from iobench.sweep import _iobench_cmd, run_sweep
+
+    base = {"datasets": ["cifar10"], "tiers": [{"name": "a", "path": str(tmp_path)}],
+            "results": str(tmp_path / "r")}
+    cfg = parse_sweep({**base, "launcher": "srun -n {ranks}; rm -rf /", "ranks": 2}, "s.yaml")
+    cmd = _iobench_cmd(cfg, ["train"], 2)
+    assert cmd[1:5] == ["-n", "2;", "rm", "-rf"]  # plain arguments: no shell reads the ';'
+    assert cmd[0].endswith("srun")
+    listed = parse_sweep({**base, "launcher": ["mpiexec", "-n", "{ranks}"], "ranks": 2}, "s")
+    assert _iobench_cmd(listed, ["train"], 2)[1:3] == ["-n", "2"]
+    missing = parse_sweep({**base, "launcher": ["no-such-launcher", "{ranks}"], "ranks": 2}, "s")
+    with pytest.raises(ConfigError, match="'no-such-launcher' is not an executable on PATH"):
+        run_sweep(missing, write_report=False, log=lambda s: None)
+    assert not (tmp_path / "r").exists()  # refused before anything ran

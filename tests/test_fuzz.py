@@ -1,0 +1,172 @@
+"""Hostile input to every parser iobench has: one clear error (an IobenchError), never a crash.
+
+Hypothesis generates JSON-like documents (and raw bytes) for the result,
+manifest and sweep parsers, both free-form and as mutations of a valid
+document, so the fuzzing reaches past the first key check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from iobench.errors import IobenchError
+from iobench.jsonio import read_json
+from iobench.manifest import Manifest
+from iobench.results import validate
+from iobench.sweep import parse_sweep
+
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow,
+                                           HealthCheck.function_scoped_fixture])
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63), st.floats(),
+                    st.text(max_size=20))
+json_values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=5)),
+    max_leaves=25)
+
+
+def _mutations(valid: dict) -> st.SearchStrategy:
+    """A valid document with one value somewhere replaced by anything, or a key dropped."""
+    paths = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                paths.append((*path, k))
+                walk(v, (*path, k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node[:3]):
+                paths.append((*path, i))
+                walk(v, (*path, i))
+
+    walk(valid, ())
+
+    @st.composite
+    def mutate(draw):
+        doc = copy.deepcopy(valid)
+        path = draw(st.sampled_from(paths))
+        parent = doc
+        for k in path[:-1]:
+            parent = parent[k]
+        if draw(st.booleans()) and isinstance(parent, dict):
+            parent.pop(path[-1])
+        else:
+            parent[path[-1]] = draw(json_values)
+        return doc
+
+    return mutate()
+
+
+def _must_refuse_cleanly(fn, doc) -> None:
+    with contextlib.suppress(IobenchError):  # refused with a clear error: fine
+        fn(doc)
+
+
+def _valid_manifest(tmp: Path) -> dict:
+    from conftest import cli
+
+    assert cli("generate", "--dataset", "cifar10", "--samples", "64", "--storage", tmp) == 0
+    return json.loads((tmp / "cifar10-hdf5" / "iobench.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def manifest_doc(tmp_path_factory) -> dict:
+    return _valid_manifest(tmp_path_factory.mktemp("fuzz-manifest"))
+
+
+@pytest.fixture(scope="module")
+def result_doc(tmp_path_factory, manifest_doc) -> dict:
+    from conftest import cli
+    from iobench import results
+
+    d = tmp_path_factory.mktemp("fuzz-result")
+    _valid_manifest(d)
+    assert cli("train", "--loader", "hdf5", "--storage", d, "--model", "none", "--epochs", "1",
+               "--workers", "0", "--results", d / "r") == 0
+    return json.loads(results.find_results([d / "r"])[0].read_text())
+
+
+SWEEP = {"name": "fuzz", "results": "r", "datasets": [{"name": "cifar10", "samples": 64}],
+         "formats": ["hdf5"], "loaders": ["native"], "tiers": [{"name": "local", "path": "x"}],
+         "workers": [0, 2], "batch_size": [32], "shuffle": ["global"], "epochs": 1}
+
+
+@SETTINGS
+@given(doc=json_values)
+def test_result_validation_free_form(doc) -> None:
+    _must_refuse_cleanly(validate, doc)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_result_validation_mutated(result_doc, data) -> None:
+    doc = data.draw(_mutations(result_doc))
+    _must_refuse_cleanly(validate, doc)
+
+
+@SETTINGS
+@given(doc=json_values)
+def test_manifest_free_form(doc) -> None:
+    _must_refuse_cleanly(lambda d: Manifest.from_dict(d, Path("/nowhere")), doc)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_manifest_mutated(manifest_doc, data) -> None:
+    doc = data.draw(_mutations(manifest_doc))
+    _must_refuse_cleanly(lambda d: Manifest.from_dict(d, Path("/nowhere")), doc)
+
+
+@SETTINGS
+@given(doc=json_values)
+def test_sweep_free_form(doc) -> None:
+    _must_refuse_cleanly(parse_sweep, doc)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_sweep_mutated(data) -> None:
+    doc = data.draw(_mutations(SWEEP))
+    _must_refuse_cleanly(parse_sweep, doc)
+
+
+@SETTINGS
+@given(raw=st.binary(max_size=200))
+def test_any_bytes_as_a_json_document(tmp_path, raw) -> None:
+    p = tmp_path / "doc.json"
+    p.write_bytes(raw)
+    _must_refuse_cleanly(lambda _: read_json(p, schema="iobench.result", max_version=2), None)
+
+
+def test_deeply_nested_json(tmp_path) -> None:
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(IobenchError, match="nests JSON too deeply"):
+        read_json(p, schema="iobench.result", max_version=2)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_what_validates_compares_reports_and_gets_a_verdict(result_doc, data) -> None:
+    """Whatever passes validation, compare, report and the verdict can read."""
+    import io
+
+    from rich.console import Console
+
+    from iobench import compare, report
+    doc = data.draw(_mutations(result_doc))
+    try:
+        validate(doc)
+    except IobenchError:
+        return
+    compare.render_table([doc, result_doc], console=Console(file=io.StringIO()))
+    compare.run_verdict(doc)
+    report.run_row(doc, [])
