@@ -1,0 +1,82 @@
+"""Untrusted datasets: a manifest cannot reach outside its dataset, and is checked before use."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+from iobench.errors import DatasetError
+from iobench.manifest import Manifest
+
+
+@pytest.fixture()
+def dataset(tmp_path: Path) -> Path:
+    assert cli("generate", "--dataset", "cifar10", "--format", "files", "--samples", "32",
+               "--storage", tmp_path / "s") == 0
+    return tmp_path / "s" / "cifar10-files"
+
+
+def _edit(root: Path, fn) -> None:
+    p = root / "iobench.json"
+    doc = json.loads(p.read_text())
+    fn(doc)
+    p.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("path", ["../outside.npy", "/etc/passwd", "train/./x.png", "a\0b",
+                                  "iobench.json", "train//x.png"])
+def test_paths_outside_or_odd_are_refused(dataset: Path, path: str, capsys) -> None:
+    def change(doc):
+        doc["files"][0]["path"] = path
+    _edit(dataset, change)
+    with pytest.raises(DatasetError, match="not a plain relative path"):
+        Manifest.load(dataset)
+    for argv in (("verify", dataset),
+                 ("train", "--loader", "files", "--storage", dataset.parent, "--model", "none"),
+                 ("stage", "--from", dataset.parent, "--to", dataset.parent.parent / "dst")):
+        assert cli(*argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not a plain relative path" in err[0], err
+    assert not (dataset.parent.parent / "dst" / "cifar10-files" / "iobench.json").exists()
+
+
+def test_a_symlink_out_of_the_tree_is_refused(dataset: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not yours")
+    m = Manifest.load(dataset)
+    victim = m.path_of(m.data_files[3])
+    victim.unlink()
+    os.symlink(secret, victim)
+    with pytest.raises(DatasetError, match="outside the dataset: refused"):
+        Manifest.load(dataset)
+    assert cli("stage", "--from", dataset.parent, "--to", tmp_path / "dst") == 2
+    assert not any(p.read_bytes() == b"not yours" for p in (tmp_path / "dst").rglob("*")
+                   if p.is_file())
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d.update(num_samples="32"), "num_samples: expected an integer >= 0"),
+    (lambda d: d.update(files={"a": 1}), "files: expected a list"),
+    (lambda d: d["files"][0].update(sha256=5), "files[0].sha256: expected a string"),
+    (lambda d: d.update(num_samples=10**15), "num_samples 1000000000000000 is outside"),
+    (lambda d: d["files"][1].update(first_sample=0), "must tile 0..32 in order"),
+    (lambda d: d.update(files=[]), "files: expected a list (not empty)"),
+    (lambda d: d["sample"].update(dtype="O"), "is not a plain number type"),
+])
+def test_a_malformed_manifest_is_one_line_before_any_use(dataset: Path, change, needle,
+                                                         capsys) -> None:
+    _edit(dataset, change)
+    assert cli("verify", dataset) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_bytes_that_are_not_utf8(dataset: Path, capsys) -> None:
+    (dataset / "iobench.json").write_bytes(b'{"schema": "iobench.manifest", \xff\xfe}')
+    assert cli("verify", dataset) == 2
+    err = capsys.readouterr().err
+    assert "not UTF-8" in err and "iobench.json" in err
