@@ -34,7 +34,6 @@ from iobench.errors import (
     DatasetNotFoundError,
     DistributedError,
     IobenchError,
-    StorageError,
 )
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
@@ -190,16 +189,10 @@ def resolve_dataset(config: TrainConfig) -> Path:
 
 
 def check_results_dir(path: str | Path) -> Path:
-    """Create the results directory if needed and check it is writable (before any training)."""
-    p = Path(path)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StorageError(f"--results {p}: cannot create it ({e.strerror}); give a writable "
-                           "directory") from e
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise StorageError(f"--results {p} is not writable; give a writable directory")
-    return p
+    """Create the results directory if needed and prove it writable (before any training)."""
+    from iobench.outputs import writable_dir
+
+    return writable_dir(path, "--results", create=True)
 
 
 def _agree(world: World, err: IobenchError | None) -> None:

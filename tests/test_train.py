@@ -208,7 +208,7 @@ def test_results_never_overwrite(storage: Path, tmp_path: Path) -> None:
     assert len(results.find_results([tmp_path])) == 2
     bad = dict(doc)
     del bad["epochs"]
-    with pytest.raises(results.ResultError, match="missing keys"):
+    with pytest.raises(results.ResultError, match="is required"):
         results.write_result(bad, tmp_path)
 
 

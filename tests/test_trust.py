@@ -80,3 +80,39 @@ def test_bytes_that_are_not_utf8(dataset: Path, capsys) -> None:
     assert cli("verify", dataset) == 2
     err = capsys.readouterr().err
     assert "not UTF-8" in err and "iobench.json" in err
+
+
+def _read_only_dir(tmp_path: Path) -> Path:
+    """A directory no one may write: a read-only mount (root) or mode 0555 (others)."""
+    import subprocess
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() == 0:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)]).returncode:
+            pytest.skip("cannot mount a read-only tmpfs here")
+    else:
+        d.chmod(0o555)
+    return d
+
+
+@pytest.mark.parametrize("make_argv", [
+    lambda s, ro: ("stage", "--from", s, "--to", s.parent / "dst", "--results", ro),
+    lambda s, ro: ("train", "--loader", "files", "--storage", s, "--results", ro),
+    lambda s, ro: ("bench-read", "--storage", s, "--workers", "0", "--results", ro),
+    lambda s, ro: ("report", s, "--out", ro / "r.html"),
+])
+def test_unwritable_outputs_fail_before_any_work(dataset: Path, tmp_path: Path, make_argv,
+                                                 capsys) -> None:
+    import subprocess
+
+    ro = _read_only_dir(tmp_path)
+    try:
+        argv = make_argv(dataset.parent, ro)
+        assert cli(*argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not writable" in err[0] and str(ro) in err[0], err
+        assert not (dataset.parent.parent / "dst").exists()  # nothing was copied
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(ro)])

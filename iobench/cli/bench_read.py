@@ -78,6 +78,10 @@ def main(args: argparse.Namespace) -> int:
     from iobench.manifest import locate
     from iobench.world import get_world
 
+    if args.results:
+        from iobench.outputs import writable_dir
+
+        writable_dir(args.results, "--results")  # before measuring anything
     dataset, fmt, root = locate(args.storage, args.dataset, args.format)
     if root == Path(args.storage):  # --storage named the dataset directory itself
         args.storage = str(root.parent)

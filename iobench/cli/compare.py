@@ -28,10 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from iobench import compare
+    from iobench.outputs import writable_file
 
     for opt, value in (("--plot", args.plot), ("--accuracy-plot", args.accuracy_plot)):
         if value is not None and not value.lower().endswith(".png"):
             raise ConfigError(f"{opt} {value}: give a file name ending in .png")
+        if value is not None:
+            writable_file(value, opt)  # before reading anything
     docs, stages, skipped = compare.load_documents(args.results)
     for path, why in skipped:
         print(f"compare: skipped {path}: {why}")

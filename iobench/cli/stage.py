@@ -68,10 +68,12 @@ def config_from_args(args: argparse.Namespace) -> StageConfig:
 
 def main(args: argparse.Namespace) -> int:
     from iobench.errors import IobenchError
+    from iobench.outputs import writable_dir
 
     world = get_world()
     try:
         cfg = config_from_args(args)  # bad values fail here, the same on every rank
+        writable_dir(args.results, "--results")  # before copying anything
     except IobenchError as e:
         if world.rank == 0:
             raise  # printed once

@@ -35,6 +35,12 @@ def main(args: argparse.Namespace) -> int:
         cfg = replace(cfg, results=args.results)
     if args.report:  # given on the command line: relative to the current directory
         cfg = replace(cfg, report=str(Path(args.report).absolute()))
+    if not args.dry_run:  # every output place, before hours of runs
+        from iobench.outputs import writable_dir, writable_file
+
+        writable_dir(cfg.results, "results")
+        if cfg.report and not args.no_report:
+            writable_file(Path(cfg.results) / cfg.report, "report")
     record = run_sweep(cfg, dry_run=args.dry_run, write_report=not args.no_report,
                        log=lambda m: print(m, flush=True))
     if args.dry_run:
