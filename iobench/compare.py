@@ -71,6 +71,8 @@ def run_label(doc: dict[str, Any]) -> str:
         where += f" [EMULATED pfs, {doc['tier']['profile'].get('name')}]"
     if doc.get("staging"):
         where += f" [staged from {_root_of(doc['staging'].get('from'))}]"
+    if doc.get("status", "complete") != "complete":  # a part of a run: said where it shows
+        where += f" [{str(doc['status']).upper()}: {len(doc['epochs'])} epoch(s) completed]"
     return f"{c['loader']} @ {where}, {what}"
 
 

@@ -41,6 +41,10 @@ def write_json_atomic(path: str | Path, doc: dict[str, Any], *, exclusive: bool 
         if isinstance(e, FileExistsError):
             raise
         raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
+    except BaseException:  # interrupted mid-write: no temporary file left behind
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return path
 
 

@@ -86,6 +86,11 @@ def load_directory(results_dir: str | Path) -> Collection:
             except ResultError as e:
                 col.skipped.append((p.name, str(e)))
                 continue
+            if doc.get("status", "complete") != "complete":  # never averaged with whole runs
+                col.skipped.append((p.name, f"{doc['status']} run, left out: "
+                                            f"{doc.get('status_reason') or 'no reason given'}; "
+                                            f"{len(doc['epochs'])} epoch(s) completed"))
+                continue
             col.runs.append(doc)
         elif schema == "iobench.stage":
             if _has(doc, p.name, col, ("stage_s", "stage_bytes", "stage_MBps", "mode", "from",

@@ -103,7 +103,13 @@ RESULT_SPEC = Map({
     "staging": Opt(_STAGING),
     "tier": Opt(Map({"profile": Map({}, extra=True)}, optional=("profile",))),
     "loader": Opt(Map({}, extra=True)),
-}, optional=("staging", "tier", "loader"), extra=False)
+    "status": Enum("complete", "interrupted", "incomplete"), "status_reason": Opt(Str),
+}, optional=("staging", "tier", "loader", "status", "status_reason"), extra=False)
+
+
+def is_complete(doc: dict[str, Any]) -> bool:
+    """Whether a result holds a whole run (results before v2's `status` always do)."""
+    return doc.get("status", "complete") == "complete"
 
 
 def validate(doc: Any, where: str = "result") -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -42,6 +43,7 @@ from iobench.models import build_model, count_parameters, parse_model, resolve_m
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
+from iobench.watchdog import Interrupted, Watchdog
 from iobench.world import World
 
 LOADER_NAMES: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files", "dali")
@@ -335,18 +337,46 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         err = e
     _agree(world, err)
     node_memory = {n: m for n, m in world.allgather((world.node, sysinfo.memory_bytes()))}
+    memory = sum(node_memory.values())
     run = _Run(config, manifest, mount, world, device, progress, counters,
                live if world.is_root else None, int(live_interval_s * 1e9))
-    for rep in range(config.repeat):
-        loader = _make_loader(loader_factory, manifest, config, world, device)
-        try:
-            startup = run.start_loader(loader)
-            if rep == 0 and started is not None and world.is_root:
-                started()
-            run.repetition(rep, loader, startup)
-        finally:
-            loader.close()
-    return run.document(sum(node_memory.values())) if world.is_root else None
+    run.run_id = world.bcast(run.run_id)  # every rank beats under one name
+    beats = Path(config.results) / ".iobench-heartbeats" / run.run_id
+    dog = Watchdog(world, config.timeout_s, beats,
+                   on_stuck=(lambda why: run.write_partial(memory, "incomplete", why))
+                   if world.is_root else None)
+    run.watchdog = dog
+    try:
+        for rep in range(config.repeat):
+            dog.progress("building the loader")
+            loader = _make_loader(loader_factory, manifest, config, world, device)
+            try:
+                dog.progress("starting the loader's workers")
+                startup = run.start_loader(loader)
+                if rep == 0 and started is not None and world.is_root:
+                    started()
+                run.repetition(rep, loader, startup)
+            finally:
+                loader.close()
+    except Interrupted as e:
+        raise RunInterrupted(e.signum, run.document(memory, "interrupted", str(e))
+                             if world.is_root else None) from None
+    finally:
+        dog.close()
+        if world.is_root:
+            shutil.rmtree(beats, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                beats.parent.rmdir()  # only when no other run beats there
+    return run.document(memory) if world.is_root else None
+
+
+class RunInterrupted(Interrupted):
+    """SIGINT/SIGTERM during `run`: `partial` is rank 0's result of the epochs that completed
+    (status `interrupted`), None on other ranks."""
+
+    def __init__(self, signum: int, partial: dict[str, Any] | None) -> None:
+        super().__init__(signum)
+        self.partial = partial
 
 
 def _make_loader(factory: LoaderFactory, manifest: Manifest, config: TrainConfig, world: World,
@@ -452,6 +482,15 @@ class _Compute:
         return float(self.loss_sum.item()), int(self.correct.item()), self.seen
 
 
+class _NotBuilt:
+    """What `_Compute` would report, for a run stopped before its first repetition began."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.kind, self.model_name = config.compute_kind, config.model_name
+        self.params = self.task = self.lr = None
+        self.threads = torch.get_num_threads()
+
+
 class _Run:
     """The repetitions and epochs of one `iobench train` on one rank, and its result."""
 
@@ -473,6 +512,7 @@ class _Run:
         self.startups: list[dict[str, Any]] = []
         self.cache_settings: dict[str, Any] = {}
         self.compute: _Compute | None = None
+        self.watchdog: Watchdog | None = None
         self.t_run = time.perf_counter()
         self.run_id = new_run_id(world.hostname)  # named by its start time
 
@@ -487,6 +527,16 @@ class _Run:
         return {"seconds": seconds, "os_read_bytes": io.read_bytes if self.count_io else None,
                 "os_rchar": io.rchar, "processes": io.processes}
 
+    def _at(self, phase: str, step: int | None = None) -> None:
+        if self.watchdog is not None:
+            self.watchdog.progress(phase, step)
+
+    def write_partial(self, cluster_memory_bytes: int, status: str, why: str) -> None:
+        """Rank 0, from the watchdog: what was measured so far, marked `status`."""
+        from iobench.results import write_result
+
+        write_result(self.document(cluster_memory_bytes, status, why), self.config.results)
+
     def repetition(self, rep: int, loader: Loader, startup: dict[str, Any]) -> None:
         self.compute = _Compute(self.config, self.world, self.device)  # a fresh model each time
         startups = self.world.allgather(startup)
@@ -500,10 +550,12 @@ class _Run:
         config, world = self.config, self.world
         compute = self.compute
         assert compute is not None
+        self._at(f"evicting the dataset before epoch {epoch + 1}")
         report = cache.evict_for_node(self.manifest, world, evict_pages=not config.warm_cache,
                                       scope=loader.config.scope,  # sharded copies: own files
                                       drop_caches=config.drop_caches,
                                       warn_above=RESIDENT_WARN_FRACTION, loud=False)
+        self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
         tier0 = self.counters() if self.counters and world.is_root else None
         io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
@@ -521,6 +573,7 @@ class _Run:
                "os_rchar": io.rchar, "os_processes": io.processes,
                "loader": timing,
                "cache_resident_fraction_at_start": node_frac.get(world.node)}
+        self._at(f"gathering epoch {epoch + 1}'s figures from every rank")
         gathered = world.allgather((fig, compute.stats()))
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
@@ -543,17 +596,20 @@ class _Run:
         step = timed = read_ns = decode_ns = handoff_ns = 0
         try:
             while config.max_steps is None or step < config.max_steps:
+                self._at(f"waiting for batch {step + 1} of epoch {epoch + 1}", step)
                 try:
                     batch = next(it)
                 except StopIteration:
                     break
                 t_got = time.perf_counter_ns()
                 x, y = _to_device(batch, self.device)
+                self._at(f"waiting for the other ranks' batch {step + 1}", step)
                 compute.wait_for_all_ranks()
                 t_ready = clock.batch_ready()
                 if self.live is not None and t_ready - last_live >= self.live_interval_ns:
                     self.live(epoch, step + 1, steps_total, clock)
                     last_live = t_ready
+                self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
                 _maybe_fault(self.fault, world.rank, epoch, step)
                 end = compute.step(x, y, t_ready)
                 clock.compute_done(len(batch.indices), batch.payload_bytes, end)
@@ -602,10 +658,16 @@ class _Run:
         if self.progress is not None:
             self.progress(rec)
 
-    def document(self, cluster_memory_bytes: int) -> dict[str, Any]:
-        """The result document (rank 0), `iobench.result` v2 (docs/results-schema.md)."""
-        config, world, compute = self.config, self.world, self.compute
-        assert compute is not None
+    def document(self, cluster_memory_bytes: int, status: str = "complete",
+                 why: str | None = None) -> dict[str, Any]:
+        """The result document (rank 0), `iobench.result` v2 (docs/results-schema.md).
+
+        `status` is `complete`, or `interrupted` (SIGINT/SIGTERM) or `incomplete` (the
+        watchdog ended a stuck job) with `why`: such a result holds the epochs that
+        completed, and compare and report never average it with complete ones.
+        """
+        config, world = self.config, self.world
+        compute: Any = self.compute or _NotBuilt(config)
         use_cuda = self.device.type == "cuda"
         server = server_cache_check(config, self.mount, self.manifest, cluster_memory_bytes,
                                     world.num_nodes)
@@ -616,9 +678,13 @@ class _Run:
         if self.io_note:
             warnings.append(self.io_note)
         model_name = compute.model_name
+        if status != "complete":
+            warnings.insert(0, f"{status.upper()}: {why}; the result holds the "
+                            f"{len(self.epochs)} epoch(s) that completed")
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
             "run_id": self.run_id,
+            "status": status, "status_reason": why,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "kind": "train",
             "config": config.to_dict(),

@@ -116,6 +116,15 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _ignore_interrupts(worker_id: int) -> None:
+    """Workers leave SIGINT/SIGTERM to the main process, which stops them in order (a worker
+    that dies of Ctrl-C mid-hand-off prints tracebacks, and can break the main's pipe)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def unwrap(item: Batch | WorkerFailure | None) -> Batch:
     if isinstance(item, WorkerFailure):
         item.reraise()
@@ -168,7 +177,8 @@ class TorchLoader(Loader):
             c = self.config
             kw: dict[str, Any] = {}
             if c.workers > 0:
-                kw = {"prefetch_factor": c.prefetch, "persistent_workers": c.persistent_workers}
+                kw = {"prefetch_factor": c.prefetch, "persistent_workers": c.persistent_workers,
+                      "worker_init_fn": _ignore_interrupts}
             self._dl = DataLoader(self.fetcher, batch_size=None, sampler=self.sampler,
                                   num_workers=c.workers, collate_fn=_identity,
                                   pin_memory=c.pin_memory and torch.cuda.is_available(), **kw)

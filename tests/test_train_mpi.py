@@ -88,7 +88,7 @@ def test_two_ranks_every_loader(storage: Path, tmp_path: Path, loader: str) -> N
     if kind == "model":
         assert doc["epochs"][-1]["training"]["accuracy"] is not None
     # rank 0 prints, the other rank stays quiet: one header, one result line
-    assert out.stdout.count("result: ") == 1 and out.stdout.count("iobench train ") == 1
+    assert out.stdout.count("result: ") == 1 and out.stdout.count("iobench train cifar10") == 1
 
 
 def test_cold_cache_reads_storage_warm_does_not_and_it_learns(storage: Path,

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from iobench import __version__
 from iobench.errors import IobenchError
+from iobench.watchdog import Interrupted
 
 # name -> (module, one-line help). Adding a subcommand is one line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -81,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("iobench: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as e:  # SIGINT/SIGTERM where a command turned them into this
+        print(f"iobench: interrupted ({e})", file=sys.stderr)
+        return e.exit_code
     except Exception as e:  # the last line of defence: a bug, said in one line
         if debug:
             raise

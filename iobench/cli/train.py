@@ -63,7 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="fail a collective that waits longer than this (a dead rank)")
+                   help="end the whole job when a rank makes no progress for this long (a "
+                        "frozen or dead rank), naming it; results so far are kept, marked "
+                        "incomplete (default 300)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
@@ -109,11 +111,29 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
+    from iobench.results import write_result
+    from iobench.train import RunInterrupted
+    from iobench.watchdog import Interrupted, interrupts
     from iobench.world import get_world
 
     world = get_world()
     try:
-        return _main(args, world)
+        with interrupts():
+            return _main(args, world)
+    except RunInterrupted as e:  # the result of the epochs that completed, marked interrupted
+        if e.partial is not None and e.partial["epochs"]:
+            path = write_result(e.partial, e.partial["config"]["results"])
+            print(f"iobench: interrupted ({e}) after {len(e.partial['epochs'])} complete "
+                  f"epoch(s); result marked interrupted: {path}", file=sys.stderr, flush=True)
+        if world.is_root and (e.partial is None or not e.partial["epochs"]):
+            print(f"iobench: interrupted ({e}) before any epoch completed; no result written",
+                  file=sys.stderr, flush=True)
+        return e.exit_code
+    except Interrupted as e:
+        if world.is_root:
+            print(f"iobench: interrupted ({e}) before any epoch completed; no result written",
+                  file=sys.stderr, flush=True)
+        return e.exit_code
     except IobenchError as e:
         if getattr(e, "iobench_agreed", False) or world.size == 1:
             if world.is_root:
@@ -149,7 +169,10 @@ def _main(args: argparse.Namespace, world: Any) -> int:
     except IobenchError as e:
         e.iobench_agreed = True  # type: ignore[attr-defined]  # same on every rank
         raise
-    distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s)
+    # the watchdog (--timeout without progress) names a stuck rank; a collective's own
+    # timeout, later, is only the backstop
+    distributed.init_process_group(world, torch.cuda.is_available(),
+                                   config.timeout_s * 1.5 + 10)
     try:
         staging = None
         if args.stage_to:  # stage first, then train from the copy

@@ -1,0 +1,167 @@
+"""Interrupted and stuck jobs under `mpiexec -n 2`: every rank stops, nothing looks complete.
+
+SIGINT and SIGTERM (Ctrl-C, `scancel`, a time limit), sent to mpiexec alone or
+to the whole process group, end every rank within seconds with 130 or 143 and
+a result marked `interrupted` holding the epochs that completed. A frozen rank
+(SIGSTOP: a node whose filesystem hangs) is found by the watchdog, which ends
+the job naming it and leaves a result marked `incomplete`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, mpiexec_path
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory) -> Path:
+    s = tmp_path_factory.mktemp("sig")
+    assert cli("generate", "--dataset", "cifar10", "--samples", "4096", "--storage", s) == 0
+    return s
+
+
+def _start(storage: Path, results: Path, *extra: str) -> subprocess.Popen:
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.skip("mpiexec not found (install the `mpich` extra)")
+    argv = [exe, "-n", "2", sys.executable, "-m", "iobench", "train", "--loader", "hdf5",
+            "--storage", str(storage), "--compute-time", "0.02", "--epochs", "20",
+            "--workers", "1", "--batch-size", "64", "--results", str(results), *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_epoch(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """Read rank 0's output until an epoch completed; return what was read."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        out.append(line)
+        if line.startswith("epoch 1/"):
+            return "".join(out)
+    proc.kill()
+    pytest.fail("no epoch completed:\n" + "".join(out) + proc.stderr.read())
+
+
+def _finish(proc: subprocess.Popen, within: float) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the job was still running {within} s after the signal")
+    return proc.returncode, err, time.monotonic() - t0
+
+
+def _results(results: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("target", ["mpiexec", "group"])
+def test_a_signal_mid_run_stops_every_rank_and_marks_the_result(storage, tmp_path, sig, code,
+                                                                 target) -> None:
+    proc = _start(storage, tmp_path / "r")
+    _wait_for_epoch(proc)
+    if target == "group":  # what a terminal's Ctrl-C does
+        os.killpg(proc.pid, sig)
+    else:  # `kill -INT <mpiexec>`, a workflow manager
+        proc.send_signal(sig)
+    rc, err, seconds = _finish(proc, 30)
+    assert rc == code, (rc, err[-2000:])
+    assert "Traceback" not in err, err[-3000:]
+    (doc,) = _results(tmp_path / "r")
+    assert doc["status"] == "interrupted" and 1 <= len(doc["epochs"]) < 20
+    assert doc["warnings"][0].startswith("INTERRUPTED")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_at_start_up_ends_cleanly(storage, tmp_path, sig) -> None:
+    proc = _start(storage, tmp_path / "r")
+    time.sleep(3)  # ranks starting: imports, rendezvous, loader workers
+    os.killpg(proc.pid, sig)
+    rc, err, _ = _finish(proc, 30)
+    assert rc != 0 and "Traceback" not in err, (rc, err[-3000:])
+    assert all(d["status"] != "complete" for d in _results(tmp_path / "r"))
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return False
+
+
+def _rank_pid(proc: subprocess.Popen, rank: int, timeout: float = 60) -> int:
+    """The pid of the python process that is `rank` of the job `proc` started (MPICH's
+    launcher starts each rank in a session of its own: found by ancestry)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"PMI_RANK=%d" % rank in env and b"iobench" in cmd \
+                    and b"multiprocessing" not in cmd and _descends(int(name), proc.pid):
+                return int(name)
+        time.sleep(0.2)
+    pytest.fail(f"rank {rank} not found")
+
+
+def test_a_frozen_rank_ends_the_job_naming_it(storage, tmp_path) -> None:
+    proc = _start(storage, tmp_path / "r", "--timeout", "10")
+    _wait_for_epoch(proc)
+    victim = _rank_pid(proc, 1)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        rc, err, seconds = _finish(proc, 60)
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    assert rc != 0
+    assert "stopped making progress: rank 1" in err, err[-2000:]
+    assert "Traceback" not in err
+    (doc,) = _results(tmp_path / "r")
+    assert doc["status"] == "incomplete" and "rank 1" in doc["status_reason"]
+    assert len(doc["epochs"]) >= 1
+
+
+def test_compare_marks_and_report_leaves_out_an_interrupted_run(storage, tmp_path) -> None:
+    """Never averaged with complete runs: compare says so on the run, report leaves it out."""
+    proc = _start(storage, tmp_path / "r")
+    _wait_for_epoch(proc)
+    proc.send_signal(signal.SIGINT)
+    _finish(proc, 30)
+    assert cli("train", "--loader", "hdf5", "--storage", storage, "--compute-time", "0.01",
+               "--epochs", "1", "--max-steps", "3", "--results", tmp_path / "r") == 0
+    out = subprocess.run([sys.executable, "-m", "iobench", "compare", str(tmp_path / "r")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "[INTERRUPTED:" in " ".join(out.stdout.split())
+    assert cli("report", tmp_path / "r", "--out", tmp_path / "rep.md") == 0
+    text = (tmp_path / "rep.md").read_text()
+    assert "interrupted run, left out" in text
