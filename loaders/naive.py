@@ -88,11 +88,16 @@ class NaiveH5Dataset(Dataset):
 
         k = bisect.bisect_right(self.starts, i) - 1
         local = i - self.starts[k]
-        if self.open_per_sample:
-            with h5py.File(self.paths[k], "r") as f:
-                x, y, offsets = self._read(f, local)
-        else:
-            x, y, offsets = self._read(self._file(k), local)
+        try:
+            if self.open_per_sample:
+                with h5py.File(self.paths[k], "r") as f:
+                    x, y, offsets = self._read(f, local)
+            else:
+                x, y, offsets = self._read(self._file(k), local)
+        except (OSError, KeyError, ValueError, TypeError) as e:  # held to iobench's contract
+            raise DatasetError(f"the naive baseline cannot read sample {i} from "
+                               f"{self.paths[k]} ({str(e).splitlines()[0]}); the file is "
+                               "damaged: regenerate the dataset") from None
         raw = RawBatch(x[None] if offsets is None else x, np.asarray(y)[None],
                        np.array([x.nbytes], dtype=np.int64), offsets)
         b = to_batch(self.dataset, raw, np.array([i]), self.seed, self.epoch, self.decode)
@@ -111,6 +116,22 @@ def _collate(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[Any, 
     # arrays come as [1, ...] each; undecoded JPEG as 1-D bytes of varying length
     samples: Any = list(xs) if xs[0].dim() == 1 else torch.cat(xs)
     return samples, torch.stack(ys), int(sum(nb))
+
+
+def _one_line_errors(batches: Any) -> Iterator[Any]:
+    """A DatasetError from a DataLoader worker comes back with the worker's traceback in its
+    message; keep its last line, which is ours."""
+    it = iter(batches)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except DatasetError as e:
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]
+            last = lines[-1] if lines else str(e)
+            raise DatasetError(last.split("DatasetError: ", 1)[-1]) from None
+        yield item
 
 
 class NaiveLoader:
@@ -132,7 +153,7 @@ class NaiveLoader:
         self.sampler.set_epoch(epoch)
         self.ds.epoch = epoch
         try:
-            for samples, labels, nbytes in self.dl:
+            for samples, labels, nbytes in _one_line_errors(self.dl):
                 n = len(labels)
                 yield Batch(samples, labels, torch.empty(n, dtype=torch.int64), nbytes)
         finally:

@@ -116,3 +116,16 @@ def test_unwritable_outputs_fail_before_any_work(dataset: Path, tmp_path: Path, 
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", str(ro)])
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_the_baselines_fail_cleanly_on_a_damaged_file(tmp_path: Path, workers: str,
+                                                      capsys) -> None:
+    assert cli("generate", "--dataset", "cifar10", "--samples", "256", "--storage",
+               tmp_path) == 0
+    with open(tmp_path / "cifar10-hdf5" / "part-00000.h5", "r+b") as f:
+        f.write(b"\xff" * 4096)  # the HDF5 signature and superblock
+    assert cli("bench-read", "--storage", tmp_path, "--workers", workers, "--shuffle",
+               "global", "--no-dd", "--loaders", "hdf5") == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("iobench")]
+    assert len(err) == 1 and "naive baseline cannot read" in err[0] and "part-00000.h5" in err[0]
