@@ -70,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size of the storage servers' caches (GPFS pagepool, Lustre OSS "
                         "memory); a dataset under 5x this (default: 5x the nodes' RAM) on a "
                         "shared tier is flagged, since clients cannot evict server caches")
+    p.add_argument("--evict-cmd", default=None, metavar="CMD",
+                   help="shell command that empties what no client can (a shared filesystem's "
+                        "server caches, a remount), run by each node's local rank 0 before "
+                        "every cold epoch and before a --stage-to copy; without it, epochs on "
+                        "a shared tier are marked unverified, not cold")
     p.add_argument("--stage-to", default=None, metavar="DIR2",
                    help="stage the dataset to DIR2 first (iobench stage), then train from the "
                         "copy; the result records staging and training together")
@@ -93,7 +98,8 @@ def build_config(args: argparse.Namespace) -> Any:
                        amp=args.amp,
                        channels_last=args.channels_last, timeout_s=args.timeout,
                        results=args.results, repeat=args.repeat,
-                       step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb)
+                       step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
+                       evict_cmd=args.evict_cmd)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -147,7 +153,9 @@ def _main(args: argparse.Namespace, world: Any) -> int:
 
             config, staging = stage_for_training(config, args.stage_to, args.stage_mode, world,
                                                  progress=world.is_root and sys.stderr.isatty(),
-                                                 warm_source=args.warm_source)
+                                                 warm_source=args.warm_source,
+                                                 evict_cmd=None if args.warm_source
+                                                 else config.evict_cmd)
         scope = staging["shuffle_scope"] if staging else "global"
         out = _Output(world, config)
         counters, tier = _emulated_tier(config)
