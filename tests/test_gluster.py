@@ -245,3 +245,27 @@ def test_up_heals_a_stale_mount_and_a_dead_brick(gluster: Path, tmp_path: Path) 
     assert d.returncode == 0, d.stderr
     assert not (tmp_path / "g").exists()
     assert _script("status").returncode == 0  # the module's volume is untouched
+
+
+def test_probe_of_the_real_tier_and_its_profile(pfs: Path, tmp_path: Path) -> None:
+    """Per tier: sequential and random read bandwidth, open+stat+close/s, first-byte latency;
+    unverified without the site's eviction, cold with it; a profile the emulator accepts."""
+    from iobench.pfs.profiles import load_profile
+
+    tiny = ["--size", "8M", "--runtime", "0.3", "--metadata-files", "50", "--readers", "1,2",
+            "--engine", "python"]
+    assert cli("probe", "--storage", pfs, *tiny, "--results", tmp_path / "a") == 0
+    doc = _result(tmp_path / "a", "probe-*.json")
+    assert doc["cache_status"] == "unverified" and "--evict-cmd" in doc["cache_reason"]
+    assert cli("probe", "--storage", pfs, *tiny, "--evict-cmd", EVICT,
+               "--results", tmp_path / "b") == 0
+    doc = _result(tmp_path / "b", "probe-*.json")
+    assert doc["cache_status"] == "cold" and doc["storage"]["fstype"] == "fuse.glusterfs"
+    s = doc["summary"]
+    for key in ("seq_read_MBps", "rand4k_read_MBps", "sample_read_MBps", "open_stat_close_per_s",
+                "first_byte_ms_p50", "first_byte_ms_p99"):
+        assert s[key] and s[key] > 0, key
+    (pfile,) = (tmp_path / "b").glob("pfs-profile-*.json")
+    prof = load_profile(str(pfile))
+    assert prof.name.startswith("probe:") and "fuse.glusterfs" in prof.imitates
+    assert prof.metadata_ms > 0 and prof.read_ms > 0 and prof.bandwidth_MBps > 0
