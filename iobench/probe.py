@@ -435,9 +435,10 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
     open+stat+close (what Python's `open()` costs before the first read) and
     stat, whose names and attributes the client may have cached by then (only
     dropping the node's caches clears inodes and dentries), so these two are
-    upper bounds on a cold metadata server; unlink. First-byte latency: from
-    `open()` to the first byte of each cold file in the open+read+close phase
-    (milliseconds, percentiles over the files). With `read_work` (where `work`
+    upper bounds on a cold metadata server; unlink. Latencies of the
+    open+read+close phase, in milliseconds, percentiles over the files: the
+    first byte (from `open()` to the first byte), and apart the cold open (name
+    lookup and open), the first read and the close. With `read_work` (where `work`
     appears through another mount), stat, open+stat+close and open+read+close
     go through it; create and unlink through `work`.
     """
@@ -482,18 +483,20 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
             os.close(fd)
         return 0
 
-    first_byte_ns: list[list[int]] = [[] for _ in range(threads)]
+    # per thread (each reads its own directory, so no lock): open, first read, close, in ns
+    times: list[list[tuple[int, int, int]]] = [[] for _ in range(threads)]
 
     def open_read_close(p: Path) -> int:
         t0 = time.perf_counter_ns()
         fd = os.open(p, os.O_RDONLY)
+        t1 = time.perf_counter_ns()
         try:
             n = len(os.read(fd, size))
-            # the list of the thread that reads this directory: no lock needed
-            first_byte_ns[int(p.parent.name[1:])].append(time.perf_counter_ns() - t0)
-            return n
         finally:
+            t2 = time.perf_counter_ns()
             os.close(fd)
+        times[int(p.parent.name[1:])].append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+        return n
 
     out: dict[str, Any] = {"threads": threads, "files": files, "file_bytes": size}
     ops, s = phase(create)
@@ -509,11 +512,17 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
     out["open_stat_close_per_s"] = ops / s
     ops, s = phase(stat, True)
     out["stat_per_s"] = ops / s
-    lat = np.array([x for t in first_byte_ns for x in t], dtype=np.float64) / 1e6
-    out["first_byte_ms"] = ({"p50": float(np.percentile(lat, 50)),
-                             "p95": float(np.percentile(lat, 95)),
-                             "p99": float(np.percentile(lat, 99)), "mean": float(lat.mean()),
-                             "n": int(lat.size)} if lat.size else None)
+    ops_ms = np.array([x for t in times for x in t], dtype=np.float64).reshape(-1, 3) / 1e6
+
+    def pcts(a: np.ndarray) -> dict[str, float] | None:
+        return ({"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+                 "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": int(a.size)}
+                if a.size else None)
+
+    out["first_byte_ms"] = pcts(ops_ms[:, 0] + ops_ms[:, 1])  # open() to the first byte
+    out["cold_open_ms"] = pcts(ops_ms[:, 0])  # name lookup and open
+    out["cold_read_ms"] = pcts(ops_ms[:, 1])  # the first read of a cold small file
+    out["close_ms"] = pcts(ops_ms[:, 2])
     ops, s = phase(lambda p: (os.unlink(p), 0)[1])
     out["unlink_per_s"] = ops / s
     shutil.rmtree(base, ignore_errors=True)
@@ -648,6 +657,9 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         "open_stat_close_1_per_s": meta[0]["open_stat_close_per_s"],
         "first_byte_ms_p50": (meta[0]["first_byte_ms"] or {}).get("p50"),
         "first_byte_ms_p99": (meta[0]["first_byte_ms"] or {}).get("p99"),
+        "cold_open_ms_p50": (meta[0]["cold_open_ms"] or {}).get("p50"),
+        "cold_read_ms_p50": (meta[0]["cold_read_ms"] or {}).get("p50"),
+        "close_ms_p50": (meta[0]["close_ms"] or {}).get("p50"),
         "rand4k_read_iops_1": next((t.iops for t in tests if t.op == "randread"
                                     and t.bs_bytes == 4 * KiB and t.readers == min(cfg.readers)),
                                    None),

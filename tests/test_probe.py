@@ -44,13 +44,18 @@ def _check_doc(doc: dict, engine: str, storage: Path) -> None:
     for m in doc["metadata"]:  # every cold small file timed from open() to its first byte
         fb = m["first_byte_ms"]
         assert fb["n"] == m["files"] and 0 < fb["p50"] <= fb["p95"] <= fb["p99"], fb
+        for part in ("cold_open_ms", "cold_read_ms", "close_ms"):
+            assert m[part]["n"] == m["files"] and m[part]["p50"] > 0
+        assert m["cold_open_ms"]["mean"] + m["cold_read_ms"]["mean"] == pytest.approx(
+            fb["mean"])
         assert m["open_stat_close_per_s"] > 0
     assert doc["cache_status"] == "cold" and doc["cache_reason"] is None  # a local disk
     assert doc["storage"]["shared"] is False and doc["storage"]["statfs_type"]
     prof = doc["emulator_profile"]
     s = doc["summary"]
-    assert prof["read_ms"] == pytest.approx(1000 / s["rand4k_read_iops_1"], rel=1e-3)
-    assert prof["metadata_ms"] == pytest.approx(1000 / s["open_stat_close_1_per_s"], rel=1e-3)
+    assert prof["read_ms"] == pytest.approx(s["cold_read_ms_p50"], rel=1e-3)
+    assert prof["metadata_ms"] == pytest.approx(s["cold_open_ms_p50"] + s["close_ms_p50"],
+                                                rel=1e-3)
     assert prof["bandwidth_MBps"] == pytest.approx(s["seq_read_MBps"], rel=1e-3)
     assert doc["storage"]["path"] == str(storage.resolve())
     assert not [p for p in storage.iterdir() if p.name.startswith(".iobench-probe")]

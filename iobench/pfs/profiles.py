@@ -201,10 +201,11 @@ PROFILE_SCHEMA_VERSION = 1
 def profile_from_probe(doc: dict[str, Any]) -> Profile:
     """The emulated-tier profile that imitates a probed tier (an `iobench.probe` v2 document).
 
-    - `read_ms`: one read request's latency, from random 4 KiB reads with the
-      fewest readers (1 / IOPS: one request in flight per reader);
-    - `metadata_ms`: what opening a file costs, from open+stat+close with one
-      thread (1 / rate);
+    - `metadata_ms`: what a file's open and close cost (a cold name lookup
+      and the open, plus the close: median over cold small files, one thread);
+      the emulator charges it once per open;
+    - `read_ms`: one read request's latency: the first read of a cold small
+      file (median, one thread), a buffered read as loaders issue them;
     - `bandwidth_MBps`: the best sequential read over reader counts;
     - no IOPS cap: concurrent readers overlap their latencies, as on the tier.
     The emulator adds its own FUSE round trips (tens of microseconds) on top.
@@ -214,14 +215,13 @@ def profile_from_probe(doc: dict[str, Any]) -> Profile:
     except (KeyError, TypeError):
         raise ConfigError("not an iobench probe result (no summary/storage); give a file "
                           "written by `iobench probe`") from None
-    iops1, opens1, bw = (s.get("rand4k_read_iops_1"), s.get("open_stat_close_1_per_s"),
-                         s.get("seq_read_MBps"))
-    if not (iops1 and opens1 and bw):
+    need = ("cold_open_ms_p50", "close_ms_p50", "cold_read_ms_p50", "seq_read_MBps")
+    if any(s.get(k) is None for k in need) or not s["seq_read_MBps"]:
         raise ConfigError(f"probe result of {st.get('path')} lacks the figures a profile needs "
-                          "(rand4k_read_iops_1, open_stat_close_1_per_s, seq_read_MBps: "
-                          f"{iops1}, {opens1}, {bw}); probe the tier again with this iobench")
-    read_ms = 1000.0 / iops1
-    metadata_ms = 1000.0 / opens1
+                          f"({', '.join(f'{k}={s.get(k)}' for k in need)}); probe the tier "
+                          "again with this iobench")
+    opened, closed, read_ms, bw = (s[k] for k in need)
+    metadata_ms = opened + closed
     where = f"{st.get('fstype')} {st.get('source')} at {st.get('path')}"
     host = (doc.get("provenance") or {}).get("host", "?")
     label = doc.get("label") or st.get("fstype")
@@ -229,9 +229,10 @@ def profile_from_probe(doc: dict[str, Any]) -> Profile:
         f"iobench probe of {where} on {host}, {doc.get('created')} (engine {doc.get('engine')}"
         f", {'O_DIRECT' if doc.get('direct') else 'buffered, evicted'}, cache "
         f"{doc.get('cache_status', 'unknown')})",
-        f"read request {read_ms:.3f} ms = 1 / {iops1:.0f} random 4 KiB reads/s with "
-        f"{s.get('readers_min', 1)} reader(s)",
-        f"metadata {metadata_ms:.3f} ms = 1 / {opens1:.0f} open+stat+close/s with one thread",
+        f"metadata {metadata_ms:.3f} ms = cold open {opened:.3f} ms + close {closed:.3f} ms "
+        "(medians over cold small files, one thread)",
+        f"read request {read_ms:.3f} ms = first read of a cold small file (median, one "
+        "thread)",
         f"bandwidth {bw:.0f} MB/s = best sequential read over {s.get('readers_max')} reader(s)",
     ]
     if bw > DAEMON_CEILING_MBPS:
