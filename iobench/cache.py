@@ -557,10 +557,13 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     client_notes: list[str] = []
     if evict_pages and plan is not None and local_index == 0:
         for cmd in client_commands(plan):
-            r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
-            if r.returncode != 0:  # the status says unverified; not worth failing the run
-                client_notes.append(f"`{' '.join(cmd)}` failed: "
-                                    f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+            try:
+                r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+                why = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+            except (OSError, subprocess.TimeoutExpired) as e:
+                why = str(e)
+            if why is not None:  # the status says unverified; not worth failing the run
+                client_notes.append(f"`{' '.join(cmd)}` failed: {why}")
     # each file is evicted and measured by one rank of its node, in one open; nothing on
     # the node reads the dataset until every rank has returned
     if evict_pages and measure:

@@ -40,12 +40,12 @@ META_BATCH, META_STEP = 256, 0.02
 
 
 def cell(pfs: Path, work: Path, res: Path, dataset: str, fmt: str, samples: int, batch: int,
-         step: float, args: argparse.Namespace) -> dict[str, Any]:
+         step: float, args: argparse.Namespace, epochs: int) -> dict[str, Any]:
     """In place on the PFS, then staged to local disk; the figures of both."""
     src = t.ensure_dataset(work / "src" / str(samples), dataset, fmt, samples)
     on_pfs = t.ensure_copy(src, pfs / str(samples))
     common = ["--compute-time", str(step), "--batch-size", str(batch), "--workers",
-              str(args.workers), "--epochs", str(args.epochs), "--repeat", str(args.repeat),
+              str(args.workers), "--epochs", str(epochs), "--repeat", str(args.repeat),
               "--no-decode", "--evict-cmd", t.EVICT]
     tag = f"{dataset}-{fmt}-{samples}"
     t.log(f"{tag}: in place on GlusterFS")
@@ -112,6 +112,8 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(MATRIX), help="datasets of the matrix")
     ap.add_argument("--formats", default=None, help="only these formats (default: all)")
     ap.add_argument("--files-counts", default="1000,10000,100000")
+    ap.add_argument("--meta-epochs", type=int, default=1,
+                    help="epochs per run of the metadata sweep (100,000 files take minutes)")
     ap.add_argument("--no-matrix", action="store_true")
     ap.add_argument("--no-metadata", action="store_true")
     ap.add_argument("--no-probe", action="store_true")
@@ -137,12 +139,13 @@ def main() -> int:
             for fmt in fmts:
                 if formats and fmt not in formats:
                     continue
-                print(row(cell(pfs, work, res, ds, fmt, samples, batch, step, args)), flush=True)
+                print(row(cell(pfs, work, res, ds, fmt, samples, batch, step, args, args.epochs)),
+                      flush=True)
     if not args.no_metadata:
         print("\nMetadata cost per file: cifar10, one file per sample\n\n" + HEAD, flush=True)
         for n in map(int, args.files_counts.split(",")):
-            print(row(cell(pfs, work, res, "cifar10", "files", n, META_BATCH, META_STEP, args)),
-                  flush=True)
+            print(row(cell(pfs, work, res, "cifar10", "files", n, META_BATCH, META_STEP, args,
+                           args.meta_epochs)), flush=True)
     print("\nstall: the slower rank's per epoch, median [min-max] over epochs and repetitions; "
           "AU: median; break-even = stage s / (PFS epoch s - local epoch s), medians, n.s. "
           "when the epoch walls' ranges overlap; bricks read / needed: the glusterfsd "
