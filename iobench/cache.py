@@ -13,6 +13,14 @@ that case the answer is None ("unknown"), never a false 1.0.
 `evict_for_node` is what the training loop calls before an epoch: every rank
 evicts its share of the files its node reads, then the job measures what is
 left, per node, and says loudly when eviction did not work.
+
+Eviction knows the filesystem (`eviction_plan`): the page cache is what a
+client empties on a local disk, plus the lock LRU on Lustre (`lctl`, root);
+GPFS keeps data in its pagepool, which no fadvise reaches; and on every shared
+tier the servers keep caches of their own that no client can empty. There
+only the site can make an epoch cold (`--evict-cmd CMD`, run by each node's
+local rank 0 first); without it a cold-looking epoch is `unverified`, with the
+reason, never `cold`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import ctypes.util
 import errno
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -30,10 +40,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from iobench.errors import ConfigError, UnsupportedError
+from iobench.errors import ConfigError, StorageError, UnsupportedError
 
 if TYPE_CHECKING:
     from iobench.manifest import FileEntry, Manifest
+    from iobench.sysinfo import MountInfo
     from iobench.world import World
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -291,6 +302,113 @@ def resident_fraction(paths: Iterable[str | Path]) -> float | None:
     return residency(paths).fraction
 
 
+
+# ------------------------------------------------------------- what each filesystem allows
+
+#: Lustre: drop the client's cached DLM locks, and with them its cached pages (root only)
+LUSTRE_LRU_CLEAR = ("lctl", "set_param", "-n", "ldlm.namespaces.*.lru_size=clear")
+#: the emulated tier's daemon drops its backing pages itself: no server cache to empty
+_EMULATED_FSTYPE = "fuse.iobench-pfs"
+#: how long a site's --evict-cmd may run (seconds)
+EVICT_CMD_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """How iobench can empty the caches that hold a filesystem's data, and what it cannot.
+
+    `client`: what iobench does on each node (fadvise = `POSIX_FADV_DONTNEED`
+    per file, which empties the page cache; `fadvise+lctl` adds Lustre's lock
+    LRU). `client_complete`: whether that empties the client's whole cache
+    (False on GPFS: the pagepool is not the page cache, and `mincore` shows
+    nothing resident while it serves reads). `server_caches`: whether the
+    data sits behind servers whose caches no client can empty. `needs_site`
+    is the reason an epoch cannot be verified cold without `--evict-cmd`.
+    """
+
+    fstype: str
+    kind: str
+    client: str
+    client_complete: bool
+    server_caches: bool
+    needs_site: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def eviction_plan(mount: MountInfo) -> EvictionPlan:
+    """The eviction that reaches a filesystem's data, from its mount (`sysinfo.mount_of`)."""
+    fstype, kind = mount.fstype, mount.kind
+    client, complete = "fadvise", True
+    if fstype == "lustre":
+        client = "fadvise+lctl" if os.geteuid() == 0 and shutil.which("lctl") else "fadvise"
+    if fstype == "gpfs":
+        complete = False
+    server = (kind in ("parallel", "network", "fuse-network")
+              or (kind == "fuse" and fstype != _EMULATED_FSTYPE))
+    why = None
+    if not complete:
+        why = (f"{fstype} keeps file data in its own client cache (the GPFS pagepool), which "
+               "POSIX_FADV_DONTNEED does not empty and mincore does not see, and its servers "
+               "keep caches no client can empty")
+    elif server:
+        what = ("a FUSE filesystem of unknown nature, whose daemon may keep data where no "
+                "page-cache eviction reaches" if kind == "fuse" else
+                f"a shared filesystem ({kind}) whose servers keep caches no client can empty")
+        why = f"the data is on {fstype}, {what}"
+        if fstype == "lustre" and client == "fadvise":
+            why += ("; and the client's lock LRU was not cleared (`lctl set_param "
+                    "ldlm.namespaces.*.lru_size=clear` needs root and lctl)")
+    return EvictionPlan(fstype=fstype, kind=kind, client=client, client_complete=complete,
+                        server_caches=server, needs_site=why)
+
+
+def client_commands(plan: EvictionPlan) -> list[tuple[str, ...]]:
+    """Commands local rank 0 of each node runs, besides fadvise, to empty the client cache."""
+    return [LUSTRE_LRU_CLEAR] if plan.client == "fadvise+lctl" else []
+
+
+def run_evict_cmd(command: str, root: str | Path | None, node: int,
+                  timeout_s: float = EVICT_CMD_TIMEOUT_S) -> dict[str, Any]:
+    """Run a site's eviction command (a shell command line) and say how it went.
+
+    The command sees IOBENCH_DATASET_ROOT (the dataset being evicted) and
+    IOBENCH_NODE in its environment. Returns `command`, `returncode`,
+    `seconds` and the last line of its output (`output`); a command that
+    cannot start or runs past `timeout_s` has returncode None.
+    """
+    env = {**os.environ, "IOBENCH_NODE": str(node)}
+    if root is not None:
+        env["IOBENCH_DATASET_ROOT"] = str(root)
+    t0 = time.perf_counter_ns()
+    try:
+        r = subprocess.run(command, shell=True, capture_output=True, text=True,
+                           timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+        code: int | None = r.returncode
+        lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        if code == 0:  # a successful command's own report is usually its last line
+            lines = (r.stderr + "\n" + r.stdout).strip().splitlines()
+        out = lines[-1] if lines else ""
+    except subprocess.TimeoutExpired:
+        code, out = None, f"did not finish within {timeout_s:g} s"
+    except OSError as e:
+        code, out = None, f"cannot run it: {e.strerror or e}"
+    return {"command": command, "returncode": code,
+            "seconds": (time.perf_counter_ns() - t0) / 1e9, "output": out}
+
+
+def parse_evict_cmd(command: str | None) -> str | None:
+    """A site's eviction command: None, or a non-blank shell command line."""
+    if command is None:
+        return None
+    if not isinstance(command, str) or not command.strip():
+        raise ConfigError(f"--evict-cmd {command!r} is empty; give a shell command that empties "
+                          "the storage's server-side caches (e.g. `scripts/pfs/local-gluster.sh "
+                          "evict`), or leave the option out")
+    return command
+
+
 # ---------------------------------------------------------------- per node, per job
 
 def files_for_node(manifest: Manifest, node_ranks: Sequence[int], world_size: int,
@@ -343,12 +461,15 @@ class EvictReport:
     """One eviction before an epoch, over the whole job; goes into result files as is.
 
     `status`: "cold" (measured residency at or below `warn_above` on every
-    node), "warm" (eviction did not work somewhere: the figures that follow
-    read memory, not storage), or "unknown" (this process may not learn the
-    residency, see the module docstring).
+    node, and nothing left that eviction cannot reach), "unverified" (the
+    client's pages are gone but the data sits where iobench cannot empty or
+    see a cache: a shared filesystem's servers with no `--evict-cmd`, the GPFS
+    pagepool; `reason` says which), "warm" (eviction did not work somewhere:
+    the figures that follow read memory, not storage), or "unknown" (this
+    process may not learn the residency, see the module docstring).
     """
 
-    method: str  # "fadvise" or "drop_caches+fadvise"
+    method: str  # "fadvise", "drop_caches+fadvise", "fadvise+lctl"; "evict-cmd+" in front
     files: int  # files advised, all ranks
     bytes: int  # bytes advised, all ranks (a replicated file counts once per node)
     seconds: float  # wall time of eviction plus measurement on this rank
@@ -360,6 +481,10 @@ class EvictReport:
     errors: tuple[str, ...] = ()
     warning: str | None = None
     nodes_unknown: tuple[int, ...] = field(default=())
+    fstype: str | None = None
+    reason: str | None = None  # why the status is "unverified"
+    evict_cmd: dict[str, Any] | None = None  # the site's command and how it ran, slowest node
+    plan: dict[str, Any] | None = None  # `EvictionPlan.to_dict()`
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -371,7 +496,9 @@ class EvictReport:
 
 def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
                    drop_caches: bool = False, measure: bool = True, evict_pages: bool = True,
-                   warn_above: float = DEFAULT_WARN_ABOVE, loud: bool = True) -> EvictReport:
+                   warn_above: float = DEFAULT_WARN_ABOVE, loud: bool = True,
+                   evict_cmd: str | None = None,
+                   evict_cmd_timeout_s: float = EVICT_CMD_TIMEOUT_S) -> EvictReport:
     """Evict the dataset's pages on every node, then measure what stayed resident.
 
     A collective: every rank calls it. The ranks of a node split the files the
@@ -381,6 +508,11 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     default), local rank 0 of each node also drops the whole page cache first.
     With `loud`, rank 0 prints a warning to stderr when eviction did not work.
     With `evict_pages=False` (a warm-cache run) it only measures residency.
+    `evict_cmd` (a shell command line, the site's way to empty what no client
+    can: server caches, a remount) runs first on local rank 0 of each node;
+    a failure on any node raises StorageError on every rank. Without it, an
+    epoch on a shared filesystem is "unverified", never "cold"
+    (`eviction_plan`).
     """
     if not 0.0 <= warn_above <= 1.0:
         raise ConfigError(f"{warn_above=} must be a fraction in [0, 1]")
@@ -392,6 +524,26 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     entries = files_for_node(manifest, ranks, world.size, scope)
     share = split_files(entries, local_index, len(ranks))
     paths = [manifest.path_of(e) for e in share]
+    plan = None
+    if manifest.root is not None:
+        from iobench.sysinfo import mount_of
+
+        with contextlib.suppress(OSError):
+            plan = eviction_plan(mount_of(manifest.root))
+    evict_cmd = parse_evict_cmd(evict_cmd) if evict_pages else None
+    cmd_run: dict[str, Any] | None = None
+    if evict_cmd is not None and local_index == 0:
+        cmd_run = run_evict_cmd(evict_cmd, manifest.root, world.node, evict_cmd_timeout_s)
+    if evict_cmd is not None:  # a failure on one node must fail every rank, not hang them
+        runs = [r for r in world.allgather(cmd_run) if r is not None]
+        bad = [r for r in runs if r["returncode"] != 0]
+        if bad:
+            r = bad[0]
+            how = ("" if r["returncode"] is None else f"exit status {r['returncode']}")
+            raise StorageError(f"--evict-cmd {evict_cmd!r} failed ({how}{': ' if how else ''}"
+                               f"{r['output'] or 'no output'}); fix the command, or leave "
+                               "--evict-cmd out (epochs on a shared tier are then unverified)")
+        cmd_run = max(runs, key=lambda r: r["seconds"]) | {"nodes": len(runs)}
     drop_error = None
     if drop_caches and local_index == 0:
         try:
@@ -402,6 +554,16 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
         errs = [e for e in world.allgather(drop_error) if e]
         if errs:
             raise UnsupportedError(errs[0])
+    client_notes: list[str] = []
+    if evict_pages and plan is not None and local_index == 0:
+        for cmd in client_commands(plan):
+            try:
+                r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+                why = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+            except (OSError, subprocess.TimeoutExpired) as e:
+                why = str(e)
+            if why is not None:  # the status says unverified; not worth failing the run
+                client_notes.append(f"`{' '.join(cmd)}` failed: {why}")
     # each file is evicted and measured by one rank of its node, in one open; nothing on
     # the node reads the dataset until every rank has returned
     if evict_pages and measure:
@@ -412,14 +574,10 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     world.barrier()
     seconds = (time.perf_counter_ns() - t0) / 1e9
 
-    kind = None
-    if manifest.root is not None:
-        from iobench.sysinfo import mount_of
-
-        with contextlib.suppress(OSError):
-            kind = mount_of(manifest.root).kind
+    kind = plan.kind if plan is not None else None
     mine = {"rank": world.rank, "node": world.node, "host": world.hostname, "files": ev.files,
-            "bytes": ev.bytes, "errors": list(ev.errors), "res": asdict(res)}
+            "bytes": ev.bytes, "errors": list(ev.errors), "res": asdict(res),
+            "client_notes": client_notes}
     everyone = world.allgather(mine)
     per_node: dict[int, dict[str, Any]] = {}
     for m in everyone:
@@ -461,13 +619,29 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
                    "epoch measure memory, not storage")
     else:
         status = "cold"
+    reason = None
+    notes = [n for m in everyone for n in m["client_notes"]]
+    if status == "cold" and evict_pages and plan is not None and plan.needs_site \
+            and evict_cmd is None:
+        status = "unverified"
+        reason = plan.needs_site + "; " + "; ".join(notes + [
+            "give --evict-cmd CMD with the site's way to empty them (run by each node's "
+            "local rank 0 before every cold epoch)"])
+        warning = (f"CACHE UNVERIFIED: the client's pages were evicted, but {reason}. Cold "
+                   "epochs may read server memory, not storage")
     if errors and warning is None:
         warning = f"eviction failed for {len(errors)} file(s), first: {errors[0]}"
     if loud and warning and world.rank == 0:
         print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
     method = ("drop_caches+fadvise" if drop_caches else "fadvise") if evict_pages else "none"
+    if evict_pages and plan is not None and plan.client == "fadvise+lctl" and not notes:
+        method += "+lctl"
+    if evict_cmd is not None:
+        method = "evict-cmd+" + method
     return EvictReport(method=method,
                        files=sum(n["files"] for n in nodes), bytes=sum(n["bytes"] for n in nodes),
                        seconds=seconds, resident_fraction=worst, status=status,
                        warn_above=warn_above, storage_kind=kind, per_node=tuple(nodes),
-                       errors=errors, warning=warning, nodes_unknown=unknown)
+                       errors=errors, warning=warning, nodes_unknown=unknown,
+                       fstype=plan.fstype if plan is not None else None, reason=reason,
+                       evict_cmd=cmd_run, plan=plan.to_dict() if plan is not None else None)

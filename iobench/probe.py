@@ -4,12 +4,17 @@
 sequential write and read bandwidth, random read bandwidth and IOPS at
 4 KiB and at the dataset's sample size, each with 1 and several concurrent
 readers (synchronous reads, one file per reader: the same model as loader
-workers), and metadata rates (create, stat, open+read+close, unlink of small
-files). It uses `fio` (JSON output) when installed, and its own measurement
-otherwise; the result says which. Reads bypass the page cache with O_DIRECT
-where the filesystem allows it, else the files are evicted first and read
-once (never twice, so no read is served from memory). Metadata is always
-measured by iobench itself (fio has no portable metadata test).
+workers), metadata rates (create, stat, open+stat+close, open+read+close,
+unlink of small files) and first-byte latency (open to the first byte of a
+cold small file). It uses `fio` (JSON output) when installed, and its own
+measurement otherwise; the result says which. Reads bypass the page cache with
+O_DIRECT where the filesystem allows it, else the files are evicted first and
+read once (never twice, so no read is served from memory). On a shared tier a
+client cannot empty the servers' caches: `evict_cmd` (the site's command) runs
+before every read test, and without it the probe says its buffered figures
+are unverified. Metadata is always measured by iobench itself (fio has no
+portable metadata test). The result carries the emulated-tier profile derived
+from these figures (`iobench.pfs.profiles.profile_from_probe`).
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ from iobench import cache
 from iobench.errors import ConfigError, StorageError, UnsupportedError
 
 SCHEMA = "iobench.probe"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: open_stat_close, first-byte latency, cache status, evict_cmd, profile
 ENGINES = ("auto", "fio", "python")
 ENGINE_ENV = "IOBENCH_PROBE_ENGINE"  # "python" forces iobench's own measurement (CI, tests)
 KiB, MiB = 2**10, 2**20
 SEQ_BS = 4 * MiB
 ALIGN = 4 * KiB  # O_DIRECT needs block-aligned sizes and offsets
 IMAGENET_MEAN_JPEG = 110_000  # bytes: ILSVRC-2012 train mean, when no dataset is at hand
+# FUSE clients keep names and attributes 1 s by default (GlusterFS's entry-timeout): the cold
+# opens wait that out after creating the files, as an epoch opens each file once
+NAME_CACHE_SETTLE_S = 1.5
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -87,9 +95,11 @@ class ProbeConfig:
     # a writable directory that appears as `storage` (the backing directory of a read-only
     # mount such as `iobench emulate-pfs`): files are written there and read through `storage`
     write_via: Path | None = None
+    evict_cmd: str | None = None  # the site's command emptying server caches, before reads
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage", Path(self.storage))
+        cache.parse_evict_cmd(self.evict_cmd)
         if self.write_via is not None:
             object.__setattr__(self, "write_via", Path(self.write_via))
         object.__setattr__(self, "readers", parse_readers(self.readers))
@@ -231,6 +241,16 @@ def _parallel(n: int, fn: Callable[[int], tuple[int, int]]) -> tuple[int, int, f
     return sum(b for b, _ in out), sum(o for _, o in out), seconds
 
 
+def _site_evict(cfg: ProbeConfig) -> None:
+    """Run the site's eviction command (server caches) before a read test; fail in one line."""
+    if cfg.evict_cmd is None:
+        return
+    r = cache.run_evict_cmd(cfg.evict_cmd, cfg.storage, 0)
+    if r["returncode"] != 0:
+        raise StorageError(f"--evict-cmd {cfg.evict_cmd!r} failed ({r['output'] or 'no output'})"
+                           "; fix the command or leave it out")
+
+
 class _PyEngine:
     def __init__(self, cfg: ProbeConfig, work: Path, read_work: Path, direct: bool) -> None:
         self.cfg, self.work, self.read_work, self.direct = cfg, work, read_work, direct
@@ -268,6 +288,7 @@ class _PyEngine:
                        "each writer writes its own file, fsync at the end (timed)")
 
     def _prepare_read(self, n: int) -> None:
+        _site_evict(self.cfg)  # a server may answer even O_DIRECT reads from its memory
         if not self.direct:
             cache.evict([self.path(i) for i in range(n)])
 
@@ -349,10 +370,10 @@ class _FioEngine:
                 f"--randseed={cfg.seed + 1}"]
         if rw == "write":
             args += ["--end_fsync=1"]
-        elif self.direct:
-            args += ["--time_based", "--readonly"]  # O_DIRECT re-reads still go to the device
         else:
-            args += ["--invalidate=1", "--readonly"]  # evicted; the random map reads each once
+            _site_evict(cfg)  # a server may answer even O_DIRECT reads from its memory
+            # O_DIRECT re-reads still go to the device; buffered: evicted, each block read once
+            args += ["--time_based" if self.direct else "--invalidate=1", "--readonly"]
         try:
             proc = subprocess.run(args, capture_output=True, text=True,
                                   timeout=cfg.runtime_s * 10 + 300)
@@ -402,15 +423,24 @@ def fio_version() -> str | None:
 # ------------------------------------------------------------------------------- metadata
 
 def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
-                   read_work: Path | None = None) -> dict[str, Any]:
-    """Create, stat, open+read+close, unlink `files` small files with `threads` threads.
+                   read_work: Path | None = None,
+                   evict: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Create, stat, open+stat+close, open+read+close, unlink `files` small files with
+    `threads` threads, and the first-byte latency of the cold reads.
 
-    Rates are operations per second over the wall time of each phase. The
-    files' data is evicted before the open+read+close phase; their inodes and
-    directory entries stay cached (only dropping the node's caches clears
-    those), so stat rates are an upper bound on a cold metadata server. With
-    `read_work` (where `work` appears through another mount), stat and
-    open+read+close go through it; create and unlink through `work`.
+    Rates are operations per second over the wall time of each phase, in this
+    order: create; open+read+close of the files, evicted (and `evict()`, the
+    site's command, run) and after FUSE clients' name caches expired
+    (`NAME_CACHE_SETTLE_S`), as an epoch opens each file once; then
+    open+stat+close (what Python's `open()` costs before the first read) and
+    stat, whose names and attributes the client may have cached by then (only
+    dropping the node's caches clears inodes and dentries), so these two are
+    upper bounds on a cold metadata server; unlink. Latencies of the
+    open+read+close phase, in milliseconds, percentiles over the files: the
+    first byte (from `open()` to the first byte), and apart the cold open (name
+    lookup and open), the first read and the close. With `read_work` (where `work`
+    appears through another mount), stat, open+stat+close and open+read+close
+    go through it; create and unlink through `work`.
     """
     base = work / f"meta-{threads}"
     base.mkdir()
@@ -445,22 +475,54 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
         os.stat(p)
         return 0
 
-    def open_read_close(p: Path) -> int:
+    def open_stat_close(p: Path) -> int:
         fd = os.open(p, os.O_RDONLY)
         try:
-            return len(os.read(fd, size))
+            os.fstat(fd)
         finally:
             os.close(fd)
+        return 0
+
+    # per thread (each reads its own directory, so no lock): open, first read, close, in ns
+    times: list[list[tuple[int, int, int]]] = [[] for _ in range(threads)]
+
+    def open_read_close(p: Path) -> int:
+        t0 = time.perf_counter_ns()
+        fd = os.open(p, os.O_RDONLY)
+        t1 = time.perf_counter_ns()
+        try:
+            n = len(os.read(fd, size))
+        finally:
+            t2 = time.perf_counter_ns()
+            os.close(fd)
+        times[int(p.parent.name[1:])].append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+        return n
 
     out: dict[str, Any] = {"threads": threads, "files": files, "file_bytes": size}
     ops, s = phase(create)
     out["create_per_s"] = ops / s
     os.sync()  # the files' data is on the device before it is evicted and read back
-    ops, s = phase(stat, True)
-    out["stat_per_s"] = ops / s
+    if evict is not None:
+        evict()
     cache.evict(p for d in rdirs for p in d.iterdir())
+    time.sleep(NAME_CACHE_SETTLE_S)
     ops, s = phase(open_read_close, True)
     out["open_read_close_per_s"] = ops / s
+    ops, s = phase(open_stat_close, True)
+    out["open_stat_close_per_s"] = ops / s
+    ops, s = phase(stat, True)
+    out["stat_per_s"] = ops / s
+    ops_ms = np.array([x for t in times for x in t], dtype=np.float64).reshape(-1, 3) / 1e6
+
+    def pcts(a: np.ndarray) -> dict[str, float] | None:
+        return ({"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+                 "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": int(a.size)}
+                if a.size else None)
+
+    out["first_byte_ms"] = pcts(ops_ms[:, 0] + ops_ms[:, 1])  # open() to the first byte
+    out["cold_open_ms"] = pcts(ops_ms[:, 0])  # name lookup and open
+    out["cold_read_ms"] = pcts(ops_ms[:, 1])  # the first read of a cold small file
+    out["close_ms"] = pcts(ops_ms[:, 2])
     ops, s = phase(lambda p: (os.unlink(p), 0)[1])
     out["unlink_per_s"] = ops / s
     shutil.rmtree(base, ignore_errors=True)
@@ -561,7 +623,8 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
                         lambda n=n, bs=bs, s=s: eng.randread(n, bs, f"{s}B"))
         for n in cfg.readers:
             log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
-            meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work))
+            meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work,
+                                       evict=lambda: _site_evict(cfg)))
     except OSError as e:
         if isinstance(e, StorageError | UnsupportedError):
             raise
@@ -588,10 +651,30 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
                           "iops": best("randread", bs, "iops")} for s, bs in block.items()],
         "create_per_s": max(m["create_per_s"] for m in meta),
         "stat_per_s": max(m["stat_per_s"] for m in meta),
+        "open_stat_close_per_s": max(m["open_stat_close_per_s"] for m in meta),
         "open_read_close_per_s": max(m["open_read_close_per_s"] for m in meta),
+        # one thread: the latency one loader worker sees (more threads queue at the servers)
+        "open_stat_close_1_per_s": meta[0]["open_stat_close_per_s"],
+        "first_byte_ms_p50": (meta[0]["first_byte_ms"] or {}).get("p50"),
+        "first_byte_ms_p99": (meta[0]["first_byte_ms"] or {}).get("p99"),
+        "cold_open_ms_p50": (meta[0]["cold_open_ms"] or {}).get("p50"),
+        "cold_read_ms_p50": (meta[0]["cold_read_ms"] or {}).get("p50"),
+        "close_ms_p50": (meta[0]["close_ms"] or {}).get("p50"),
+        "rand4k_read_iops_1": next((t.iops for t in tests if t.op == "randread"
+                                    and t.bs_bytes == 4 * KiB and t.readers == min(cfg.readers)),
+                                   None),
+        "readers_min": min(cfg.readers),
         "readers_max": nmax,
     }
-    return {
+    plan = cache.eviction_plan(mount)
+    if cfg.evict_cmd is not None or plan.needs_site is None:
+        cache_status, cache_reason = "cold", None
+    else:  # even O_DIRECT reads may be answered from a server's memory
+        cache_status, cache_reason = "unverified", (
+            f"{plan.needs_site}: the read figures may come from server memory; give --evict-cmd")
+    if cache_reason:
+        warnings.append(f"CACHE UNVERIFIED: {cache_reason}")
+    doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "probe",
         "created": now_iso(),
         "label": cfg.label or f"{mount.kind} ({mount.fstype})",
@@ -605,6 +688,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
                   "buffered: files evicted (POSIX_FADV_DONTNEED) before each read test and "
                   "each block read once"),
         "storage": asdict(mount),
+        "cache_status": cache_status, "cache_reason": cache_reason, "evict_cmd": cfg.evict_cmd,
         "summary": summary,
         "tests": [asdict(t) for t in tests],
         "metadata": meta,
@@ -616,3 +700,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
                           "loader workers; metadata: inodes and dentries stay cached"],
         "provenance": provenance(),
     }
+    from iobench.pfs.profiles import profile_from_probe
+
+    doc["emulator_profile"] = profile_from_probe(doc).to_dict()
+    return doc

@@ -82,6 +82,7 @@ def tree_io(pid: int | None = None) -> IoCounters:
 UNCOUNTED_KINDS: dict[str, str] = {
     "memory": "tmpfs/ramfs data lives in memory: the kernel counts no storage reads",
     "fuse": "FUSE reads are served by a userspace daemon: the kernel counts no read_bytes",
+    "fuse-network": "FUSE reads are served by a userspace client: the kernel counts no read_bytes",
 }
 
 

@@ -162,7 +162,8 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
     statuses = [e["cache"].get("status") for e in eps]
     cache = ("warm (by choice)" if doc["cache"]["mode"] == "warm" else
              "COLD FAILED" if "warm" in statuses else
-             "unknown" if "unknown" in statuses else "cold")
+             "unknown" if "unknown" in statuses else
+             "unverified" if "unverified" in statuses else "cold")
     root = real(doc["dataset"].get("root"))
     named = [n for n in names if under(root, n[0])]
     tier = (probe["label"] if probe else max(named, key=lambda n: len(n[0]))[1] if named

@@ -88,6 +88,8 @@ class StageConfig:
     progress: bool = False  # a progress bar on rank 0 (stderr)
     warm_source: bool = False  # do not evict the source first (then the copy may read memory)
     repeat: int = 1  # full copies from a cold source; the last one stays
+    evict_cmd: str | None = None  # the site's command emptying the source's server caches
+
 
     def __post_init__(self) -> None:
         parse_dataset(self.dataset)
@@ -100,6 +102,10 @@ class StageConfig:
         if not MiB // 16 <= self.buffer_bytes <= 1024 * MiB:
             raise ConfigError(f"buffer_bytes={self.buffer_bytes} must be in [64 KiB, 1 GiB]")
         parse_repeat(self.repeat)
+        cache.parse_evict_cmd(self.evict_cmd)
+        if self.evict_cmd is not None and self.warm_source:
+            raise ConfigError("--evict-cmd empties the source's caches before the copy; "
+                              "--warm-source asks for none: drop one of them")
 
     @property
     def shuffle_scope(self) -> str:
@@ -539,7 +545,8 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
     `copied` receives the destination paths this rank wrote.
     """
     evicted = cache.evict_for_node(manifest, world, scope=cfg.shuffle_scope,
-                                   evict_pages=not cfg.warm_source, loud=False)
+                                   evict_pages=not cfg.warm_source, loud=False,
+                                   evict_cmd=cfg.evict_cmd)
     counters, lock = _Counters(), threading.Lock()
     my_bytes = sum(e.bytes for e in mine)
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
@@ -621,6 +628,10 @@ def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
             + ("its page-cache residency is unknown" if worst is None else
                f"{worst:.0%} of it was in the page cache") + " when the copy started: stage_s "
             "and stage_MBps may measure a copy from memory, not from storage")
+    elif rep.status == "unverified":
+        warning = (f"SOURCE CACHE UNVERIFIED: the client's pages of the source were evicted, "
+                   f"but {rep.reason}. stage_s and stage_MBps may time a copy from server "
+                   "memory")
     elif rep.status == "warm":
         why = ("the source is on tmpfs: its data lives in the page cache and cannot be evicted"
                if rep.storage_kind == "memory" else "the filesystem ignored "
@@ -641,6 +652,7 @@ def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
                       "resident_fraction_at_start": n["resident_fraction"]}
                      for n in rep.per_node],
         "warning": warning, "errors": list(rep.errors), "seconds": rep.seconds,
+        "fstype": rep.fstype, "reason": rep.reason, "evict_cmd": rep.evict_cmd,
     }
 
 
@@ -669,7 +681,8 @@ def _merge_source_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
                 for w, ks in where.items()]
     return {**caches[0],
             "resident_fraction_at_start": None if None in fracs else max(fracs),
-            "status": next(s for s in ("warm", "unknown", "cold") if s in statuses),
+            "status": next(s for s in ("warm", "unknown", "unverified", "cold")
+                           if s in statuses),
             "per_node": [nodes[k] for k in sorted(nodes)],
             "warning": "; ".join(warnings) if warnings else None,
             "errors": [e for c in caches for e in c["errors"]],
@@ -717,8 +730,8 @@ def write_result(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> P
 
 
 def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
-                       progress: bool = False, warm_source: bool = False
-                       ) -> tuple[Any, dict[str, Any]]:
+                       progress: bool = False, warm_source: bool = False,
+                       evict_cmd: str | None = None) -> tuple[Any, dict[str, Any]]:
     """For `iobench train --stage-to DIR2`: stage the run's dataset, then train from the copy.
 
     Returns the training config pointing at the staged copy, and the result's
@@ -739,7 +752,7 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
         fmt = Manifest.load(src_root).format
         cfg = StageConfig(dataset=config.dataset, format=fmt, source=src_root.parent,
                           dest=Path(dest), mode=mode, progress=progress,
-                          warm_source=warm_source)
+                          warm_source=warm_source, evict_cmd=evict_cmd)
         if config.warm_cache:
             raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
                               "once, which would warm the cache; drop one of them")

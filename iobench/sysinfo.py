@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 import shutil
@@ -23,27 +25,77 @@ FS_KINDS: dict[str, str] = {
     "ext4": "local", "ext3": "local", "xfs": "local", "btrfs": "local", "zfs": "local",
     "f2fs": "local", "tmpfs": "memory", "ramfs": "memory", "overlay": "overlay",
 }
+# FUSE clients of shared filesystems (`fuse.<subtype>` in the mount table): their data lives on
+# servers, whose caches a client cannot empty. Other FUSE mounts are `fuse` (unknown).
+FUSE_NETWORK: frozenset[str] = frozenset({
+    "glusterfs", "ceph-fuse", "ceph", "beegfs", "lizardfs", "mfs", "moosefs", "juicefs",
+    "sshfs", "s3fs", "gcsfuse", "rclone", "goofys", "blobfuse", "blobfuse2", "weka", "xtreemfs",
+    "cvmfs", "seaweedfs", "alluxio-fuse"})
+#: kinds whose data sits on servers other nodes share (server-side caches, network round trips)
+SHARED_KINDS: frozenset[str] = frozenset({"parallel", "network", "fuse-network"})
+
+# statfs(2) f_type magic numbers (linux/magic.h and the filesystems' own headers), named as
+# `stat -f` names them: FUSE mounts all say `fuseblk`/`fuse`, whatever their server is.
+STATFS_TYPES: dict[int, str] = {
+    0xEF53: "ext2/ext3/ext4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x2FC12FC1: "zfs",
+    0xF2F52010: "f2fs", 0x01021994: "tmpfs", 0x858458F6: "ramfs", 0x794C7630: "overlayfs",
+    0x65735546: "fuseblk", 0x65735543: "fusectl", 0x6969: "nfs", 0xFF534D42: "cifs",
+    0xFE534D42: "smb2", 0x0BD00BD0: "lustre", 0x47504653: "gpfs", 0x00C36400: "ceph",
+    0x19830326: "beegfs", 0x013111A8: "ibrix", 0x73717368: "squashfs", 0x9FA0: "proc",
+    0x62656572: "sysfs", 0xA501FCF5: "vxfs", 0x5346414F: "afs",
+    0x6B414653: "afs", 0x01161970: "gfs2", 0x7461636F: "ocfs2", 0x24051905: "ubifs",
+}
 
 
 @dataclass(frozen=True)
 class MountInfo:
-    """The mount that holds a path, as the kernel reports it."""
+    """The mount that holds a path, as the kernel reports it (mount table and statfs)."""
 
     path: str
     mount_point: str
-    fstype: str
+    fstype: str  # as the mount table names it: fuse.glusterfs, ext4, lustre ...
     source: str
     options: str  # per-mount and superblock options, like `findmnt -no OPTIONS`
-    kind: str  # parallel | network | local | memory | fuse | overlay | other
+    kind: str  # parallel | network | fuse-network | local | memory | fuse | overlay | other
     free_bytes: int
     total_bytes: int
+    statfs_type: str | None = None  # statfs(2) f_type by name (fuseblk for any FUSE), or hex
+    shared: bool | None = None  # data on servers other nodes share; None: cannot tell (FUSE)
 
 
 def fs_kind(fstype: str) -> str:
-    """Classify a filesystem type: parallel, network, local, memory, fuse, overlay or other."""
+    """Classify a filesystem type: parallel, network, fuse-network, local, memory, fuse (a FUSE
+    mount of unknown nature), overlay or other."""
+    if fstype.startswith("fuse.") and fstype[5:] in FUSE_NETWORK:
+        return "fuse-network"
     if fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk")):
         return "fuse"
     return FS_KINDS.get(fstype, "other")
+
+
+def is_shared(kind: str) -> bool | None:
+    """Whether a tier of this kind is shared between nodes; None when the kind cannot say."""
+    if kind in SHARED_KINDS:
+        return True
+    return None if kind in ("fuse", "other") else False
+
+
+class _Statfs(ctypes.Structure):
+    # struct statfs on 64-bit Linux: f_type first; the rest is only room for the kernel
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 160)]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def statfs_type(path: str | Path) -> str | None:
+    """The filesystem type statfs(2) reports for `path` (`fuseblk` for every FUSE mount),
+    or its magic number in hex when unnamed; None when statfs fails."""
+    buf = _Statfs()
+    if _libc.statfs(os.fsencode(str(path)), ctypes.byref(buf)) != 0:
+        return None
+    magic = buf.f_type & 0xFFFFFFFF
+    return STATFS_TYPES.get(magic, f"0x{magic:x}")
 
 
 def _unescape(s: str) -> str:
@@ -76,9 +128,11 @@ def mount_of(path: str | Path, mountinfo: str = "/proc/self/mountinfo") -> Mount
     super_opts = fields[sep + 3].split(",") if len(fields) > sep + 3 else []
     opts = mnt_opts + [o for o in super_opts if o not in mnt_opts and o not in ("rw", "ro")]
     usage = shutil.disk_usage(real)
+    kind = fs_kind(fstype)
     return MountInfo(path=real, mount_point=_unescape(fields[4]), fstype=fstype, source=source,
-                     options=",".join(opts), kind=fs_kind(fstype), free_bytes=usage.free,
-                     total_bytes=usage.total)
+                     options=",".join(opts), kind=kind, free_bytes=usage.free,
+                     total_bytes=usage.total, statfs_type=statfs_type(real),
+                     shared=is_shared(kind))
 
 
 def cpu_model() -> str:

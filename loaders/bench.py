@@ -81,6 +81,7 @@ class BenchReadConfig:
     device: str = "cpu"
     max_batches: int | None = None  # per epoch, to bound a run on a huge dataset
     repeat: int = 1  # cold repetitions of the whole grid, interleaved
+    evict_cmd: str | None = None  # the site's command emptying server caches, before each epoch
 
     def __post_init__(self) -> None:
         parse_dataset(self.dataset)
@@ -111,6 +112,10 @@ class BenchReadConfig:
         if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
             raise ConfigError(f"--repeat {self.repeat!r}: give the number of cold repetitions "
                               "of the grid, an integer >= 1 (5 as in MLPerf Storage)")
+        cache.parse_evict_cmd(self.evict_cmd)
+        if self.evict_cmd is not None and self.warm_cache:
+            raise ConfigError("--evict-cmd empties caches before cold epochs; --warm-cache "
+                              "asks for none: drop one of them")
 
     @property
     def root(self) -> Path:
@@ -166,7 +171,7 @@ def measure(make: Callable[[], Any], manifest: Manifest, cfg: BenchReadConfig,
             start()
         for e in range(cfg.epochs):
             ev = cache.evict_for_node(manifest, world, evict_pages=not cfg.warm_cache,
-                                      loud=False)
+                                      loud=False, evict_cmd=cfg.evict_cmd)
             world.barrier()
             io0 = procio.tree_io()
             r = _epoch_run(loader, e, cfg.max_batches)

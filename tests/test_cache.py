@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import mpiexec_path
-from iobench import cache, procio
+from iobench import cache, procio, sysinfo
+from iobench.errors import ConfigError
 from iobench.manifest import FileEntry, Manifest
 from iobench.world import World
 
@@ -333,3 +334,64 @@ def test_pages_a_live_mapping_holds_are_reported_not_hidden(tmp_path, capsys):
     assert rep.status == "warm" and rep.resident_fraction > 0.9
     assert "mapped" in rep.warning and "COLD CACHE FAILED" in capsys.readouterr().err
     assert cache.evict_for_node(m, World()).status == "cold"  # unmapped: evicted
+
+
+def _mount(fstype: str) -> sysinfo.MountInfo:
+    kind = sysinfo.fs_kind(fstype)
+    return sysinfo.MountInfo(path="/d", mount_point="/d", fstype=fstype, source="s", options="",
+                             kind=kind, free_bytes=0, total_bytes=0,
+                             shared=sysinfo.is_shared(kind))
+
+
+@pytest.mark.parametrize("fstype, kind, client, complete, site", [
+    ("ext4", "local", "fadvise", True, False),
+    ("xfs", "local", "fadvise", True, False),
+    ("tmpfs", "memory", "fadvise", True, False),
+    ("fuse.iobench-pfs", "fuse", "fadvise", True, False),  # its daemon drops its backing pages
+    ("fuse.glusterfs", "fuse-network", "fadvise", True, True),
+    ("fuse.ceph-fuse", "fuse-network", "fadvise", True, True),
+    ("fuse.something", "fuse", "fadvise", True, True),  # unknown FUSE: its daemon may cache
+    ("nfs4", "network", "fadvise", True, True),
+    ("ceph", "parallel", "fadvise", True, True),
+    ("gpfs", "parallel", "fadvise", False, True),  # the pagepool is not the page cache
+])
+def test_eviction_plan_per_filesystem(fstype, kind, client, complete, site):
+    plan = cache.eviction_plan(_mount(fstype))
+    assert (plan.kind, plan.client, plan.client_complete) == (kind, client, complete)
+    assert (plan.needs_site is not None) == site and plan.server_caches == site
+    if site:
+        assert fstype in plan.needs_site
+    assert cache.client_commands(plan) == []
+
+
+def test_lustre_plan_clears_the_lock_lru_as_root_with_lctl(monkeypatch, tmp_path):
+    lctl = tmp_path / "lctl"
+    lctl.write_text("#!/bin/sh\nexit 0\n")
+    lctl.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    plan = cache.eviction_plan(_mount("lustre"))
+    if os.geteuid() == 0:
+        assert plan.client == "fadvise+lctl"
+        assert cache.client_commands(plan) == [
+            ("lctl", "set_param", "-n", "ldlm.namespaces.*.lru_size=clear")]
+    else:
+        assert plan.client == "fadvise" and "needs root" in plan.needs_site
+    assert plan.server_caches and "lustre" in plan.needs_site  # the OSS caches remain
+
+
+def test_evict_cmd_runs_on_local_rank_0_and_is_recorded(tmp_path):
+    """On a local disk the epoch is cold with or without it; the command runs once per
+    eviction, sees the dataset root, and a failing one is one line naming it."""
+    from iobench.errors import StorageError
+
+    m = make_dataset(tmp_path / "d", [8192, 8192])
+    log = tmp_path / "log"
+    rep = cache.evict_for_node(m, World(), evict_cmd=f'echo "$IOBENCH_DATASET_ROOT" >> {log}')
+    assert rep.status == "cold" and rep.method == "evict-cmd+fadvise" and rep.reason is None
+    assert rep.evict_cmd["returncode"] == 0 and rep.evict_cmd["nodes"] == 1
+    assert log.read_text().split() == [str(m.root)]
+    assert rep.plan["fstype"] == rep.fstype and rep.plan["needs_site"] is None
+    with pytest.raises(StorageError, match=r"exit status 3: boom.*leave --evict-cmd out"):
+        cache.evict_for_node(m, World(), evict_cmd="echo boom >&2; exit 3")
+    with pytest.raises(ConfigError, match="empty"):
+        cache.evict_for_node(m, World(), evict_cmd="  ")

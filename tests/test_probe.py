@@ -22,7 +22,7 @@ NAMES = {"seq_write_1", "seq_write_2", "seq_read_1", "seq_read_2", "randread_4k_
 
 
 def _check_doc(doc: dict, engine: str, storage: Path) -> None:
-    assert doc["schema"] == "iobench.probe" and doc["schema_version"] == 1
+    assert doc["schema"] == "iobench.probe" and doc["schema_version"] == 2
     assert doc["engine"] == engine and doc["metadata_engine"] == "iobench"
     assert {t["name"] for t in doc["tests"]} == NAMES
     for t in doc["tests"]:
@@ -32,12 +32,31 @@ def _check_doc(doc: dict, engine: str, storage: Path) -> None:
         if t["op"] == "randread":
             assert t["bytes"] % t["bs_bytes"] == 0  # whole blocks, no short reads
     for key, value in doc["summary"].items():
+        if key.startswith("first_byte_ms"):
+            assert value is not None and value > 0, key
+            continue
         if key == "sample_reads":
             assert [r["sample_bytes"] for r in value] == [110_000]
             assert all(r["MBps"] > 0 and r["iops"] > 0 for r in value)
         else:
             assert value is not None and value > 0, key
     assert [m["threads"] for m in doc["metadata"]] == [1, 2]
+    for m in doc["metadata"]:  # every cold small file timed from open() to its first byte
+        fb = m["first_byte_ms"]
+        assert fb["n"] == m["files"] and 0 < fb["p50"] <= fb["p95"] <= fb["p99"], fb
+        for part in ("cold_open_ms", "cold_read_ms", "close_ms"):
+            assert m[part]["n"] == m["files"] and m[part]["p50"] > 0
+        assert m["cold_open_ms"]["mean"] + m["cold_read_ms"]["mean"] == pytest.approx(
+            fb["mean"])
+        assert m["open_stat_close_per_s"] > 0
+    assert doc["cache_status"] == "cold" and doc["cache_reason"] is None  # a local disk
+    assert doc["storage"]["shared"] is False and doc["storage"]["statfs_type"]
+    prof = doc["emulator_profile"]
+    s = doc["summary"]
+    assert prof["read_ms"] == pytest.approx(s["cold_read_ms_p50"], rel=1e-3)
+    assert prof["metadata_ms"] == pytest.approx(s["cold_open_ms_p50"] + s["close_ms_p50"],
+                                                rel=1e-3)
+    assert prof["bandwidth_MBps"] == pytest.approx(s["seq_read_MBps"], rel=1e-3)
     assert doc["storage"]["path"] == str(storage.resolve())
     assert not [p for p in storage.iterdir() if p.name.startswith(".iobench-probe")]
 
@@ -164,3 +183,63 @@ def test_read_only_tier_probed_through_its_backing_directory(tmp_path):
     assert all(t["bytes"] > 0 for t in doc["tests"])
     assert doc["summary"]["stat_per_s"] > 0 and doc["summary"]["open_read_close_per_s"] > 0
     assert os.listdir(backing) == []  # scratch removed
+
+
+def test_probe_writes_a_profile_the_emulator_replays(tmp_path, capsys):
+    """`probe` on a tier writes a profile; `emulate-pfs --profile FILE` mounts with its
+    figures; the site's --evict-cmd runs before every read test and metadata run."""
+    from iobench.errors import IobenchError
+    from iobench.pfs import control
+
+    storage, res = tmp_path / "tier", tmp_path / "res"
+    storage.mkdir()
+    log = tmp_path / "evictions"
+    assert cli("probe", "--storage", storage, *TINY, "--engine", "python", "--results", res,
+               "--evict-cmd", f"echo x >> {log}") == 0
+    doc = _only_result(res)
+    reads = [t for t in doc["tests"] if t["op"] != "write"]
+    assert len(log.read_text().split()) == len(reads) + len(doc["metadata"])
+    assert doc["evict_cmd"] == f"echo x >> {log}" and doc["cache_status"] == "cold"
+    (pfile,) = res.glob("pfs-profile-*.json")
+    assert str(pfile) in capsys.readouterr().out
+    pdoc = json.loads(pfile.read_text())
+    assert pdoc["schema"] == "iobench.pfs-profile" and pdoc["profile"] == doc["emulator_profile"]
+    assert pdoc["probe"]["storage"]["path"] == str(storage.resolve())
+
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    (backing / "f").write_bytes(b"y" * 5000)
+    try:
+        code = cli("emulate-pfs", "--backing", backing, "--mount", mnt, "--profile", pfile)
+    except IobenchError as e:
+        pytest.skip(f"cannot mount the emulated parallel filesystem here: {e}")
+    if code != 0:
+        pytest.skip("cannot mount the emulated parallel filesystem here")
+    try:
+        assert (mnt / "f").read_bytes() == b"y" * 5000
+        prof = control.status(mnt)["profile"]
+    finally:
+        control.unmount(mnt)
+    want = doc["emulator_profile"]
+    assert {k: prof[k] for k in ("metadata_ms", "read_ms", "bandwidth_MBps", "iops")} == {
+        k: want[k] for k in ("metadata_ms", "read_ms", "bandwidth_MBps", "iops")}
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "neither a profile name"),
+    ("{not json", "cannot read it as JSON"),
+    ('{"schema": "iobench.result"}', "not a profile"),
+    ('{"schema": "iobench.pfs-profile", "schema_version": 1, "profile": {"name": "x"}}',
+     "needs at least"),
+    ('{"schema": "iobench.pfs-profile", "schema_version": 1, "profile": '
+     '{"name": "x", "imitates": "y", "read_ms": -1}}', "read_ms"),
+])
+def test_bad_profile_file_is_one_line(tmp_path, capsys, content, needle):
+    path = tmp_path / "p.json"
+    if content is not None:
+        path.write_text(content)
+    code = cli("emulate-pfs", "--backing", tmp_path, "--mount", tmp_path / "m", "--profile",
+               path)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "m").exists()

@@ -62,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="cold repetitions of the whole grid, interleaved (default 1); rows "
                         "then show median [min-max] and n.s. for ratios not different from 1")
+    p.add_argument("--evict-cmd", default=None, metavar="CMD",
+                   help="shell command that empties what no client can (a shared filesystem's "
+                        "server caches), run by each node's local rank 0 before every cold "
+                        "epoch; without it, epochs on a shared tier are unverified, not cold")
     p.add_argument("--no-dd", action="store_true", help="skip the dd direct-I/O reference")
     p.add_argument("--dd-max-files", type=int, default=64, metavar="N",
                    help="data files dd reads (a random subset when there are more)")
@@ -94,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
         decode=not args.no_decode, warm_cache=args.warm_cache, block_size=args.block_size,
         shuffle_window=args.shuffle_window, seed=args.seed, naive=not args.no_naive,
         dd=not args.no_dd, dd_max_files=args.dd_max_files, device=args.device,
-        max_batches=args.max_batches, repeat=args.repeat)
+        max_batches=args.max_batches, repeat=args.repeat, evict_cmd=args.evict_cmd)
     world = get_world()
     verbose = world.rank == 0
 

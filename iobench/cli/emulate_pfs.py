@@ -7,6 +7,8 @@ bandwidth cap and an optional IOPS cap, with figures from a named profile
 machines without Lustre/GPFS, not a real parallel filesystem.
 
   iobench emulate-pfs --backing DIR --mount MNT [--profile lustre-light]
+  iobench emulate-pfs --backing DIR --mount MNT --profile pfs-profile-....json
+                                        replay a site's tier from its `iobench probe`
   iobench emulate-pfs --status MNT      counters and what limited the reads
   iobench emulate-pfs --unmount MNT     unmount, stop the daemon, print final counters
   iobench emulate-pfs --check           is FUSE usable here? (exit 0 or 1, one line)
@@ -21,7 +23,7 @@ from typing import Any
 
 from iobench.errors import ConfigError
 from iobench.pfs import control
-from iobench.pfs.profiles import PROFILES, parse_ms, parse_positive
+from iobench.pfs.profiles import PROFILES, load_profile, parse_ms, parse_positive
 from iobench.pfs.stats import NOTE, STATS_NAME, assess
 
 
@@ -37,8 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     action.add_argument("--check", action="store_true", help="say in one line whether FUSE is "
                         "usable here (exit 0) or why not (exit 1); for scripts")
     p.add_argument("--backing", metavar="DIR", help="local directory to serve (read-only)")
-    p.add_argument("--profile", default="lustre-light", choices=sorted(PROFILES),
-                   help="cost profile (default: lustre-light)")
+    p.add_argument("--profile", default="lustre-light", metavar="NAME|FILE",
+                   help=f"cost profile: one of {', '.join(sorted(PROFILES))} (default: "
+                        "lustre-light), or a profile file written by `iobench probe` on a real "
+                        "tier (pfs-profile-*.json, or the probe-*.json result itself)")
     p.add_argument("--open-latency", metavar="MS", help="override: metadata round trip per "
                    "file open/stat and per directory listing, in milliseconds")
     p.add_argument("--read-latency", metavar="MS", help="override: latency per read request "
@@ -108,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--kernel-cache and --no-client-cache contradict each other; "
                           "choose one")
     config = control.build_config(
-        args.backing, args.mount, args.profile,
+        args.backing, args.mount, load_profile(args.profile),
         open_latency_ms=_opt(args.open_latency, "--open-latency", parse_ms),
         read_latency_ms=_opt(args.read_latency, "--read-latency", parse_ms),
         bandwidth_MBps=_opt(args.bandwidth, "--bandwidth", parse_positive),

@@ -4,13 +4,16 @@ dataset's sample size, 1 and several readers), sequential write bandwidth, metad
 Uses fio (JSON output) when installed, iobench's own measurement otherwise
 (`--engine python`, or IOBENCH_PROBE_ENGINE=python); the result says which.
 The default run takes about 20-30 s; --size and --runtime make it longer.
-Writes an `iobench.probe` result into --results for `iobench report`.
+Writes an `iobench.probe` result into --results for `iobench report`, and a
+profile of the tier for `iobench emulate-pfs --profile FILE` beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 from iobench.datasets import DATASETS
 from iobench.errors import ConfigError
@@ -45,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a writable directory that appears as --storage (the backing "
                         "directory of a read-only mount such as `iobench emulate-pfs`): "
                         "scratch files are written there and read through --storage")
+    p.add_argument("--evict-cmd", default=None, metavar="CMD",
+                   help="shell command that empties what no client can (a shared "
+                        "filesystem's server caches), run before every read test; without it "
+                        "the figures of a shared tier are marked unverified")
+    p.add_argument("--profile-out", default=None, metavar="FILE",
+                   help="where to write the emulated-tier profile (default: "
+                        "pfs-profile-<time>-<host>.json in --results)")
     p.add_argument("--label", default=None,
                    help="the tier's name in reports (default: its kind and filesystem)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
@@ -66,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
                        runtime_s=args.runtime, sample_bytes=sample,
                        metadata_files=args.metadata_files, engine=args.engine,
                        direct=False if args.buffered else None, label=args.label,
-                       write_via=args.write_via)
+                       write_via=args.write_via, evict_cmd=args.evict_cmd)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -79,6 +89,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     doc = probe_storage(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
     path = write_result(doc, args.results, "probe")
+    profile = _write_profile(doc, args.results, args.profile_out)
     s = doc["summary"]
     for w in doc["warnings"]:
         print(f"iobench: WARNING: {w}", file=sys.stderr)
@@ -87,6 +98,31 @@ def main(args: argparse.Namespace) -> int:
           f"seq read {s['seq_read_MBps']:.1f} MB/s, seq write {s['seq_write_MBps']:.1f} MB/s, "
           f"4 KiB random {s['rand4k_read_iops']:.0f} IOPS, {s['sample_bytes']}-byte random "
           f"{s['sample_read_MBps']:.1f} MB/s, {s['create_per_s']:.0f} creates/s, "
-          f"{s['stat_per_s']:.0f} stats/s, {s['open_read_close_per_s']:.0f} open+read+close/s; "
-          f"result {path}")
+          f"{s['stat_per_s']:.0f} stats/s, {s['open_stat_close_per_s']:.0f} open+stat+close/s, "
+          f"{s['open_read_close_per_s']:.0f} open+read+close/s, first byte "
+          f"{_ms(s['first_byte_ms_p50'])} ms (p50), {_ms(s['first_byte_ms_p99'])} ms (p99); "
+          f"cache {doc['cache_status']}; result {path}")
+    print(f"emulated-tier profile {profile} (replay it: iobench emulate-pfs --backing DIR "
+          f"--mount MNT --profile {profile})")
     return 0
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _write_profile(doc: dict[str, Any], results: str, out: str | None) -> Path:
+    """Write the tier's emulated profile: to `out`, else a new name in `results`."""
+    from iobench.jsonio import write_json_atomic
+    from iobench.pfs.profiles import Profile, profile_document
+    from iobench.stage import write_result
+
+    pdoc = profile_document(Profile.from_dict(doc["emulator_profile"]), doc)
+    if out is not None:
+        if not Path(out).parent.is_dir():
+            from iobench.errors import StorageError
+
+            raise StorageError(f"--profile-out {out}: its directory does not exist; create it "
+                               "or give another path")
+        return Path(write_json_atomic(out, pdoc))
+    return write_result(pdoc, results, "pfs-profile")

@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-source", action="store_true",
                    help="do not evict the source from the page cache first (the copy may then "
                         "read memory; the result says so)")
+    p.add_argument("--evict-cmd", default=None, metavar="CMD",
+                   help="shell command that empties what no client can (the source's server "
+                        "caches, a remount), run by each node's local rank 0 before each copy; "
+                        "without it a source on a shared tier is unverified, not cold")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="N full copies, each from a cold source into a destination emptied of "
                         "the previous one's files; reports median [min-max] (default 1; a "
@@ -63,7 +67,8 @@ def config_from_args(args: argparse.Namespace) -> StageConfig:
                        buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
                        verify_existing=not args.trust_existing, fsync=not args.no_fsync,
                        progress=not args.no_progress and sys.stderr.isatty(),
-                       warm_source=args.warm_source, repeat=args.repeat)
+                       warm_source=args.warm_source, repeat=args.repeat,
+                       evict_cmd=args.evict_cmd)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -132,4 +137,8 @@ def _source(doc: dict[str, Any]) -> str:
         return f"source WARM (--warm-source: not evicted, {res} at start)"
     if sc["status"] == "warm":
         return f"source NOT COLD: eviction failed, {res} at start"
-    return f"source cold (evicted, {res} at start)"
+    if sc["status"] == "unverified":
+        return (f"source cache UNVERIFIED ({sc['fstype']}: server caches not emptied, give "
+                f"--evict-cmd; {res} on the client at start)")
+    how = " with --evict-cmd" if sc.get("evict_cmd") else ""
+    return f"source cold (evicted{how}, {res} at start)"

@@ -83,6 +83,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--au-threshold", type=float, default=0.90, metavar="FRACTION",
                    help="the verdict: accelerator utilisation at or above this keeps up "
                         "(default 0.90, MLPerf Storage's)")
+    p.add_argument("--evict-cmd", default=None, metavar="CMD",
+                   help="shell command that empties what no client can (a shared filesystem's "
+                        "server caches, a remount), run by each node's local rank 0 before "
+                        "every cold epoch and before a --stage-to copy; without it, epochs on "
+                        "a shared tier are marked unverified, not cold")
     p.add_argument("--stage-to", default=None, metavar="DIR2",
                    help="stage the dataset to DIR2 first (iobench stage), then train from the "
                         "copy; the result records staging and training together")
@@ -107,7 +112,7 @@ def build_config(args: argparse.Namespace) -> Any:
                        channels_last=args.channels_last, timeout_s=args.timeout,
                        results=args.results, repeat=args.repeat,
                        step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
-                       au_threshold=args.au_threshold)
+                       au_threshold=args.au_threshold, evict_cmd=args.evict_cmd)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -182,7 +187,9 @@ def _main(args: argparse.Namespace, world: Any) -> int:
 
             config, staging = stage_for_training(config, args.stage_to, args.stage_mode, world,
                                                  progress=world.is_root and sys.stderr.isatty(),
-                                                 warm_source=args.warm_source)
+                                                 warm_source=args.warm_source,
+                                                 evict_cmd=None if args.warm_source
+                                                 else config.evict_cmd)
         scope = staging["shuffle_scope"] if staging else "global"
         out = _Output(world, config)
         counters, tier = _emulated_tier(config)

@@ -20,12 +20,18 @@ The model (see `iobench/pfs/_daemon.py`):
 - `bandwidth_MBps`: the client's share of the servers' bandwidth, a token
   bucket shared by every reader of the mount (MB = 10^6 bytes).
 - `iops`: optional cap on read requests per second across the mount.
+
+A site's own tier becomes a profile through `iobench probe` (which writes a
+profile file, `profile_from_probe`), and `iobench emulate-pfs --profile FILE`
+replays it (`load_profile`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from iobench.errors import ConfigError
@@ -87,7 +93,11 @@ class Profile:
             raise ConfigError(f"unknown profile keys {unknown}; expected some of {sorted(known)}")
         d = dict(d)
         d["sources"] = tuple(d.get("sources", ()))
-        return cls(**d)
+        try:
+            return cls(**d)
+        except TypeError as e:  # a required key missing
+            raise ConfigError(f"profile {d.get('name')!r}: {e}; a profile needs at least "
+                              "'name' and 'imitates'") from None
 
     def describe(self) -> str:
         """One line: the figures, and that this is an emulation."""
@@ -180,3 +190,100 @@ def get_profile(name: str) -> Profile:
         raise ConfigError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)} "
                           "or give --open-latency/--read-latency/--bandwidth with "
                           "--profile passthrough") from None
+
+
+# ----------------------------------------------------------- a site's tier, from its probe
+
+PROFILE_SCHEMA = "iobench.pfs-profile"
+PROFILE_SCHEMA_VERSION = 1
+
+
+def profile_from_probe(doc: dict[str, Any]) -> Profile:
+    """The emulated-tier profile that imitates a probed tier (an `iobench.probe` v2 document).
+
+    - `metadata_ms`: what a file's open and close cost (a cold name lookup
+      and the open, plus the close: median over cold small files, one thread);
+      the emulator charges it once per open;
+    - `read_ms`: one read request's latency: the first read of a cold small
+      file (median, one thread), a buffered read as loaders issue them;
+    - `bandwidth_MBps`: the best sequential read over reader counts;
+    - no IOPS cap: concurrent readers overlap their latencies, as on the tier.
+    The emulator adds its own FUSE round trips (tens of microseconds) on top.
+    """
+    try:
+        s, st = doc["summary"], doc["storage"]
+    except (KeyError, TypeError):
+        raise ConfigError("not an iobench probe result (no summary/storage); give a file "
+                          "written by `iobench probe`") from None
+    need = ("cold_open_ms_p50", "close_ms_p50", "cold_read_ms_p50", "seq_read_MBps")
+    if any(s.get(k) is None for k in need) or not s["seq_read_MBps"]:
+        raise ConfigError(f"probe result of {st.get('path')} lacks the figures a profile needs "
+                          f"({', '.join(f'{k}={s.get(k)}' for k in need)}); probe the tier "
+                          "again with this iobench")
+    opened, closed, read_ms, bw = (s[k] for k in need)
+    metadata_ms = opened + closed
+    where = f"{st.get('fstype')} {st.get('source')} at {st.get('path')}"
+    host = (doc.get("provenance") or {}).get("host", "?")
+    label = doc.get("label") or st.get("fstype")
+    sources = [
+        f"iobench probe of {where} on {host}, {doc.get('created')} (engine {doc.get('engine')}"
+        f", {'O_DIRECT' if doc.get('direct') else 'buffered, evicted'}, cache "
+        f"{doc.get('cache_status', 'unknown')})",
+        f"metadata {metadata_ms:.3f} ms = cold open {opened:.3f} ms + close {closed:.3f} ms "
+        "(medians over cold small files, one thread)",
+        f"read request {read_ms:.3f} ms = first read of a cold small file (median, one "
+        "thread)",
+        f"bandwidth {bw:.0f} MB/s = best sequential read over {s.get('readers_max')} reader(s)",
+    ]
+    if bw > DAEMON_CEILING_MBPS:
+        sources.append(f"above the emulator's ceiling (~{DAEMON_CEILING_MBPS:g} MB/s, a Python "
+                       "FUSE daemon on 2 cores): the daemon, not the profile, will limit reads")
+    return Profile(name=f"probe:{label}", imitates=f"the probed tier {where}",
+                   metadata_ms=_sig(metadata_ms), read_ms=_sig(read_ms),
+                   bandwidth_MBps=_sig(bw), iops=None, sources=tuple(sources))
+
+
+def _sig(x: float) -> float:
+    """Six significant digits: a readable file that loses nothing a profile can use."""
+    return float(f"{x:.6g}")
+
+
+def profile_document(profile: Profile, probe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The profile file `iobench probe` writes (`iobench.pfs-profile` v1)."""
+    doc: dict[str, Any] = {"schema": PROFILE_SCHEMA, "schema_version": PROFILE_SCHEMA_VERSION,
+                           "kind": "pfs-profile", "profile": profile.to_dict()}
+    if probe is not None:
+        doc["probe"] = {"label": probe.get("label"), "created": probe.get("created"),
+                        "storage": probe.get("storage"), "summary": probe.get("summary"),
+                        "cache_status": probe.get("cache_status")}
+    return doc
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (`PROFILES`), or from a file: a profile file written by `iobench
+    probe`, or a probe result itself; a one-line ConfigError otherwise."""
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(f"--profile {name_or_path!r} is neither a profile name "
+                          f"({', '.join(sorted(PROFILES))}) nor a file; give a profile file "
+                          "written by `iobench probe`")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--profile {path}: cannot read it as JSON ({e}); give a profile "
+                          "file written by `iobench probe`") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema == PROFILE_SCHEMA:
+        if doc.get("schema_version") != PROFILE_SCHEMA_VERSION:
+            raise ConfigError(f"--profile {path}: {schema} v{doc.get('schema_version')}, this "
+                              f"iobench reads v{PROFILE_SCHEMA_VERSION}")
+        if not isinstance(doc.get("profile"), dict):
+            raise ConfigError(f"--profile {path}: no 'profile' object in it")
+        return Profile.from_dict(doc["profile"])
+    if schema == "iobench.probe":
+        return profile_from_probe(doc)
+    raise ConfigError(f"--profile {path} is a {schema or 'non-iobench'} document, not a "
+                      "profile; give the pfs-profile-*.json file `iobench probe` wrote (or "
+                      "its probe-*.json result)")
