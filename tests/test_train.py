@@ -105,7 +105,10 @@ def _assert_shadow(doc: dict, made: Factory) -> None:
     shadow = made.shadows[-1]
     for ep in doc["epochs"]:
         r, e = ep["ranks"][0], ep["epoch"]
-        assert abs(r["stall_s"] - shadow.stall_s(e)) <= 0.02 * shadow.stall_s(e) + 1e-3, (e, r)
+        # within 2 %, give or take the loop's own few microseconds per step between the
+        # batch arriving and being usable (a busy machine may deschedule it there)
+        slack = 0.02 * shadow.stall_s(e) + 5e-4 * r["steps"]
+        assert abs(r["stall_s"] - shadow.stall_s(e)) <= slack, (e, r)
         if shadow.calls[e][-1][1] is None:  # (with --max-steps the loop never asks past
             # its last step, so the shadow clock does not see the epoch's end)
             assert abs(r["wall_s"] - shadow.wall_s(e)) <= 0.02 * shadow.wall_s(e), (e, r)
