@@ -521,7 +521,7 @@ def test_cli_mount_status_unmount(fuse_usable: None, tmp_path: Path, capsys,
     (["--mount", "/m", "--backing", "/b", "--bandwidth", "fast"], "is not a number"),
     (["--mount", "/m", "--backing", "/b", "--read-latency", "-1"], "between 0 and 60000"),
     (["--mount", "/m", "--backing", "/b", "--iops", "nan"], "--iops='nan' must be"),
-    (["--mount", "/m", "--backing", "/b", "--profile", "lustre-huge"], "invalid choice"),
+    (["--mount", "/m", "--backing", "/b", "--profile", "lustre-huge"], "neither a profile name"),
     (["--mount", "/m", "--backing", "/b", "--direct-io", "--kernel-cache"], "contradict"),
     (["--mount", "/m", "--backing", "/b", "--kernel-cache", "--no-client-cache"], "contradict"),
 ])

@@ -76,6 +76,7 @@ vol_exists() { g volume info "$VOL" >/dev/null 2>&1; }
 vol_field() { g volume info "$VOL" 2>/dev/null | sed -n "s/^$1: //p" | head -1; }
 bricks_of_vol() { g volume info "$VOL" 2>/dev/null | sed -n 's/^Brick[0-9]*: [^:]*://p'; }
 bricks_offline() { g volume status "$VOL" detail 2>/dev/null | grep -c '^Online *: N'; }
+bricks_ok() { [ "$(bricks_offline)" = 0 ] && [ "$(brick_pids | wc -l)" = ${#BRICKS[@]} ]; }
 
 create_volume() {
   local b spec=()
@@ -107,10 +108,21 @@ ensure_volume() {
   fi
   if [ "$(vol_field Status)" != Started ]; then
     g volume start "$VOL" >&2 || die "gluster volume start $VOL failed"
-  elif [ "$(bricks_offline)" != 0 ]; then
-    say "restarting offline bricks of $VOL"
-    g volume start "$VOL" force >&2 || die "gluster volume start $VOL force failed"
   fi
+  # a brick killed a moment ago can still read as online in glusterd (its process being
+  # gone is enough), and glusterd skips a brick whose stale pid file it takes for a running
+  # one: remove those, start with force, and try again while glusterd catches up
+  local attempt _t pf
+  for attempt in 1 2 3 4; do
+    bricks_ok && break
+    say "restarting offline bricks of $VOL"
+    for pf in /var/run/gluster/vols/"$VOL"/*.pid; do
+      [ -f "$pf" ] && ! kill -0 "$(cat "$pf" 2>/dev/null)" 2>/dev/null && rm -f "$pf"
+    done
+    g volume start "$VOL" force >/dev/null || die "gluster volume start $VOL force failed"
+    for _t in $(seq 15); do bricks_ok && break; sleep 0.2; done
+  done
+  bricks_ok || die "bricks of $VOL still offline after 4 starts (see: gluster volume status $VOL detail)"
   local o
   for o in "${OFF_OPTIONS[@]}"; do
     if [ "$(g volume get "$VOL" "$o" 2>/dev/null | awk -v o="$o" '$1 == o {print $2}')" != off ]; then
