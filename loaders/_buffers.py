@@ -87,7 +87,8 @@ class LocalPool:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
 
 
-FREE = 0
+FREE = 0  # slot flags: FREE, HELD (the consumer received it), or the tag of the pass
+HELD = -1  # whose worker lent it (sent, not yet received)
 
 
 class Lease:
@@ -114,8 +115,11 @@ class SharedSlots:
 
     Built in the consumer's process before the workers start; travels to each
     worker with the dataset object (inherited over fork, or pickled as
-    shared memory). `flags[s]` is FREE or the tag of the pass that lent slot
-    s. The consumer maps each slot buffer once: a worker sends the buffer
+    shared memory). `flags[s]` is FREE, HELD, or the tag of the pass (a number
+    that grows with every pass over the data) whose worker lent slot s. A slot
+    lent by an earlier pass and never received is free again: the DataLoader
+    drops a pass's undelivered batches when the next pass starts (an epoch
+    left early). The consumer maps each slot buffer once: a worker sends the buffer
     itself only while `known[s]` (the generation the consumer has mapped)
     differs from the buffer's, and otherwise just its `Lease`, so a batch
     costs no file-descriptor passing (a round trip to the worker, which waits
@@ -145,7 +149,8 @@ class SharedSlots:
         fresh buffer, not pooled (every slot is lent)."""
         flags = self.flags.numpy()
         first = worker * self.per_worker
-        free = [s for s in range(first, first + self.per_worker) if flags[s] == FREE]
+        free = [s for s in range(first, first + self.per_worker)
+                if flags[s] == FREE or 0 < flags[s] < tag]
         if not free:
             self.fresh += 1
             return -1, 0, torch.empty(nbytes, dtype=torch.uint8)
@@ -184,6 +189,7 @@ class SharedSlots:
             raise RuntimeError(f"loader slot {lease.slot} generation {lease.gen} was never "
                                f"mapped (have {gen}): internal buffer protocol error")
         self._lent.add(lease.slot)
+        self.flags[lease.slot] = HELD
         return _typed(buf, lease.shape, np.dtype(lease.dtype))
 
     def release(self) -> None:
@@ -207,14 +213,6 @@ class SharedSlots:
         entry = self._mapped.pop(slot, None)
         if entry is not None and self.pin:
             _unregister(entry[1])
-
-    def reset(self, tag: int) -> None:
-        """After a new pass started (the DataLoader drained the old one): slots lent under an
-        older tag that the consumer never received (prefetched, then discarded) are free."""
-        flags = self.flags.numpy()
-        for s in range(len(flags)):
-            if flags[s] != FREE and flags[s] != tag and s not in self._lent:
-                flags[s] = FREE
 
     def close(self) -> None:
         for s in list(self._mapped):

@@ -292,25 +292,25 @@ class TorchLoader(Loader):
         self.sampler.tag += 1
         if self._dl is None or not c.persistent_workers:
             slots.new_workers()
-        started = False
-        for item in self._iterate():
-            if not started:
-                # the DataLoader has drained the last pass: its unreceived slots are free
-                slots.reset(self.sampler.tag)
-                started = True
-            if isinstance(item, Delivery):
-                x = item.samples
-                samples = slots.receive(x) if isinstance(x, Lease) else x
-                off = None if item.offsets is None else torch.from_numpy(item.offsets)
-                b = Batch(samples, torch.from_numpy(item.labels),
-                          torch.from_numpy(item.indices), item.payload_bytes, off, item.finish)
-                del samples, x
-            else:
-                b = unwrap(item)
-            del item
-            yield b
-            del b
-            slots.release()  # the consumer asks for the next batch: take back what it dropped
+        slots.release()  # what the consumer dropped since the last epoch (left early)
+        try:
+            for item in self._iterate():
+                if isinstance(item, Delivery):
+                    x = item.samples
+                    samples = slots.receive(x) if isinstance(x, Lease) else x
+                    off = None if item.offsets is None else torch.from_numpy(item.offsets)
+                    b = Batch(samples, torch.from_numpy(item.labels),
+                              torch.from_numpy(item.indices), item.payload_bytes, off,
+                              item.finish)
+                    del samples, x
+                else:
+                    b = unwrap(item)
+                del item
+                yield b
+                del b
+                slots.release()  # the consumer asks for the next batch: take back the dropped
+        finally:
+            slots.release()
 
     def close(self) -> None:
         if self._pool is not None:
