@@ -68,7 +68,8 @@ def train(storage: str, dataset: str, extra: list[str], pythonpath: str | None =
         cmd = [sys.executable, "-m", "iobench", "train", "--loader", "hdf5", "--dataset",
                dataset, "--model", "none", "--storage", storage, "--epochs", str(epochs),
                "--results", res, *extra]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=res)  # not a
+        # checkout: python -m puts the working directory first on sys.path
         if p.returncode != 0:
             raise SystemExit(f"failed: {' '.join(cmd)}\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
         doc = json.loads(Path(glob.glob(f"{res}/*.json")[0]).read_text())
