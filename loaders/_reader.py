@@ -67,6 +67,30 @@ def willneed(fd: int, ranges: list[tuple[int, int]]) -> None:
             os.posix_fadvise(fd, off, length, os.POSIX_FADV_WILLNEED)
 
 
+_IOV_MAX = 512  # buffers per preadv call (Linux allows 1024)
+
+
+def preadv_into(fd: int, views: list[memoryview], offset: int) -> None:
+    """Fill each writable buffer in turn from `fd` at `offset` on (scatter read), whole.
+
+    OSError(EIO) when the file ends first (a truncated file).
+    """
+    for s in range(0, len(views), _IOV_MAX):
+        bufs = [v.cast("B") for v in views[s:s + _IOV_MAX]]
+        want = sum(len(b) for b in bufs)
+        while want:
+            got = os.preadv(fd, bufs, offset)
+            if got == 0:
+                raise OSError(5, f"file ends at {offset}, {want} bytes short")
+            offset += got
+            want -= got
+            while bufs and got >= len(bufs[0]):  # drop the filled buffers
+                got -= len(bufs[0])
+                bufs.pop(0)
+            if got:
+                bufs[0] = bufs[0][got:]
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _MADV_WILLNEED, _MADV_DONTNEED = 3, 4
 _madvise: Any = None

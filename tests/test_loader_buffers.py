@@ -269,3 +269,26 @@ def test_pinned_worker_buffers_on_a_gpu_machine(cifar):
             assert torch.equal(g.cpu(), b.samples)
             kept.append(b)
         _check(kept)
+
+
+def test_preadv_into_scatters_whole_buffers_and_names_a_short_file(tmp_path):
+    """HDF5's contiguous samples are read with one scatter read per run of samples: every
+    buffer is filled whole, in order; a file that ends early is an error, not zeros."""
+    import os
+
+    from iobench.loaders._reader import preadv_into
+
+    data = np.random.default_rng(1).integers(0, 256, 10_000, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        bufs = [np.empty(n, dtype=np.uint8) for n in (1, 700, 4096, 3)]
+        preadv_into(fd, [memoryview(b) for b in bufs], 100)
+        assert np.array_equal(np.concatenate(bufs), data[100:100 + 4800])
+        many = [np.empty(7, dtype=np.uint8) for _ in range(1300)]  # more than IOV_MAX
+        preadv_into(fd, [memoryview(b) for b in many], 0)
+        assert np.array_equal(np.concatenate(many), data[:9100])
+        with pytest.raises(OSError, match="short"):
+            preadv_into(fd, [memoryview(np.empty(200, dtype=np.uint8))], 9900)
+    finally:
+        os.close(fd)
