@@ -36,6 +36,9 @@ class DatasetSpec:
     default_samples_per_file: int
     files_extension: str  # extension of one sample in the `files` format
     imitates: str
+    # samples per step per rank when none is given: fits `default_samples` with >= 10
+    # steps per epoch (cosmoflow: 1, as MLPerf HPC CosmoFlow and DLIO's workloads)
+    default_batch_size: int = 64
 
     @property
     def sample_nbytes(self) -> int | None:
@@ -70,6 +73,7 @@ DATASETS: dict[str, DatasetSpec] = {
             default_samples=32, full_samples=524_288, default_samples_per_file=16,
             files_extension=".npy",
             imitates="MLPerf HPC CosmoFlow: 128^3 x 4 redshift dark-matter volumes, 4 parameters",
+            default_batch_size=1,
         ),
     )
 }

@@ -299,9 +299,12 @@ def device_warnings(d: dict[str, Any], compute_kind: str) -> list[str]:
 
 
 def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's samples as delivered (compact: the stored int16, cropped uint8) and its
+    labels, on `device`; the conversion to the model's floats (`batch.finish`) is the
+    step's first operation, on the device, as production pipelines do it."""
     if device.type != "cuda":
         return batch.samples, batch.labels
-    x = batch.samples.to(device, non_blocking=True)
+    x = batch.samples.to(device, non_blocking=True)  # from pinned memory: DMA
     y = batch.labels.to(device, non_blocking=True)
     torch.cuda.synchronize(device)  # the copy is usable (its non-overlapped part is wait)
     return x, y
@@ -459,13 +462,20 @@ class _Compute:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, t_ready: int) -> int | None:
-        """Run one step on a usable batch; return its end time when emulated (else None)."""
+    def step(self, x: torch.Tensor, y: torch.Tensor, t_ready: int,
+             finish: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int | None:
+        """Run one step on a usable batch; return its end time when emulated (else None).
+
+        `finish` (the batch's conversion to floats: log1p table, normalisation) runs
+        first, on the device, inside the step's compute time.
+        """
         if self.kind == "emulated":
             return emulate_compute(self.config.compute_time_s or 0.0, t_ready)
         if self.kind != "model":
             return None
-        if not x.is_floating_point():
+        if finish is not None:
+            x = finish(x)
+        elif not x.is_floating_point():
             x = x.float()
         if self.config.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -618,7 +628,7 @@ class _Run:
                     last_live = t_ready
                 self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
                 _maybe_fault(self.fault, world.rank, epoch, step)
-                end = compute.step(x, y, t_ready)
+                end = compute.step(x, y, t_ready, batch.finish)
                 clock.compute_done(len(batch.indices), batch.payload_bytes, end)
                 step += 1
                 if batch.timing is not None:

@@ -1,10 +1,16 @@
 """CPU preprocessing per dataset, per batch, with randomness a pure function of (seed, epoch, index).
 
 - imagenet: JPEG decode (simplejpeg/libjpeg-turbo, PIL fallback), random-resized
-  crop to 224 (scale 0.08-1, ratio 3/4-4/3, torchvision's 10-try rule), flip,
-  normalise -> float32 [B, 3, 224, 224].
-- cifar10: zero-pad 4, random 32x32 crop, flip, normalise -> float32 [B, 3, 32, 32].
-- cosmoflow: log1p, float32, channels first -> float32 [B, 4, 128, 128, 128].
+  crop to 224 (scale 0.08-1, ratio 3/4-4/3, torchvision's 10-try rule), flip
+  -> uint8 [B, 224, 224, 3]; then normalise -> float32 [B, 3, 224, 224].
+- cifar10: zero-pad 4, random 32x32 crop, flip -> uint8 [B, 3, 32, 32]; then
+  normalise -> float32 [B, 3, 32, 32].
+- cosmoflow: the stored int16 [B, 128, 128, 128, 4]; then log1p (by table,
+  bit-identical to numpy's), float32, channels first -> float32 [B, 4, 128, 128, 128].
+
+The "then" steps are the batch's `Finish` (loaders/base.py): with
+`convert="device"` (the default) they run where the batch is consumed, so
+the compact form crosses processes; with `convert="loader"` here.
 
 The augmentation parameters of sample i in epoch e come from a counter-based
 hash of (seed, e, i), so every loader, worker count and worker type produces
@@ -21,8 +27,8 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from iobench.errors import DatasetError
-from iobench.loaders._reader import RawBatch
-from iobench.loaders.base import Batch
+from iobench.loaders._reader import Alloc, RawBatch
+from iobench.loaders.base import Batch, Finish
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -30,7 +36,11 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 CROP = 224
 CIFAR_PAD = 4
-
+FINISH: dict[str, Finish] = {
+    "imagenet": Finish("normalise", channels_last=True, mean=IMAGENET_MEAN, std=IMAGENET_STD),
+    "cifar10": Finish("normalise", mean=CIFAR_MEAN, std=CIFAR_STD),
+    "cosmoflow": Finish("log1p", channels_last=True),
+}
 
 
 class DecodeError(DatasetError):
@@ -68,41 +78,21 @@ def cifar_params(seed: int, epoch: int, indices: np.ndarray) -> tuple[np.ndarray
     return oy, ox, flip
 
 
-def _normalise_chw(chw: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]
-                   ) -> torch.Tensor:
-    """uint8 [B, C, H, W] (any strides) -> float32 [B, C, H, W], (x / 255 - mean) / std.
-
-    numpy, single-threaded: torch's intra-op thread pool costs more than it
-    gains on batch-sized tensors and competes with the loader's own workers.
-    """
-    c = chw.shape[1]
-    scale = np.array([1.0 / (255.0 * s) for s in std], dtype=np.float32).reshape(1, c, 1, 1)
-    shift = np.array([m / s for m, s in zip(mean, std, strict=True)],
-                     dtype=np.float32).reshape(1, c, 1, 1)
-    out = np.multiply(chw, scale, dtype=np.float32)
-    out -= shift
-    return torch.from_numpy(out)
-
-
-def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int) -> torch.Tensor:
-    """Pad-4-and-crop, flip, normalise a uint8 [B, 32, 32, 3] batch -> float32 [B, 3, 32, 32]."""
+def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int,
+            out: np.ndarray | None = None) -> np.ndarray:
+    """Pad-4-and-crop and flip a uint8 [B, 32, 32, 3] batch -> uint8 [B, 3, 32, 32] (into `out`)."""
     b, h, w, c = samples.shape
     p = CIFAR_PAD
     padded = np.zeros((b, c, h + 2 * p, w + 2 * p), dtype=samples.dtype)
     padded[:, :, p:p + h, p:p + w] = samples.transpose(0, 3, 1, 2)
     oy, ox, flip = cifar_params(seed, epoch, indices)
     windows = sliding_window_view(padded, (h, w), axis=(2, 3))  # [B, C, 2p+1, 2p+1, h, w]
-    crops = windows[np.arange(b), :, oy, ox]  # one gather for the batch: [B, C, h, w]
+    if out is None:
+        out = np.empty((b, c, h, w), dtype=samples.dtype)
+    out[...] = windows[np.arange(b), :, oy, ox]  # one gather for the batch
     f = flip.astype(bool)
-    crops[f] = crops[f][..., ::-1]
-    return _normalise_chw(crops, CIFAR_MEAN, CIFAR_STD)
-
-
-def cosmoflow(samples: np.ndarray) -> torch.Tensor:
-    """int16 [B, D, H, W, C] -> float32 [B, C, D, H, W] of log1p(x)."""
-    out = samples.transpose(0, 4, 1, 2, 3).astype(np.float32, order="C")
-    np.log1p(out, out=out)
-    return torch.from_numpy(out)
+    out[f] = out[f][..., ::-1]
+    return out
 
 
 def rrc_params(heights: np.ndarray, widths: np.ndarray, seed: int, epoch: int,
@@ -152,31 +142,90 @@ def decode_jpeg(data: memoryview | bytes) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
+DCT_REDUCTIONS = (8, 4, 2)  # libjpeg-turbo's fast (SIMD) reduced-size IDCTs: 1/8, 1/4, 1/2
+
+
+def dct_reduction(h: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per crop box (h, w in full-size pixels): the largest of 8, 4, 2 (else 1) by which the
+    JPEG can be decoded smaller while the crop still spans >= CROP pixels each way (so the
+    resize to CROP x CROP stays a downscale)."""
+    r = np.ones(len(h), dtype=np.int64)
+    for f in reversed(DCT_REDUCTIONS):  # 2, then 4, then 8: keep the largest that fits
+        r = np.where((h // f >= CROP) & (w // f >= CROP), f, r)
+    return r
+
+
+def _resize(x: torch.Tensor) -> torch.Tensor:
+    """uint8 [1, 3, h, w] -> [1, 3, CROP, CROP], antialiased bilinear (half-pixel centres).
+
+    F.interpolate's own checks cost a tenth of the kernel at this size: call the
+    kernel it dispatches to, when this torch has it under that name.
+    """
+    if _AA is not None:
+        return _AA(x, [CROP, CROP], False)
+    import torch.nn.functional as F
+
+    return F.interpolate(x, size=(CROP, CROP), mode="bilinear", antialias=True,
+                         align_corners=False)
+
+
+_AA = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+
+
 def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: int,
-             epoch: int) -> torch.Tensor:
-    """JPEG bytes back to back -> float32 [B, 3, 224, 224]: decode, random-resized crop, flip, normalise."""
-    from PIL import Image
+             epoch: int, out: np.ndarray | None = None, reduced_dct: bool = True) -> np.ndarray:
+    """JPEG bytes back to back -> uint8 [B, 224, 224, 3] (into `out`): decode,
+    random-resized crop (antialiased bilinear), flip.
+
+    The crop boxes come from each image's full size (read from its header),
+    so the random draws are those of a full-size decode. With `reduced_dct`, an
+    image whose crop box spans >= 2 x 224 pixels each way is decoded at 1/2,
+    1/4 or 1/8 size by libjpeg-turbo (less IDCT and colour conversion work)
+    and its box resized from there. The resize is torch's antialiased bilinear
+    on uint8 (channels last), which follows PIL's BILINEAR within 2 levels;
+    docs/loaders.md gives the measured differences to the full-size PIL path.
+    One decode buffer serves the whole batch; the crop is the only copy before
+    the resize, the flip is folded into the copy into `out`.
+    """
+    import simplejpeg
 
     n = len(indices)
     mv = memoryview(data)
-    images = []
-    for i in range(n):
+    jpegs = [mv[offsets[i]:offsets[i + 1]] for i in range(n)]
+    hs = np.empty(n, dtype=np.int64)
+    ws = np.empty(n, dtype=np.int64)
+    for i, j in enumerate(jpegs):
         try:
-            images.append(decode_jpeg(mv[offsets[i]:offsets[i + 1]]))
-        except (ValueError, OSError, SyntaxError) as e:  # simplejpeg: ValueError; PIL: OSError
+            hs[i], ws[i] = simplejpeg.decode_jpeg_header(j)[:2]
+        except ValueError as e:
             raise DecodeError(int(indices[i]), e) from None
-    hs = np.array([im.shape[0] for im in images])
-    ws = np.array([im.shape[1] for im in images])
-    boxes = rrc_params(hs, ws, seed, epoch, indices).tolist()
+    boxes = rrc_params(hs, ws, seed, epoch, indices)
+    reduce = dct_reduction(boxes[:, 2], boxes[:, 3]) if reduced_dct else np.ones(n, np.int64)
     flips = (uniform(seed, epoch, indices, 3) < 0.5).tolist()
-    out = np.empty((n, CROP, CROP, 3), dtype=np.uint8)
-    for i, (im, (top, left, h, w), flip) in enumerate(zip(images, boxes, flips, strict=True)):
-        crop = Image.fromarray(im[top:top + h, left:left + w])
-        crop = crop.resize((CROP, CROP), Image.BILINEAR)
-        if flip:
-            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
-        out[i] = np.asarray(crop)
-    return _normalise_chw(out.transpose(0, 3, 1, 2), IMAGENET_MEAN, IMAGENET_STD)
+    if out is None:
+        out = np.empty((n, CROP, CROP, 3), dtype=np.uint8)
+    dest = torch.from_numpy(out)
+    hr, wr = -(-hs // reduce), -(-ws // reduce)  # libjpeg's output size at scale 1/r
+    scratch = np.empty(int((hr * wr).max(initial=0)) * 3, dtype=np.uint8)
+    rows = zip(jpegs, boxes.tolist(), reduce.tolist(), hr.tolist(), wr.tolist(), flips,
+               strict=True)
+    for i, (j, (top, left, h, w), r, ht, wd, flip) in enumerate(rows):
+        try:
+            # min sizes of exactly ceil(H / r) x ceil(W / r) select libjpeg's 1/r scaling
+            im = simplejpeg.decode_jpeg(j, colorspace="RGB", min_height=ht, min_width=wd,
+                                        buffer=scratch)
+        except ValueError as e:
+            raise DecodeError(int(indices[i]), e) from None
+        if r > 1:  # the box at the decoded scale (whole pixels, rounded inwards)
+            t2, l2 = -(-top // r), -(-left // r)
+            h, w = (top + h) // r - t2, (left + w) // r - l2
+            top, left = t2, l2
+        # the crop, copied once into channels-last [1, 3, h, w]: the layout torch's uint8
+        # antialiased kernel is fast in
+        x = torch.from_numpy(im[top:top + h, left:left + w]).permute(2, 0, 1)[None]
+        y = _resize(x.contiguous(memory_format=torch.channels_last))[0].permute(1, 2, 0)
+        dest[i] = y.flip(1) if flip else y  # torch's flip: numpy's reversed copy is 6x slower
+    return out
 
 
 def warm_up(dataset: str, decode: bool) -> None:
@@ -186,25 +235,50 @@ def warm_up(dataset: str, decode: bool) -> None:
         from PIL import Image  # noqa: F401
 
 
+def delivers_raw(dataset: str, decode: bool, convert: str) -> bool:
+    """Whether `to_batch` hands the stored samples on as they are (read them into the
+    buffer that is delivered) or computes new ones from them."""
+    return not decode or (dataset == "cosmoflow" and convert == "device")
+
+
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
-             decode: bool) -> Batch:
-    """Assemble a `Batch`: raw stored data (decode=False) or the dataset's preprocessing."""
+             decode: bool, convert: str = "device", alloc: Alloc | None = None) -> Batch:
+    """Assemble a `Batch`: raw stored data (decode=False) or the dataset's preprocessing.
+
+    `alloc(shape, dtype)` gives the array computed samples go into (a reusable
+    batch buffer). With convert="device" the batch carries its `Finish`; with
+    "loader" it is applied here and the samples are float32.
+    """
+    alloc = alloc or np.empty
     idx = np.asarray(indices, dtype=np.int64)
     labels = torch.from_numpy(np.ascontiguousarray(raw.labels))
     offsets = None
+    finish = FINISH.get(dataset) if decode else None
+    n = len(idx)
     if not decode:
-        samples = torch.from_numpy(raw.samples)
+        x = raw.samples
         offsets = torch.from_numpy(raw.offsets) if raw.offsets is not None else None
     elif dataset == "imagenet":
         assert raw.offsets is not None
-        samples = imagenet(raw.samples, raw.offsets, idx, seed, epoch)
+        x = imagenet(raw.samples, raw.offsets, idx, seed, epoch,
+                     out=None if convert == "loader" else alloc((n, CROP, CROP, 3), np.uint8))
     elif dataset == "cifar10":
-        samples = cifar10(raw.samples, idx, seed, epoch)
+        c, (h, w) = raw.samples.shape[3], raw.samples.shape[1:3]
+        x = cifar10(raw.samples, idx, seed, epoch,
+                    out=None if convert == "loader" else alloc((n, c, h, w), np.uint8))
     elif dataset == "cosmoflow":
-        samples = cosmoflow(raw.samples)
+        x = raw.samples
     else:
         from iobench.errors import ConfigError
 
         raise ConfigError(f"no preprocessing for dataset {dataset!r}; use decode=False")
+    if finish is not None and convert == "loader":
+        x = finish.numpy(x, alloc(x.shape, np.float32))
+        samples = torch.from_numpy(x)
+        if finish.channels_last:
+            samples = samples.movedim(-1, 1)
+        finish = None
+    else:
+        samples = torch.from_numpy(x)
     return Batch(samples, labels, torch.from_numpy(idx.copy()), int(raw.stored_bytes.sum()),
-                 offsets)
+                 offsets, finish)

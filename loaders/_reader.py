@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,6 +22,8 @@ import numpy as np
 from iobench import sampling
 from iobench.errors import DatasetError
 from iobench.manifest import FileEntry, Manifest
+
+Alloc = Callable[[tuple[int, ...], Any], np.ndarray]  # (shape, dtype) -> array to fill
 
 
 class RawBatch(NamedTuple):
@@ -62,6 +65,30 @@ def willneed(fd: int, ranges: list[tuple[int, int]]) -> None:
     for off, length in ranges:
         if length > 0:
             os.posix_fadvise(fd, off, length, os.POSIX_FADV_WILLNEED)
+
+
+_IOV_MAX = 512  # buffers per preadv call (Linux allows 1024)
+
+
+def preadv_into(fd: int, views: list[memoryview], offset: int) -> None:
+    """Fill each writable buffer in turn from `fd` at `offset` on (scatter read), whole.
+
+    OSError(EIO) when the file ends first (a truncated file).
+    """
+    for s in range(0, len(views), _IOV_MAX):
+        bufs = [v.cast("B") for v in views[s:s + _IOV_MAX]]
+        want = sum(len(b) for b in bufs)
+        while want:
+            got = os.preadv(fd, bufs, offset)
+            if got == 0:
+                raise OSError(5, f"file ends at {offset}, {want} bytes short")
+            offset += got
+            want -= got
+            while bufs and got >= len(bufs[0]):  # drop the filled buffers
+                got -= len(bufs[0])
+                bufs.pop(0)
+            if got:
+                bufs[0] = bufs[0][got:]
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -234,28 +261,30 @@ class BatchReader(ABC):
         """The file that holds sample `index` (for error messages)."""
         return str(self.paths[int(self.file_of(np.array([index], dtype=np.int64))[0])])
 
-    def read(self, indices: np.ndarray) -> RawBatch:
-        """Stored samples and labels of `indices` (int64, any order), in that order."""
+    def read(self, indices: np.ndarray, alloc: Alloc | None = None) -> RawBatch:
+        """Stored samples and labels of `indices` (int64, any order), in that order.
+
+        `alloc(shape, dtype)` gives the array the samples are read into (a
+        reusable batch buffer); default: a new one.
+        """
+        alloc = alloc or np.empty
         indices = np.asarray(indices, dtype=np.int64)
         order = np.argsort(indices, kind="stable")
         sorted_idx = indices[order]
+        inv = np.empty_like(order)
+        inv[order] = np.arange(len(order))
         if self.kind == "jpeg":
             parts, labels, nbytes = self._read_sorted_bytes(sorted_idx)
-            inv = np.empty_like(order)
-            inv[order] = np.arange(len(order))
-            ordered = [parts[i] for i in inv.tolist()]
-            lengths = np.array([len(p) for p in ordered], dtype=np.int64)
-            offsets = np.zeros(len(ordered) + 1, dtype=np.int64)
+            lengths = np.array([len(p) for p in parts], dtype=np.int64)[inv]
+            offsets = np.zeros(len(parts) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            data = np.empty(int(offsets[-1]), dtype=np.uint8)
-            for k, p in enumerate(ordered):
+            data = alloc((int(offsets[-1]),), np.uint8)
+            for k, p in zip(order.tolist(), parts, strict=True):  # sorted j -> batch order[j]
                 data[offsets[k]:offsets[k + 1]] = np.frombuffer(p, dtype=np.uint8)
             return RawBatch(data, labels[inv], nbytes[inv], offsets)
         assert self.sample_shape is not None
-        out = np.empty((len(indices), *self.sample_shape), dtype=self.sample_dtype)
+        out = alloc((len(indices), *self.sample_shape), self.sample_dtype)
         labels, nbytes = self._read_sorted_arrays(sorted_idx, order, out)
-        inv = np.empty_like(order)
-        inv[order] = np.arange(len(order))
         return RawBatch(out, labels[inv], nbytes[inv])
 
     @abstractmethod

@@ -2,7 +2,12 @@
 
 The sampler hands each worker a whole batch of indices (`batch_size=None`,
 one key per batch), the worker reads it with the format's `BatchReader` and
-preprocesses it as one batch. Worker failures come back as values and are
+preprocesses it as one batch. The batch is read (or preprocessed) straight
+into a buffer the worker reuses (`_buffers.SharedSlots`: shared memory,
+handed back once the consumer lets go of it), so no batch is allocated,
+zeroed or copied into shared memory on its way; there is no collate step.
+Worker processes run single-threaded (the DataLoader sets torch's threads to 1;
+nothing on the read path uses BLAS). Worker failures come back as values and are
 re-raised in the main process as the same `iobench` error, naming the file.
 `worker_type="thread"` uses a small prefetching thread pool instead
 (PyTorch has no thread workers), to show what HDF5's global lock and
@@ -17,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
@@ -26,9 +31,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from iobench import errors
 from iobench.errors import DatasetError, UnsupportedError
 from iobench.loaders import _preprocess
-from iobench.loaders._preprocess import DecodeError, to_batch
+from iobench.loaders._buffers import Lease, LocalPool, SharedSlots, typed_array
+from iobench.loaders._preprocess import DecodeError, delivers_raw, to_batch
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
-from iobench.loaders.base import Batch, Loader, LoaderConfig
+from iobench.loaders.base import Batch, Finish, Loader, LoaderConfig
 from iobench.manifest import Manifest
 
 
@@ -52,14 +58,36 @@ class WorkerFailure:
 WARM_UP = -1  # the epoch of a warm-up key: load libraries, read nothing
 
 
+class Delivery(NamedTuple):
+    """A batch from a worker process: small arrays by value (pickled into the pipe), the
+    samples as a `Lease` on a shared slot (or a tensor, when no slot was free)."""
+
+    samples: Lease | torch.Tensor
+    labels: np.ndarray
+    indices: np.ndarray
+    payload_bytes: int
+    offsets: np.ndarray | None
+    finish: Finish | None
+    timing: tuple[int, int, int] | None
+
+
 class BatchFetcher(Dataset):
-    """Map-style dataset whose key is (epoch, indices of one batch); returns a `Batch`."""
+    """Map-style dataset whose key is (epoch, indices of one batch, pass tag); returns a
+    `Delivery` (process workers) or a `Batch`."""
 
-    def __init__(self, reader: BatchReader, dataset: str, seed: int, decode: bool) -> None:
+    def __init__(self, reader: BatchReader, dataset: str, seed: int, decode: bool,
+                 convert: str = "device", slots: SharedSlots | None = None,
+                 local: LocalPool | None = None) -> None:
         self.reader, self.dataset, self.seed, self.decode = reader, dataset, seed, decode
+        self.convert = convert
+        self.slots = slots  # shared buffers, used in worker processes
+        self.local = local  # buffers of the consumer's own process (no workers, threads)
+        self.scratch = LocalPool(2)  # intermediate arrays (raw samples before a crop)
+        self.raw_delivered = delivers_raw(dataset, decode, convert)
 
-    def __getitem__(self, key: tuple[int, np.ndarray]) -> Batch | WorkerFailure | None:
-        epoch, idx = key
+    def __getitem__(self, key: tuple[int, np.ndarray, int]
+                    ) -> Delivery | Batch | WorkerFailure | None:
+        epoch, idx, tag = key
         if epoch == WARM_UP:
             try:
                 self.reader.warm_up()
@@ -67,20 +95,43 @@ class BatchFetcher(Dataset):
             except Exception as e:
                 return WorkerFailure(e)
             return None
+        info = torch.utils.data.get_worker_info()
+        lease: list[Lease] = []
+        slots = self.slots if info is not None else None
+
+        def deliver(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+            if slots is None:
+                pool = self.local if self.local is not None else self.scratch
+                return pool.array(shape, dtype)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            slot, gen, buf = slots.take(info.id, nbytes, tag)
+            if slot >= 0:
+                lease.append(slots.lease(slot, gen, buf, shape, dtype))
+            return typed_array(buf, shape, dtype)
+
         try:
             t0 = time.perf_counter_ns()
-            raw = self.reader.read(idx)
+            raw = self.reader.read(idx, deliver if self.raw_delivered else self.scratch.array)
             t1 = time.perf_counter_ns()
             try:
-                batch = to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode)
+                b = to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode,
+                             self.convert, deliver)
                 t2 = time.perf_counter_ns()
-                return batch._replace(timing=(t1 - t0, t2 - t1, t2))
+                b = b._replace(timing=(t1 - t0, t2 - t1, t2))
             except DecodeError as e:
                 raise DatasetError(f"cannot decode sample {e.index} stored in "
                                    f"{self.reader.where(e.index)} ({e.cause}); the file is "
                                    "damaged: regenerate or re-stage the dataset") from None
         except Exception as e:  # surfaced in the main process by `unwrap`
+            if slots is not None:
+                for ls in lease:  # never sent: free again
+                    slots.flags[ls.slot] = 0
             return WorkerFailure(e)
+        if slots is None:
+            return b
+        return Delivery(lease[0] if lease else b.samples, b.labels.numpy(), b.indices.numpy(),
+                        b.payload_bytes, None if b.offsets is None else b.offsets.numpy(),
+                        b.finish, b.timing)
 
     def __len__(self) -> int:
         return self.reader.manifest.num_samples
@@ -94,17 +145,19 @@ class EpochBatches(Sampler):
         # workers to the garbage collector, which shuts them down only after a timeout
         self.order, self.batch_size = order, batch_size
         self.epoch = 0
+        self.tag = 1  # this pass's tag: marks the shared slots its batches are lent in
         self.warm_up = 0  # > 0: the next iteration yields this many warm-up keys only
 
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray, int]]:
         if self.warm_up:
             # the DataLoader hands keys to its workers in turn: one each
-            yield from ((WARM_UP, np.empty(0, dtype=np.int64)) for _ in range(self.warm_up))
+            yield from ((WARM_UP, np.empty(0, dtype=np.int64), 0)
+                        for _ in range(self.warm_up))
             return
         idx = self.order(self.epoch)
         bs = self.batch_size
         for s in range(0, len(idx), bs):
-            yield self.epoch, idx[s:s + bs]
+            yield self.epoch, idx[s:s + bs], self.tag
 
     def __len__(self) -> int:
         if self.warm_up:
@@ -163,7 +216,17 @@ class TorchLoader(Loader):
         self.reader = self.reader_cls(m, library_cache=config.library_cache)
         if config.shuffle == "block":  # each block is read whole within a few batches
             self.reader.prefetch_block = config.block_size
-        self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode)
+        threads = config.workers > 0 and config.worker_type == "thread"
+        pin = config.pin_memory and torch.cuda.is_available()
+        # enough buffers for the batches in flight plus the two a consumer holds while it
+        # asks for the next (more are allocated, not waited for)
+        in_flight = config.prefetch + 2
+        self.slots = SharedSlots(config.workers, in_flight, pin=pin) \
+            if config.workers > 0 and not threads else None
+        local = LocalPool(config.workers * config.prefetch + 2 if threads else in_flight,
+                          pin=pin) if self.slots is None else None
+        self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode,
+                                    config.convert, self.slots, local)
         self.sampler = EpochBatches(EpochOrder(self), config.batch_size)
         self._dl: DataLoader | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -234,11 +297,36 @@ class TorchLoader(Loader):
             for item in thread_prefetch(self.fetcher.__getitem__, iter(self.sampler), self._pool,
                                         c.workers * c.prefetch):
                 b = unwrap(item)
-                yield _pin(b) if pin else b
+                yield _pin(b) if pin and not b.samples.is_pinned() else b
             return
         self.sampler.epoch = epoch
-        for item in self._iterate():
-            yield unwrap(item)
+        slots = self.slots
+        if slots is None:
+            for item in self._iterate():
+                yield unwrap(item)
+            return
+        self.sampler.tag += 1
+        if self._dl is None or not c.persistent_workers:
+            slots.new_workers()
+        slots.release()  # what the consumer dropped since the last epoch (left early)
+        try:
+            for item in self._iterate():
+                if isinstance(item, Delivery):
+                    x = item.samples
+                    samples = slots.receive(x) if isinstance(x, Lease) else x
+                    off = None if item.offsets is None else torch.from_numpy(item.offsets)
+                    b = Batch(samples, torch.from_numpy(item.labels),
+                              torch.from_numpy(item.indices), item.payload_bytes, off,
+                              item.finish, item.timing)
+                    del samples, x
+                else:
+                    b = unwrap(item)
+                del item
+                yield b
+                del b
+                slots.release()  # the consumer asks for the next batch: take back the dropped
+        finally:
+            slots.release()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -250,6 +338,8 @@ class TorchLoader(Loader):
                 it._shutdown_workers()
             self._dl = None
         self.reader.close()
+        if self.slots is not None:
+            self.slots.close()
 
 
 def _pin(b: Batch) -> Batch:

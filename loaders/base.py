@@ -23,6 +23,7 @@ from iobench.manifest import Manifest
 
 WORKER_TYPES = ("process", "thread")
 DEVICES = ("cpu", "gpu")
+CONVERTS = ("device", "loader")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class LoaderConfig:
     # buffer) at their defaults. Off for cold-cache runs: a cache in user space would
     # carry samples from one "cold" epoch to the next (docs/metrics.md, "Cold cache").
     library_cache: bool = False
+    # Where decoded samples become the model's float input: "device" (default) delivers
+    # them in their compact form (int16 cosmoflow, uint8 images after crop and flip) with
+    # `Batch.finish`, applied by the consumer where it trains (on the GPU when there is
+    # one), as production pipelines do; "loader" converts in the loader's workers, so
+    # float32 (2-4x the bytes) crosses processes.
+    convert: str = "device"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -64,15 +71,115 @@ class LoaderConfig:
             raise ConfigError(f"prefetch={self.prefetch} must be >= 1")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}; choose one of {DEVICES}")
+        if self.convert not in CONVERTS:
+            raise ConfigError(f"convert={self.convert!r}; choose one of {CONVERTS}")
+
+
+def _log1p_table() -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):  # -1 -> -inf, below -1 -> nan
+        return np.log1p(np.arange(65536, dtype=np.uint16).view(np.int16).astype(np.float32))
+
+
+LOG1P_INT16: np.ndarray = _log1p_table()
+"""log1p of every int16 value as float32, indexed by the value's bits (uint16): numpy's own
+results, so a lookup is bit-identical to `np.log1p(x.astype(np.float32))`."""
+
+_TAKE_CHUNK = 1 << 17  # values per np.take call: its intp copy of the indices stays in cache
+
+
+def log1p_int16(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 log1p of an int16 array by table lookup (~10x numpy's log1p, same bits)."""
+    src = np.ascontiguousarray(x).reshape(-1).view(np.uint16)
+    if out is None:
+        out = np.empty(x.shape, dtype=np.float32)
+    dst = out.reshape(-1)
+    for s in range(0, src.size, _TAKE_CHUNK):
+        np.take(LOG1P_INT16, src[s:s + _TAKE_CHUNK], out=dst[s:s + _TAKE_CHUNK], mode="wrap")
+    return out
+
+
+_DEVICE_LUTS: dict[torch.device, torch.Tensor] = {}
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Per-element conversion of a decoded batch into the model's float32 input.
+
+    Deterministic, no random draws (those happened in the loader): the same
+    float values on every device. `op`: "log1p" (int16 [B,D,H,W,C] -> float32
+    [B,C,D,H,W], by `LOG1P_INT16`) or "normalise" (uint8 -> float32
+    `(x / 255 - mean) / std` per channel, computed as numpy did:
+    `x * float32(1 / (255 std)) - float32(mean / std)`). `channels_last`: the
+    input holds channels last ([B,...,C]); the output is then a channels-first
+    view of channels-last memory (`torch.channels_last(_3d)`), which
+    convolutions take as is, so no transpose copy is made.
+    """
+
+    op: str
+    channels_last: bool = False
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.op not in ("log1p", "normalise"):
+            raise ConfigError(f"Finish op={self.op!r}; choose 'log1p' or 'normalise'")
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Convert `x` where it is (CPU: numpy, into `out` when given; a GPU: torch)."""
+        if x.device.type == "cpu":
+            dst = out.numpy() if out is not None else None
+            y = torch.from_numpy(self.numpy(x.numpy(), dst))
+        elif self.op == "log1p":
+            y = self._log1p_device(x)
+        else:
+            scale, shift = (torch.from_numpy(a).to(x.device) for a in self._affine())
+            y = x.to(torch.float32)
+            y.mul_(scale)
+            y.sub_(shift)
+        return y.movedim(-1, 1) if self.channels_last else y
+
+    def numpy(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The conversion on the CPU, in x's layout (no channel move), into `out` if given."""
+        if self.op == "log1p":
+            if x.dtype != np.int16:
+                raise ConfigError(f"log1p input must be int16, got {x.dtype}")
+            return log1p_int16(x, out)
+        scale, shift = self._affine()
+        out = np.multiply(x, scale, out=out, dtype=np.float32)
+        out -= shift
+        return out
+
+    def _affine(self) -> tuple[np.ndarray, np.ndarray]:
+        """float32 scale and shift, shaped to broadcast over the channel axis."""
+        c = len(self.mean)
+        shape = (c,) if self.channels_last else (c, 1, 1)
+        scale = np.array([1.0 / (255.0 * s) for s in self.std], dtype=np.float32)
+        shift = np.array([m / s for m, s in zip(self.mean, self.std, strict=True)],
+                         dtype=np.float32)
+        return scale.reshape(shape), shift.reshape(shape)
+
+    @staticmethod
+    def _log1p_device(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.int16:
+            raise ConfigError(f"log1p input must be int16, got {x.dtype}")
+        lut = _DEVICE_LUTS.get(x.device)
+        if lut is None:
+            lut = _DEVICE_LUTS[x.device] = torch.from_numpy(LOG1P_INT16).to(x.device)
+        # a gather of the table's float32 values: bit for bit the CPU's
+        return lut[x.to(torch.int64) & 0xFFFF]
 
 
 class Batch(NamedTuple):
     """One step's data for one rank.
 
-    samples: decoded: float32, channels first ([B,3,224,224] imagenet,
-      [B,3,32,32] cifar10, [B,4,128,128,128] cosmoflow). Undecoded: the stored
-      arrays (uint8 [B,32,32,3], int16 [B,128,128,128,4]) or, for JPEG, all
-      images' bytes back to back (uint8, 1-D) with `offsets` ([B+1], int64).
+    samples: decoded with `finish` None: float32, channels first ([B,3,224,224]
+      imagenet, [B,3,32,32] cifar10, [B,4,128,128,128] cosmoflow; image and
+      cosmoflow batches may be channels-last in memory). Decoded with `finish`
+      set: the compact form `finish` turns into that (uint8 [B,224,224,3]
+      imagenet and uint8 [B,3,32,32] cifar10, cropped and flipped; cosmoflow's
+      stored int16 [B,128,128,128,4]). Undecoded: the stored arrays (uint8
+      [B,32,32,3], int16 [B,128,128,128,4]) or, for JPEG, all images' bytes
+      back to back (uint8, 1-D) with `offsets` ([B+1], int64).
     labels: int64 [B] (classes) or float32 [B, 4] (regression targets).
     indices: int64 [B], the global sample indices, in batch order.
     payload_bytes: bytes the readers took from storage for this batch
@@ -82,6 +189,11 @@ class Batch(NamedTuple):
       `perf_counter_ns()` when it was done (the same clock in every process of
       a node: the consumer can tell how long a finished batch took to reach
       it); None when the loader keeps no such clocks.
+    finish: the conversion still due where the batch is consumed (`model_input`).
+
+    The tensors may live in buffers the loader reuses: a buffer is reused only
+    once nothing refers to it any more (no tensor, view or array), so a batch
+    stays valid for as long as it is held.
     """
 
     samples: torch.Tensor
@@ -89,7 +201,16 @@ class Batch(NamedTuple):
     indices: torch.Tensor
     payload_bytes: int
     offsets: torch.Tensor | None = None
+    finish: Finish | None = None
     timing: tuple[int, int, int] | None = None
+
+    def model_input(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The samples as the model's float32 input, on `device` (default: where they are).
+
+        Moves the compact samples first (fewer bytes), then converts there.
+        """
+        x = self.samples if device is None else self.samples.to(device, non_blocking=True)
+        return self.finish(x) if self.finish is not None else x
 
 
 class Loader(ABC):

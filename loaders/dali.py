@@ -22,13 +22,16 @@ batches. Operators run on the CPU (`device_id=None`) unless
 `device="gpu"` and a GPU is present; then JPEG decoding is "mixed" (nvJPEG)
 and the rest runs on the GPU, and `Batch.samples` is a CUDA tensor.
 
-Preprocessing: cifar10's crop offsets and flips are fed in from the same
-pure function of (seed, epoch, index) as the PyTorch loaders, so decoded
-cifar10 batches agree with theirs (to float rounding); cosmoflow's
-`log(1 + x)` too. imagenet uses DALI's own `random_resized_crop` and
-`coin_flip`, whose random draws (and resize filter) differ from the PyTorch
-loaders': decoded imagenet batches are comparable in shape and statistics,
-not bitwise.
+Preprocessing ends, as in the PyTorch loaders, at the compact form the
+batch's `Finish` turns into the model's float input (with `convert="device"`
+where the batch is consumed; with "loader" right here, on DALI's output).
+cifar10's crop offsets and flips are fed in from the same pure function of
+(seed, epoch, index) as the PyTorch loaders, so decoded cifar10 batches equal
+theirs; cosmoflow's are its stored int16, and the same `Finish` (a log1p
+table) gives the same float values. imagenet uses DALI's own
+`random_resized_crop` and `coin_flip`, whose random draws (and resize filter)
+differ from the PyTorch loaders': decoded imagenet batches are comparable in
+shape and statistics, not bitwise.
 """
 
 from __future__ import annotations
@@ -43,12 +46,9 @@ import torch
 
 from iobench.errors import ConfigError, DatasetError, IobenchError, UnsupportedError
 from iobench.loaders._preprocess import (
-    CIFAR_MEAN,
     CIFAR_PAD,
-    CIFAR_STD,
     CROP,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
+    FINISH,
     DecodeError,
     cifar_params,
     to_batch,
@@ -184,39 +184,30 @@ class DaliLoader(Loader):
             py_start_method="spawn" if self.gpu else "fork", exec_dynamic=True)
 
     def _preprocess(self, x: Any, aug: tuple[Any, Any] | None) -> Any:
-        """DALI graph of the dataset's preprocessing (or the raw data when decode=False)."""
+        """DALI graph of the dataset's preprocessing up to its compact form (the batch's
+        `Finish` does the rest, as for the PyTorch loaders), or the raw data when
+        decode=False."""
         fn, types = self._dali.fn, self._dali.types
         ds = self.manifest.dataset
+        if not self.config.decode:
+            return x
         if ds == "imagenet":
-            if not self.config.decode:
-                return x
             img = fn.decoders.image(x, device="mixed" if self.gpu else "cpu",
                                     output_type=types.RGB)
             img = fn.random_resized_crop(img, size=[CROP, CROP], random_area=[0.08, 1.0],
                                          random_aspect_ratio=[3 / 4, 4 / 3])
             return fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(),
-                                            mean=[255 * v for v in IMAGENET_MEAN],
-                                            std=[255 * v for v in IMAGENET_STD],
-                                            dtype=types.FLOAT, output_layout="CHW")
+                                            dtype=types.UINT8, output_layout="HWC")
         if ds == "cifar10":
-            if not self.config.decode:
-                return x
             assert aug is not None
             if self.gpu:
                 x = x.gpu()
             x = fn.slice(x, start=aug[0], shape=[32, 32], axes=[0, 1],
                          out_of_bounds_policy="pad", fill_values=0)
-            return fn.crop_mirror_normalize(x, mirror=aug[1],
-                                            mean=[255 * v for v in CIFAR_MEAN],
-                                            std=[255 * v for v in CIFAR_STD],
-                                            dtype=types.FLOAT, output_layout="CHW")
-        # cosmoflow
-        if not self.config.decode:
-            return x
-        if self.gpu:
-            x = x.gpu()
-        x = self._dali.math.log(fn.cast(x, dtype=types.FLOAT) + 1.0)
-        return fn.transpose(x, perm=[3, 0, 1, 2])
+            return fn.crop_mirror_normalize(x, mirror=aug[1], dtype=types.UINT8,
+                                            output_layout="CHW")
+        # cosmoflow: the stored int16; log1p is the batch's Finish (a table lookup)
+        return x.gpu() if self.gpu else x
 
     def _container_pipeline(self, first_epoch: int) -> Any:
         fn = self._dali.fn
@@ -319,7 +310,7 @@ class DaliLoader(Loader):
         return DatasetError(f"DALI pipeline failed reading {self.manifest.root}: {why}")
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
-        c = self.config
+        c, m = self.config, self.manifest
         idx_all = self.order(epoch)
         steps = self.steps_per_epoch()
         files = self.manifest.format == "files"
@@ -352,11 +343,14 @@ class DaliLoader(Loader):
                                        f"{idx[:4]}... were due: internal ordering error")
                 nbytes = int(np.asarray(outs[3].as_tensor()).sum())
             offsets = None
+            finish = FINISH.get(m.dataset) if c.decode else None
             if self.jpeg and not c.decode:
                 samples, offsets = self._bytes(outs[0], n)
             else:
                 samples = self._to_torch(outs[0], n)
-            yield Batch(samples, labels, torch.from_numpy(idx.copy()), nbytes, offsets)
+            if finish is not None and c.convert == "loader":
+                samples, finish = finish(samples), None
+            yield Batch(samples, labels, torch.from_numpy(idx.copy()), nbytes, offsets, finish)
         if not files:
             try:
                 self._run(pipe)

@@ -5,7 +5,11 @@ and `labels` [n, ...]. A batch's indices are sorted and merged into runs; the
 runs in one file become one union-of-hyperslabs selection read by a single
 H5Dread, straight into the batch array when the batch order allows, else
 into a temporary scattered once. Labels and JPEG offsets are read once per
-file and worker. Before reading, the byte ranges of every run of the batch
+file and worker. Contiguous, unfiltered datasets (the generator's default)
+are read without HDF5's selection machinery: their bytes lie at the file
+offset HDF5 reports, and one `preadv` per run of consecutive samples
+scatters them straight into the batch's rows (for 147 KB samples a union of
+64 hyperslabs cost HDF5 ~5 CPU-seconds per GB). Before reading, the byte ranges of every run of the batch
 are handed to the kernel at once (`posix_fadvise(WILLNEED)`, for contiguous
 datasets, whose file offset HDF5 reports), so a cold batch's I/O is in flight
 together rather than one request after another; under `shuffle="block"` whole
@@ -29,6 +33,7 @@ from iobench.loaders._reader import (
     BatchReader,
     contiguous_runs,
     file_groups,
+    preadv_into,
     read_jpeg_runs,
 )
 from iobench.loaders._torch import TorchLoader
@@ -153,9 +158,22 @@ class HDF5Reader(BatchReader):
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         labels, stored, groups = file_groups(self, sorted_idx)
+        rows = out.reshape(len(out), -1).view(np.uint8)
         for pos, s, e, f, local in groups:
             ds = f["samples"]
             dest_pos = order[s:e]
+            if f["fd"] is not None:
+                # contiguous and unfiltered: the samples' bytes lie at the offset HDF5
+                # reports; one preadv per run of consecutive samples scatters them straight
+                # into their rows of the batch (no selection machinery, no temporary)
+                item = f["item"]
+                for a, b in contiguous_runs(local):
+                    views = [memoryview(rows[d]) for d in dest_pos[a:b].tolist()]
+                    try:
+                        preadv_into(f["fd"], views, f["base"] + int(local[a]) * item)
+                    except OSError as err:
+                        raise self.fail(self.paths[pos], "read failed", err) from None
+                continue
             direct = bool(np.all(np.diff(dest_pos) == 1))
             if not direct and out[0].nbytes >= LARGE_SAMPLE:
                 # big samples: one read each straight into place beats a read plus a copy

@@ -15,7 +15,8 @@ rank), reading one sample and its label per `__getitem__`:
   filesystem every open is a metadata round trip).
 
 With `decode=True` they apply the same preprocessing as the iobench loaders,
-one sample at a time. They exist only so `bench-read` can show every figure
+one sample at a time, float conversion included (in the worker, as users'
+datasets do; the iobench loaders leave it to the consumer by default). They exist only so `bench-read` can show every figure
 as a ratio to them; they are not registered loaders.
 """
 
@@ -100,7 +101,9 @@ class NaiveH5Dataset(Dataset):
                                "damaged: regenerate the dataset") from None
         raw = RawBatch(x[None] if offsets is None else x, np.asarray(y)[None],
                        np.array([x.nbytes], dtype=np.int64), offsets)
-        b = to_batch(self.dataset, raw, np.array([i]), self.seed, self.epoch, self.decode)
+        # converted to floats here, one sample at a time, as users' datasets do
+        b = to_batch(self.dataset, raw, np.array([i]), self.seed, self.epoch, self.decode,
+                     convert="loader")
         return b.samples, b.labels[0], x.nbytes
 
     def _read(self, f: Any, local: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

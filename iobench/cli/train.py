@@ -40,7 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="emulate an accelerator that computes SECONDS per step (no model)")
     p.add_argument("--epochs", type=int, default=3,
                    help="epochs per repetition, each from a cold cache (default 3)")
-    p.add_argument("--batch-size", type=int, default=64, help="samples per step per rank")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="samples per step per rank (default: per dataset, "
+                   + ", ".join(f"{d.name} {d.default_batch_size}" for d in DATASETS.values())
+                   + ")")
     p.add_argument("--workers", type=int, default=2, help="loader workers per rank")
     p.add_argument("--worker-type", default="process", choices=("process", "thread"),
                    help="loader workers as processes (PyTorch DataLoader) or threads "
@@ -100,11 +103,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
+    from iobench.datasets import parse_dataset
     from iobench.train import TrainConfig
 
+    batch = args.batch_size
+    if batch is None:
+        batch = parse_dataset(args.dataset).default_batch_size
     return TrainConfig(loader=args.loader, storage=args.storage, dataset=args.dataset,
                        format=args.format, model=args.model, compute_time_s=args.compute_time,
-                       epochs=args.epochs, batch_size=args.batch_size, workers=args.workers,
+                       epochs=args.epochs, batch_size=batch, workers=args.workers,
                        worker_type=args.worker_type, shuffle=args.shuffle, seed=args.seed,
                        max_steps=args.max_steps, decode=not args.no_decode,
                        warm_cache=args.warm_cache, drop_caches=args.drop_caches, lr=args.lr,
@@ -158,7 +165,12 @@ def _die(world: Any, message: str) -> None:
     sys.exit(3)
 
 
+MIN_STEPS = 10  # fewer steps per epoch than this: warn (stall percentiles need batches)
+
+
 def _main(args: argparse.Namespace, world: Any) -> int:
+    from dataclasses import replace
+
     import torch
 
     from iobench import distributed, results, train
@@ -196,13 +208,26 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         if tier is not None and world.is_root:
             out.console.print(f"[bold yellow]{tier['note']}[/] (profile "
                               f"{tier['profile'].get('name')}, backing {tier['backing']})")
-        doc = train.run(config, lambda m, c, r, w: make_loader(config.loader, m,
-                                                               replace(c, scope=scope) if
-                                                               staging else c, r, w), world,
-                        progress=out.epoch, started=out.start, live=out.live,
-                        live_interval_s=out.live_interval_s, counters=counters)
+        few_steps: list[str] = []
+
+        def factory(m: Any, c: Any, r: int, w: int) -> Any:
+            loader = make_loader(config.loader, m, replace(c, scope=scope) if staging else c,
+                                 r, w)
+            steps = loader.steps_per_epoch()
+            if steps < MIN_STEPS and not few_steps:
+                few_steps.append(
+                    f"an epoch has only {steps} step(s) per rank ({m.num_samples} samples, "
+                    f"{w} rank(s), batch {c.batch_size}): too few for per-step figures; use a "
+                    "smaller --batch-size or generate more --samples")
+                if world.is_root:
+                    out.console.print(f"[bold yellow]warning: {few_steps[0]}[/]")
+            return loader
+
+        doc = train.run(config, factory, world, progress=out.epoch, started=out.start,
+                        live=out.live, live_interval_s=out.live_interval_s, counters=counters)
         if doc is None:
             return 0
+        doc["warnings"] += [w for w in few_steps if w not in doc["warnings"]]
         doc["tier"] = tier
         if staging:
             # one repetition's epochs after one staging (the median repetition's walls)
