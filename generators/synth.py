@@ -316,10 +316,12 @@ IMAGENET_SIZES: dict[str, object] = {
 _P_SMALL, _P_LARGE, _MAX_SIDE, _LANDSCAPE = 0.10, 0.02, 4288, 0.76
 _ASPECTS = np.array([4 / 3, 3 / 2, 1.0, 5 / 4, 16 / 9])
 _ASPECT_CDF = np.cumsum([0.40, 0.35, 0.04, 0.04, 0.07])  # the rest: uniform 1-2.5
-_TILE = 1024
+_TILE = 768
 _SCENES = 8
 _OBJECTS = 24  # per scene tile
-_GRAIN = (1.0, 2.0, 3.5, 5.0, 7.5, 11.0, 16.0, 24.0)  # grain tiles' sigma, grey levels
+_CHROMA_RANGE = 96  # scene chroma offsets are clipped to +-96 (uint8 tables, no clip)
+_GRAIN = (1.0, 2.0, 3.5, 5.0, 7.5, 11.0, 16.0, 24.0)  # grain levels' sigma, grey levels
+_GRAIN_OF = ((0, 4), (1, 5), (2, 6), (3, 7), (0, 5), (1, 6), (2, 7), (3, 4))  # per scene
 _GRATING_PHASES = 64  # grating phases per cycle (rows take the nearest)
 _RGB_TO_YCC = np.array([[0.299, 0.587, 0.114],
                         [-0.168736, -0.331264, 0.5],
@@ -350,25 +352,38 @@ def _log_f() -> np.ndarray:
     return np.float32(0.5) * np.log(f2)
 
 
+@functools.lru_cache(maxsize=1)
+def _unit_phases() -> np.ndarray:
+    """256 unit complex numbers (complex64): the random phases of fixed-amplitude fields."""
+    a = 2 * np.pi * np.arange(256) / 256
+    return (np.cos(a) + 1j * np.sin(a)).astype(np.complex64)
+
+
 def _periodic_fields(rng: np.random.Generator, beta: float) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent unit-variance periodic fields [TILE, TILE] (float32) with amplitude
-    spectrum ~ 1 / f^beta: the real and imaginary parts of one complex inverse FFT."""
+    """Two unit-variance periodic fields [TILE, TILE] (float32) with amplitude spectrum
+    1 / f^beta and random phases: the real and imaginary parts of one inverse FFT."""
+    modes = _unit_phases().take(rng.integers(0, 256, (_TILE, _TILE), dtype=np.uint8))
     amp = np.exp(_log_f() * np.float32(-beta))
     amp[0, 0] = 0.0
-    modes = rng.standard_normal((_TILE, _TILE, 2), dtype=np.float32)
-    modes *= amp[..., None]
-    field = np.fft.ifft2(modes.view(np.complex64)[..., 0])
-    re, im = field.real, field.imag
-    return re * np.float32(1 / re.std()), im * np.float32(1 / im.std())
+    modes *= amp
+    field = np.fft.ifft2(modes)
+    out = []
+    for part in (field.real, field.imag):
+        flat = np.ascontiguousarray(part).reshape(-1)
+        out.append(flat.reshape(_TILE, _TILE) * np.float32(1 / math.sqrt(
+            float(np.dot(flat, flat)) / flat.size)))  # zero mean: no f = 0 mode
+    return out[0], out[1]
 
 
-def _box(centre: int, radius: int) -> slice | np.ndarray:
-    """Indices of [centre - radius, centre + radius] on the periodic tile: a slice unless
-    the box wraps around the edge."""
+def _box(centre: int, radius: int) -> slice | None:
+    """[centre - radius, centre + radius] as a slice, or None when it wraps around."""
     lo, hi = centre - radius, centre + radius + 1
-    if lo >= 0 and hi <= _TILE:
-        return slice(lo, hi)
-    return np.arange(lo, hi) % _TILE
+    return slice(lo, hi) if lo >= 0 and hi <= _TILE else None
+
+
+def _box_index(centre: int, radius: int) -> np.ndarray:
+    """Indices of [centre - radius, centre + radius] on the periodic tile."""
+    return np.arange(centre - radius, centre + radius + 1) % _TILE
 
 
 def _scene(seed: int, j: int) -> np.ndarray:
@@ -381,46 +396,58 @@ def _scene(seed: int, j: int) -> np.ndarray:
     detail = 1.0 - j / (_SCENES - 1)
     lum, _ = _periodic_fields(rng, 2.0 - 1.5 * detail)
     cb, cr = _periodic_fields(rng, 2.2 - 1.0 * detail)
-    planes = np.stack([lum * np.float32(rng.uniform(25, 45) + 30 * detail),
-                       cb * np.float32(rng.uniform(8, 18)), cr * np.float32(rng.uniform(8, 18))])
+    planes = np.empty((3, _TILE, _TILE), dtype=np.float32)
+    np.multiply(lum, np.float32(rng.uniform(25, 45) + 30 * detail), out=planes[0])
+    np.multiply(cb, np.float32(rng.uniform(8, 18)), out=planes[1])
+    np.multiply(cr, np.float32(rng.uniform(8, 18)), out=planes[2])
     # objects with hard edges (ellipses and rectangles), drawn with wrap-around: any
     # brightness, moderate colours (the mean colour of an image must keep the class tint)
     for _ in range(_OBJECTS):
         cy, cx = (int(v) for v in rng.integers(0, _TILE, 2))
-        ry, rx = (int(v) for v in rng.integers(12, 160, 2))
+        ry, rx = (int(v) for v in rng.integers(_TILE // 80, _TILE // 6, 2))
         ys, xs = _box(cy, ry), _box(cx, rx)
-        if isinstance(ys, slice) and isinstance(xs, slice):
-            box: tuple = (ys, xs)
-        else:  # wraps: fancy indexing on both axes
-            box = np.ix_(np.arange(cy - ry, cy + ry + 1) % _TILE,
-                         np.arange(cx - rx, cx + rx + 1) % _TILE)
-        if rng.random() < 0.5:
-            dy = np.arange(-ry, ry + 1, dtype=np.float32)[:, None] / np.float32(ry)
-            dx = np.arange(-rx, rx + 1, dtype=np.float32)[None, :] / np.float32(rx)
-            mask = dy * dy + dx * dx < 1.0
-        else:
-            mask = np.ones((2 * ry + 1, 2 * rx + 1), dtype=bool)
+        wraps = not (isinstance(ys, slice) and isinstance(xs, slice))
+        box = np.ix_(_box_index(cy, ry), _box_index(cx, rx)) if wraps else (ys, xs)
+        ellipse = rng.random() < 0.5
         fill = _RGB_TO_YCC @ rng.uniform(-50, 50, 3)
         fill[0] = rng.uniform(-90, 90)
-        for p in range(3):
-            region = planes[p][box]
-            inside = region[mask]
-            region[mask] = np.float32(fill[p]) + np.float32(0.6) * (inside - inside.mean())
-            planes[p][box] = region
+        region = planes[(slice(None), *box)]  # a view unless the box wraps
+        # a flat colour keeping 60 % of the texture around it
+        new = region - region.mean(axis=(1, 2), keepdims=True)
+        new *= np.float32(0.6)
+        new += fill[:, None, None].astype(np.float32)
+        if ellipse:
+            dy = np.arange(-ry, ry + 1, dtype=np.float32)[:, None] / np.float32(ry)
+            dx = np.arange(-rx, rx + 1, dtype=np.float32)[None, :] / np.float32(rx)
+            np.copyto(region, new, where=(dy * dy + dx * dx < 1.0)[None])
+        else:
+            region[...] = new
+        if wraps:
+            planes[(slice(None), *box)] = region
     np.rint(planes, out=planes)
-    return np.clip(planes, -255, 255).astype(np.int16)
+    np.clip(planes, -255, 255, out=planes)
+    return planes.astype(np.int16)
 
 
 @functools.lru_cache(maxsize=2)
 def _imagenet_tables(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-process tables: scene tiles [S, 3, T, T] and grain tiles [G, T, T], int16."""
+    """Per-process tables: scene luminance with grain [S, 2, T, T] (int16; variant v of
+    scene j carries grain level `_GRAIN_OF[j][v]`) and scene chroma [S, 2, T, T] (uint8,
+    128 +- 96, so an image's chroma offset of at most +-31 never leaves [0, 255] and
+    needs no clipping)."""
     from iobench.datasets import DATASETS
 
-    scenes = np.stack([_scene(seed, j) for j in range(_SCENES)])
     rng = _rng(DATASETS["imagenet"], seed, _TABLES, _SCENES)
-    grain = np.stack([np.rint(rng.standard_normal((_TILE, _TILE), dtype=np.float32) * s)
-                      for s in _GRAIN]).astype(np.int16)
-    return scenes, grain
+    grain = rng.standard_normal((_TILE, _TILE), dtype=np.float32)
+    luma = np.empty((_SCENES, 2, _TILE, _TILE), dtype=np.int16)
+    chroma = np.empty((_SCENES, 2, _TILE, _TILE), dtype=np.uint8)
+    for j in range(_SCENES):
+        planes = _scene(seed, j)
+        for v, level in enumerate(_GRAIN_OF[j]):
+            np.rint(planes[0] + grain * np.float32(_GRAIN[level]), out=luma[j, v],
+                    casting="unsafe")
+        chroma[j] = np.clip(planes[1:], -_CHROMA_RANGE, _CHROMA_RANGE) + 128
+    return luma, chroma
 
 
 def _segments(start: int, n: int) -> list[tuple[slice, slice]]:
@@ -434,29 +461,41 @@ def _segments(start: int, n: int) -> list[tuple[slice, slice]]:
     return out
 
 
-def _periodic(tile: np.ndarray, oy: int, ox: int, out: np.ndarray, offset: int | None) -> None:
-    """out = the periodic tile's window at (oy, ox) + offset, or out += the window
-    (offset None): slices of the tile, so one pass and no copies."""
+def _periodic(tile: np.ndarray, oy: int, ox: int, out: np.ndarray,
+              offset: np.generic | None) -> None:
+    """out = the periodic tile's window at (oy, ox) + offset (a scalar of the tile's dtype),
+    or out += the window (offset None): slices of the tile, one pass, no copies."""
     h, w = out.shape
     for ty, oys in _segments(oy, h):
         for tx, oxs in _segments(ox, w):
             if offset is None:
                 np.add(out[oys, oxs], tile[ty, tx], out=out[oys, oxs])
             else:
-                np.add(tile[ty, tx], np.int16(offset), out=out[oys, oxs])
+                np.add(tile[ty, tx], offset, out=out[oys, oxs])
 
 
-def _grating(h: int, w: int, cycles: int, theta: float, phase: float) -> np.ndarray:
+@functools.lru_cache(maxsize=1024)
+def _grating_rows(w: int, cycles: int, angle: int) -> np.ndarray:
+    """18 * sin(2 pi cycles x / w cos theta + 2 pi k / K) for the K = `_GRATING_PHASES`
+    phases k: int16 [K, w], theta = 18 deg * angle."""
+    k = _GRATING_PHASES
+    theta = math.radians(18.0 * angle)
+    x = np.arange(w, dtype=np.float32) * np.float32(2 * np.pi * cycles * math.cos(theta) / w)
+    shift = np.arange(k, dtype=np.float32) * np.float32(2 * np.pi / k)
+    rows = np.rint(np.sin(x[None, :] + shift[:, None]) * np.float32(18.0)).astype(np.int16)
+    rows.flags.writeable = False
+    return rows
+
+
+def _grating(h: int, w: int, cycles: int, angle: int, phase: float) -> np.ndarray:
     """18 * sin(2 pi cycles (x / w cos theta + y / h sin theta) + phase), int16 [h, w].
 
     Every row is the same sinusoid in x at its own phase: rows are gathered from
     `_GRATING_PHASES` precomputed phases (error below one grey level)."""
     k = _GRATING_PHASES
-    x = np.arange(w, dtype=np.float32) * np.float32(2 * np.pi * cycles * math.cos(theta) / w)
-    shift = np.arange(k, dtype=np.float32) * np.float32(2 * np.pi / k)
-    rows = np.rint(np.sin(x[None, :] + shift[:, None]) * np.float32(18.0)).astype(np.int16)
-    row_phase = phase + np.arange(h) * (2 * np.pi * cycles * math.sin(theta) / h)
-    return rows[np.rint(row_phase * (k / (2 * np.pi))).astype(np.intp) % k]
+    step = 2 * np.pi * cycles * math.sin(math.radians(18.0 * angle)) / h
+    row_phase = (phase + np.arange(h) * step) * (k / (2 * np.pi))
+    return _grating_rows(w, cycles, angle)[np.rint(row_phase).astype(np.intp) % k]
 
 
 def imagenet_planes(spec: DatasetSpec, seed: int, index: int
@@ -465,31 +504,28 @@ def imagenet_planes(spec: DatasetSpec, seed: int, index: int
     label = make_label(spec, seed, index)
     rng = sample_rng(spec, seed, index)
     h, w = _imagenet_size(rng)
-    scenes, grain = _imagenet_tables(seed)
-    scene = int(rng.integers(_SCENES))
-    level = int(rng.integers(len(_GRAIN) // 2 if max(h, w) > 500 else len(_GRAIN)))
-    oy, ox, gy, gx = (int(v) for v in rng.integers(0, _TILE, 4))
-    flip = bool(rng.random() < 0.5)
-    brightness = rng.uniform(90, 165)
-    cast = rng.uniform(-6, 6, 2)
-    phase = rng.uniform(0, 2 * np.pi)
+    luma, chroma = _imagenet_tables(seed)
+    u = rng.random(9)  # per-image draws: scene, grain, offsets, flip, brightness, casts, phase
+    scene = int(u[0] * _SCENES)
+    grained = int(u[1] < 0.5) if max(h, w) <= 500 else 0  # large images: the finer grain
+    oy, ox = int(u[2] * _TILE), int(u[3] * _TILE)
+    flip = bool(u[4] < 0.5)
     # class signal: a tint (RGB, converted to YCbCr offsets) and a luminance grating
     tint = _RGB_TO_YCC @ (22.0 * np.cos(2 * np.pi * (np.array([0.0, 2 / 3, 1 / 3])
                                                      + (label % 10) / 10.0)))
-    offsets = (brightness + tint[0], 128.0 + cast[0] + tint[1], 128.0 + cast[1] + tint[2])
-    out = []
-    for p in range(3):
-        plane = np.empty((h, w), dtype=np.int16)
-        # rows reversed through the destination view: the inner loops stay contiguous
-        _periodic(scenes[scene, p], oy, ox, plane[::-1] if flip else plane,
-                  int(round(offsets[p])))
-        if p == 0:
-            plane += _grating(h, w, 3 + label // 100,
-                              math.radians(18.0 * ((label // 10) % 10)), phase)
-            _periodic(grain[level], gy, gx, plane, None)
-        out.append(np.clip(plane, 0, 255, out=np.empty((h, w), dtype=np.uint8),
-                           casting="unsafe"))
-    return out[0], out[1], out[2]
+    y = np.empty((h, w), dtype=np.int16)
+    # rows reversed through the destination view: the inner loops stay contiguous
+    _periodic(luma[scene, grained], oy, ox, y[::-1] if flip else y,
+              np.int16(round(90.0 + 75.0 * u[5] + tint[0])))
+    y += _grating(h, w, 3 + label // 100, (label // 10) % 10, 2 * np.pi * u[8])
+    planes = [np.clip(y, 0, 255, out=np.empty((h, w), dtype=np.uint8), casting="unsafe")]
+    for c in range(2):  # Cb, Cr: colour cast +-6 and the tint; uint8 sums stay in range
+        plane = np.empty((h, w), dtype=np.uint8)
+        offset = round(-6.0 + 12.0 * u[6 + c] + tint[1 + c])
+        _periodic(chroma[scene, c], oy, ox, plane[::-1] if flip else plane,
+                  np.uint8(offset % 256))
+        planes.append(plane)
+    return planes[0], planes[1], planes[2]
 
 
 def _encode(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> bytes:
