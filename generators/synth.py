@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 
@@ -268,6 +269,20 @@ def _cosmo_tables() -> tuple[np.ndarray, np.ndarray]:
     return logk, (np.cos(a) + 1j * np.sin(a)).astype(np.complex64)
 
 
+_SCRATCH = threading.local()  # per-thread work buffers: page faults cost as much as work
+
+
+def _cosmo_scratch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(modes complex64 [n, n, n/2+1], delta float32 [n, n, n], index intp [n^3])."""
+    bufs = getattr(_SCRATCH, "cosmo", None)
+    if bufs is None:
+        n = _COSMO_N
+        bufs = (np.empty((n, n, n // 2 + 1), dtype=np.complex64),
+                np.empty((n, n, n), dtype=np.float32), np.empty(n ** 3, dtype=np.intp))
+        _SCRATCH.cosmo = bufs
+    return bufs
+
+
 def _cosmoflow(rng: np.random.Generator, params: np.ndarray, out: np.ndarray) -> None:
     """One volume into `out` (int16 [128, 128, 128, 4])."""
     n = _COSMO_N
@@ -276,18 +291,20 @@ def _cosmoflow(rng: np.random.Generator, params: np.ndarray, out: np.ndarray) ->
     growth = 0.5 + 0.5 * float(params[2])
     nbar = 20.0 + 40.0 * float(params[3])
     logk, phases = _cosmo_tables()
-    modes = phases.take(rng.integers(0, 256, logk.shape, dtype=np.uint8))
-    amp = np.exp(logk * np.float32(slope / 2.0))
+    modes, delta, index = _cosmo_scratch()
+    phases.take(rng.integers(0, 256, logk.shape, dtype=np.uint8), out=modes)
+    amp = np.multiply(logk, np.float32(slope / 2.0))
+    np.exp(amp, out=amp)
     amp[0, 0, 0] = 0.0  # no mean density mode
     modes *= amp
-    delta = np.fft.irfftn(modes, s=(n, n, n), axes=(0, 1, 2))
+    np.fft.irfftn(modes, s=(n, n, n), axes=(0, 1, 2), out=delta)
     flat = delta.reshape(-1)
     rms = math.sqrt(float(np.dot(flat, flat)) / flat.size)  # the mean is 0 (no k=0 mode)
-    # delta / sigma8 * 1024 + 32768, rounded: the index of the quantised field
+    # delta / sigma8 * 1024 + levels / 2, rounded: the index of the quantised field
     np.multiply(flat, np.float32(_COSMO_STEP / (rms + 1e-30)), out=flat)
     flat += np.float32(_COSMO_LEVELS / 2 + 0.5)
     np.clip(flat, 0, _COSMO_LEVELS - 1, out=flat)
-    index = flat.astype(np.intp)
+    np.copyto(index, flat, casting="unsafe")
     level = (np.arange(_COSMO_LEVELS) - _COSMO_LEVELS / 2) / _COSMO_STEP * sigma8
     g = growth ** (3.0 - np.arange(4))
     table = np.rint(nbar * np.exp(level[:, None] * g - g * g * (sigma8 * sigma8) / 2.0))
