@@ -202,9 +202,9 @@ def _cifar10_tables(seed: int) -> np.ndarray:
     return np.clip(np.rint(noise), -127, 127).astype(np.int8)
 
 
-@functools.lru_cache(maxsize=4)
-def _cifar10_block(spec: DatasetSpec, seed: int, block: int) -> np.ndarray:
-    """Samples [block * CIFAR_BLOCK, (block + 1) * CIFAR_BLOCK), uint8 [B, 32, 32, 3]."""
+def _cifar10_synth(spec: DatasetSpec, seed: int, block: int, dest: np.ndarray) -> None:
+    """Samples [block * CIFAR_BLOCK, (block + 1) * CIFAR_BLOCK) into `dest` (uint8
+    [CIFAR_BLOCK, 32, 32, 3], C-contiguous)."""
     b = CIFAR_BLOCK
     labels = labels_array(spec, seed, block * b, b)
     rng = _rng(spec, seed, _PIXELS, block)
@@ -220,7 +220,7 @@ def _cifar10_block(spec: DatasetSpec, seed: int, block: int) -> np.ndarray:
     bx = np.exp(-(t - centre[:, 1:]) ** 2 / (2 * width))
     noise = np.lib.stride_tricks.sliding_window_view(_cifar10_tables(seed), 3072)
     gratings = _cifar10_gratings()
-    out = np.empty((b, 1024, 3), dtype=np.uint8)
+    out = dest.reshape(b, 1024, 3)
     plane = np.empty((_CIFAR_CHUNK, 1024), dtype=np.float32)
     for lo in range(0, b, _CIFAR_CHUNK):
         s = slice(lo, lo + _CIFAR_CHUNK)
@@ -235,7 +235,13 @@ def _cifar10_block(spec: DatasetSpec, seed: int, block: int) -> np.ndarray:
             plane += nz[:, ch * 1024:(ch + 1) * 1024]
             np.clip(plane, 0, 255, out=plane)
             out[s, :, ch] = plane
-    out = out.reshape(b, 32, 32, 3)
+
+
+@functools.lru_cache(maxsize=4)
+def _cifar10_block(spec: DatasetSpec, seed: int, block: int) -> np.ndarray:
+    """A whole block (read-only, cached): for ranges that start or end inside it."""
+    out = np.empty((CIFAR_BLOCK, 32, 32, 3), dtype=np.uint8)
+    _cifar10_synth(spec, seed, block, out)
     out.flags.writeable = False
     return out
 
@@ -245,7 +251,10 @@ def _cifar10_fill(spec: DatasetSpec, seed: int, first: int, out: np.ndarray) -> 
     while i < end:
         blk, off = divmod(i, CIFAR_BLOCK)
         n = min(CIFAR_BLOCK - off, end - i)
-        out[i - first:i - first + n] = _cifar10_block(spec, seed, blk)[off:off + n]
+        if n == CIFAR_BLOCK:  # whole blocks straight into the caller's buffer
+            _cifar10_synth(spec, seed, blk, out[i - first:i - first + n])
+        else:
+            out[i - first:i - first + n] = _cifar10_block(spec, seed, blk)[off:off + n]
         i += n
 
 
