@@ -24,6 +24,7 @@ from iobench import __version__
 from iobench.datasets import COMPRESSIONS, DatasetSpec, dataset_dirname, parse_dataset, parse_format
 from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
 from iobench.generators.base import Task, Writer, sha256_file
+from iobench.generators.synth import SYNTHESIS_VERSION
 from iobench.jsonio import write_json_atomic
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.world import World
@@ -38,7 +39,8 @@ WRITERS: dict[str, str] = {
 JOURNAL = ".iobench-partial"  # per-task completion records while generation runs
 SCALES = ("small", "full")
 
-__all__ = ["WRITERS", "GenerateConfig", "GenerateStats", "generate_dataset", "get_writer"]
+__all__ = ["SYNTHESIS_VERSION", "WRITERS", "GenerateConfig", "GenerateStats", "generate_dataset",
+           "get_writer", "synthesis_version"]
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class GenerateConfig:
         """What makes two generations the same dataset (parallelism excluded)."""
         return {"dataset": self.dataset, "format": self.format, "samples": self.samples,
                 "samples_per_file": self.samples_per_file, "compression": self.compression,
-                "seed": self.seed}
+                "seed": self.seed, "synthesis_version": SYNTHESIS_VERSION}
 
 
 @dataclass
@@ -134,6 +136,14 @@ def _prepare_target(cfg: GenerateConfig) -> bool:
         found = _existing_identity(root)
         if found != ident:
             if not cfg.force:
+                old = (found or {}).get("synthesis_version")
+                if found and old != SYNTHESIS_VERSION and \
+                        {**found, "synthesis_version": SYNTHESIS_VERSION} == ident:
+                    raise DatasetError(
+                        f"{root} holds this dataset from synthesis version {old}, whose "
+                        f"samples differ from the version {SYNTHESIS_VERSION} this iobench "
+                        "writes (it can still be read and verified); pass --force to "
+                        "replace it, or choose another --storage")
                 what = ("a different dataset" if found else "files that are not an iobench "
                         "dataset")
                 raise DatasetError(f"{root} already holds {what} "
@@ -149,17 +159,25 @@ def _prepare_target(cfg: GenerateConfig) -> bool:
 
 def _existing_identity(root: Path) -> dict[str, Any] | None:
     try:
+        # datasets from before synthesis versions were recorded are version 1
         if (root / JOURNAL / "config.json").is_file():
-            return json.loads((root / JOURNAL / "config.json").read_text())
+            return {"synthesis_version": 1,
+                    **json.loads((root / JOURNAL / "config.json").read_text())}
         if (root / MANIFEST_NAME).is_file():
             m = Manifest.load(root)
             return {"dataset": m.dataset, "format": m.format, "samples": m.num_samples,
                     "samples_per_file": m.layout.get("generated_samples_per_file",
                                                      m.layout.get("samples_per_file")),
-                    "compression": m.layout.get("compression"), "seed": m.seed}
+                    "compression": m.layout.get("compression"), "seed": m.seed,
+                    "synthesis_version": synthesis_version(m)}
     except (OSError, ValueError, IobenchError):
         return None
     return None
+
+
+def synthesis_version(manifest: Manifest) -> int:
+    """The synthesis version a dataset's samples come from (1 when the manifest predates it)."""
+    return int(manifest.extra.get("synthesis_version", 1))
 
 
 def _describe(ident: dict[str, Any] | None) -> str:
@@ -315,6 +333,7 @@ def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
         return results, None
     ctx = mp.get_context("fork")
     err = None
+    writer.prepare()  # the workers inherit the synthesis tables instead of each building them
     with ctx.Pool(jobs, initializer=_pool_init, initargs=(writer, root)) as pool:
         for r in pool.imap_unordered(_pool_task, tasks):
             if isinstance(r, IobenchError):
@@ -383,7 +402,8 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
 
 def _statistics(cfg: GenerateConfig, entries: list[FileEntry]) -> dict[str, Any]:
     """Generation statistics kept in the manifest (JPEG size distribution for imagenet)."""
-    out: dict[str, Any] = {"total_bytes": sum(e.bytes for e in entries)}
+    out: dict[str, Any] = {"synthesis_version": SYNTHESIS_VERSION,
+                           "total_bytes": sum(e.bytes for e in entries)}
     if cfg.spec.sample_kind == "jpeg" and cfg.format == "files":
         sizes = [e.bytes for e in entries if e.role == "data"]
     elif cfg.spec.sample_kind == "jpeg":

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
+
 from iobench.datasets import DatasetSpec
 from iobench.errors import ConfigError
+from iobench.generators import synth
+from iobench.generators.synth import fill_samples, make_sample
 from iobench.manifest import FileEntry
+
+BLOCK_BYTES = 64 << 20  # samples synthesised and written together (bytes)
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,10 @@ class Writer(ABC):
             raise ConfigError(f"--compression {compression} on {spec.name}: JPEG bytes are "
                               "already compressed; use --compression none")
         self.spec, self.seed, self.compression = spec, seed, compression
+
+    def prepare(self) -> None:
+        """Build the synthesis tables in this process (before forking workers that share them)."""
+        synth.prepare(self.spec, self.seed)
 
     @abstractmethod
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
@@ -91,13 +104,45 @@ def tmp_path_for(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp")
 
 
+@dataclass
+class WrittenFile:
+    """A file being written under a temporary name: `tmp` while writing; after the
+    `written_file` block, `sha256` (hex) and `bytes` of the renamed file."""
+
+    tmp: Path
+    sha256: str = ""
+    bytes: int = 0
+
+
+@contextlib.contextmanager
+def written_file(final: Path) -> Iterator[WrittenFile]:
+    """Yield a `WrittenFile` to write at `.tmp`; on success fsync it and rename it to `final`.
+
+    The sha256 is computed while fsync waits for the disk (both run outside
+    the GIL), so the checksum costs no extra time on a disk-bound run. On any
+    failure (out of space included) the temporary file is removed, so a
+    dataset never holds a half-written file under its final name.
+    """
+    wf = WrittenFile(tmp_path_for(final))
+    try:
+        yield wf
+        with ThreadPoolExecutor(1) as pool:
+            digest = pool.submit(sha256_file, wf.tmp)
+            with open(wf.tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            wf.sha256 = digest.result()
+        wf.bytes = wf.tmp.stat().st_size
+        os.replace(wf.tmp, final)
+    finally:
+        for p in (wf.tmp, Path(f"{wf.tmp}-lock")):
+            if p.exists():
+                p.unlink()
+
+
 @contextlib.contextmanager
 def atomic_file(final: Path) -> Iterator[Path]:
-    """Yield a temporary path to write; on success fsync it and rename it to `final`.
-
-    On any failure (out of space included) the temporary file is removed, so
-    a dataset never holds a half-written file under its final name.
-    """
+    """Yield a temporary path to write; on success fsync it and rename it to `final`
+    (`written_file` without the checksum)."""
     tmp = tmp_path_for(final)
     try:
         yield tmp
@@ -108,6 +153,65 @@ def atomic_file(final: Path) -> Iterator[Path]:
         for p in (tmp, Path(f"{tmp}-lock")):
             if p.exists():
                 p.unlink()
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # not Linux
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def start_writeback(path: Path) -> None:
+    """Ask the kernel to start writing `path`'s dirty pages now, without waiting.
+
+    Called after each large block, so the disk works while the next block is
+    synthesised and the final fsync has only the tail left (the kernel would
+    otherwise hold the pages until its dirty limits). A no-op where Linux's
+    sync_file_range(SYNC_FILE_RANGE_WRITE) is missing.
+    """
+    fn = _sync_file_range()
+    if fn is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fn(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE: the whole file, asynchronous
+    finally:
+        os.close(fd)
+
+
+def file_entry(rel: str, wf: WrittenFile, first: int, count: int,
+               role: str = "data") -> FileEntry:
+    """The manifest entry of a file written with `written_file`."""
+    return FileEntry(path=rel, bytes=wf.bytes, sha256=wf.sha256, first_sample=first,
+                     num_samples=count, role=role)
+
+
+def sample_blocks(spec: DatasetSpec, seed: int, first: int, count: int,
+                  block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, np.ndarray]]:
+    """Samples [first, first + count) of an array dataset as (offset in the range, block).
+
+    Blocks hold about `block_bytes` (at least one sample) and reuse one
+    buffer: use each block before asking for the next.
+    """
+    per = max(1, min(count, block_bytes // (spec.sample_nbytes or 1)))
+    buf = np.empty((per, *spec.sample_shape), dtype=spec.sample_dtype)
+    for lo in range(0, count, per):
+        out = buf[:min(per, count - lo)]
+        fill_samples(spec, seed, first + lo, out)
+        yield lo, out
+
+
+def jpeg_blobs(spec: DatasetSpec, seed: int, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """JPEGs of samples [first, first + count) back to back (uint8) and their offsets [count + 1]."""
+    blobs = [make_sample(spec, seed, i)[0] for i in range(first, first + count)]
+    offsets = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    return np.frombuffer(b"".join(blobs), dtype=np.uint8), offsets
 
 
 class ContainerWriter(Writer):

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import Task, Writer, atomic_file, entry_for
-from iobench.generators.synth import labels_array, make_label, make_sample
+from iobench.generators.base import Task, Writer, atomic_file, entry_for, make_sample, sample_blocks
+from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry
 
 TASK_SAMPLES = 256  # samples per unit of work (and per resume record)
@@ -28,16 +28,19 @@ class FilesWriter(Writer):
 
     compression_hint = "per-sample files are stored as JPEG/PNG/.npy; use --compression none"
 
-    def sample_path(self, index: int) -> str:
+    def sample_path(self, index: int, label: int | None = None) -> str:
         ext = self.spec.files_extension
         if self.spec.num_classes:
-            label = make_label(self.spec, self.seed, index)
-            return f"train/c{int(label):04d}/{index:08d}{ext}"
+            if label is None:
+                label = int(labels_array(self.spec, self.seed, index, 1)[0])
+            return f"train/c{label:04d}/{index:08d}{ext}"
         return f"train/{index:08d}{ext}"
 
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
+        labels = (labels_array(self.spec, self.seed, 0, num_samples).tolist()
+                  if self.spec.num_classes else [None] * num_samples)
         tasks = [Task(id=k, first=f, count=min(TASK_SAMPLES, num_samples - f),
-                      files=tuple(self.sample_path(i)
+                      files=tuple(self.sample_path(i, labels[i])
                                   for i in range(f, min(f + TASK_SAMPLES, num_samples))))
                  for k, f in enumerate(range(0, num_samples, TASK_SAMPLES))]
         tasks.append(Task(id=len(tasks), first=0, count=0, files=(LABELS,)))
@@ -50,17 +53,26 @@ class FilesWriter(Writer):
         return {"samples_per_file": 1, "compression": "none", "tree": tree + ext,
                 "labels": LABELS}
 
-    def _encode(self, payload: bytes | np.ndarray) -> bytes:
-        if isinstance(payload, bytes):
-            return payload
-        buf = io.BytesIO()
-        if self.spec.files_extension == ".png":
-            from PIL import Image
+    def _encoded(self, first: int, count: int):
+        """(index, buffers that make up the file) of samples [first, first + count)."""
+        spec = self.spec
+        if spec.sample_kind == "jpeg":
+            for i in range(first, first + count):
+                yield i, (make_sample(spec, self.seed, i)[0],)
+            return
+        for lo, block in sample_blocks(spec, self.seed, first, count):
+            for j, arr in enumerate(block):
+                if spec.files_extension == ".png":
+                    from PIL import Image
 
-            Image.fromarray(payload).save(buf, format="PNG", compress_level=6)
-        else:
-            np.save(buf, payload, allow_pickle=False)
-        return buf.getvalue()
+                    buf = io.BytesIO()
+                    Image.fromarray(arr).save(buf, format="PNG", compress_level=6)
+                    yield first + lo + j, (buf.getvalue(),)
+                else:  # .npy: np.save's own header, then the array's memory as it is
+                    head = io.BytesIO()
+                    np.lib.format.write_array_header_1_0(
+                        head, np.lib.format.header_data_from_array_1_0(arr))
+                    yield first + lo + j, (head.getvalue(), arr.data)
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         if task.count == 0:  # the labels file
@@ -70,15 +82,17 @@ class FilesWriter(Writer):
                         allow_pickle=False)
             return [entry_for(root, LABELS, -1, 0, role="labels")]
         entries = []
-        for rel, i in zip(task.files, range(task.first, task.first + task.count), strict=True):
-            payload, _ = make_sample(self.spec, self.seed, i)
-            data = self._encode(payload)
+        for rel, (i, parts) in zip(task.files, self._encoded(task.first, task.count),
+                                   strict=True):
             final = root / rel
             final.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(final) as tmp:
-                tmp.write_bytes(data)
-            entries.append(FileEntry(path=rel, bytes=len(data),
-                                     sha256=hashlib.sha256(data).hexdigest(),
+            digest, size = hashlib.sha256(), 0
+            with atomic_file(final) as tmp, open(tmp, "wb") as f:
+                for part in parts:
+                    f.write(part)
+                    digest.update(part)
+                    size += memoryview(part).nbytes
+            entries.append(FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(),
                                      first_sample=i, num_samples=1))
         return entries
 

@@ -13,29 +13,20 @@ from pathlib import Path
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import ContainerWriter, Task, atomic_file, entry_for
-from iobench.generators.synth import make_sample
+from iobench.generators.base import (
+    ContainerWriter,
+    Task,
+    file_entry,
+    jpeg_blobs,
+    sample_blocks,
+    start_writeback,
+    written_file,
+)
+from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry
 
 _FILTERS = {"none": {}, "gzip": {"compression": "gzip", "compression_opts": 4},
             "lzf": {"compression": "lzf"}}
-
-
-def build_arrays(spec, seed: int, first: int, count: int):
-    """(payload, labels) of samples [first, first+count): an array, or JPEG bytes + offsets."""
-    labels = np.empty((count, *spec.label_shape), dtype=spec.label_dtype)
-    if spec.sample_kind == "jpeg":
-        blobs = []
-        for i in range(count):
-            b, labels[i] = make_sample(spec, seed, first + i)
-            blobs.append(b)
-        offsets = np.zeros(count + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        return (np.frombuffer(b"".join(blobs), dtype=np.uint8), offsets), labels
-    samples = np.empty((count, *spec.sample_shape), dtype=spec.sample_dtype)
-    for i in range(count):
-        samples[i], labels[i] = make_sample(spec, seed, first + i)
-    return samples, labels
 
 
 class HDF5Writer(ContainerWriter):
@@ -46,22 +37,29 @@ class HDF5Writer(ContainerWriter):
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import h5py
 
-        payload, labels = build_arrays(self.spec, self.seed, task.first, task.count)
-        with atomic_file(root / task.files[0]) as tmp, \
-                h5py.File(tmp, "w", track_order=False, locking=False) as f:
-            if self.spec.sample_kind == "jpeg":
-                blob, offsets = payload
+        spec, n = self.spec, task.count
+        with written_file(root / task.files[0]) as wf, \
+                h5py.File(wf.tmp, "w", track_order=False, locking=False) as f:
+            if spec.sample_kind == "jpeg":
+                blob, offsets = jpeg_blobs(spec, self.seed, task.first, n)
                 f.create_dataset("jpeg", data=blob, track_times=False)
                 f.create_dataset("offsets", data=offsets, track_times=False)
             else:
                 kw = _FILTERS[self.compression]
-                chunks = (1, *self.spec.sample_shape) if kw else None
-                f.create_dataset("samples", data=payload, chunks=chunks,
-                                 track_times=False, **kw)
-            f.create_dataset("labels", data=labels, track_times=False)
+                chunks = (1, *spec.sample_shape) if kw else None
+                dset = f.create_dataset("samples", shape=(n, *spec.sample_shape),
+                                        dtype=spec.sample_dtype, chunks=chunks,
+                                        track_times=False, **kw)
+                # blocks of ~64 MB straight from the synthesis buffer: large writes,
+                # bounded memory, no copy of the whole file's samples
+                for lo, block in sample_blocks(spec, self.seed, task.first, n):
+                    dset.write_direct(block, dest_sel=np.s_[lo:lo + len(block)])
+                    start_writeback(wf.tmp)
+            f.create_dataset("labels", data=labels_array(spec, self.seed, task.first, n),
+                             track_times=False)
             f.attrs["first_sample"] = np.int64(task.first)
-            f.attrs["dataset"] = self.spec.name
-        return [entry_for(root, task.files[0], task.first, task.count)]
+            f.attrs["dataset"] = spec.name
+        return [file_entry(task.files[0], wf, task.first, n)]
 
     def check(self, path: Path, entry: FileEntry) -> None:
         import h5py

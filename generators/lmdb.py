@@ -21,13 +21,23 @@ from pathlib import Path
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import ContainerWriter, Task, atomic_file, entry_for
-from iobench.generators.synth import make_sample
+from iobench.generators.base import (
+    BLOCK_BYTES,
+    ContainerWriter,
+    Task,
+    file_entry,
+    make_sample,
+    sample_blocks,
+    start_writeback,
+    written_file,
+)
+from iobench.generators.synth import fill_samples, labels_array
 from iobench.manifest import FileEntry
 
 HEADER = struct.Struct("<4sBBHII")
 MAGIC = b"IOBR"
 VERSION = 1
+TXN_BYTES = 256 << 20  # record bytes per write transaction (LMDB caps a transaction's dirty pages)
 
 
 def key(index: int) -> bytes:
@@ -39,6 +49,10 @@ def encode_record(label: np.ndarray, payload: bytes | np.ndarray) -> bytes:
     lb = np.ascontiguousarray(label).tobytes()
     pb = payload if isinstance(payload, bytes) else np.ascontiguousarray(payload).tobytes()
     return HEADER.pack(MAGIC, VERSION, 0, 0, len(lb), len(pb)) + lb + pb
+
+
+def _label_nbytes(spec) -> int:
+    return int(np.prod(spec.label_shape, dtype=np.int64)) * np.dtype(spec.label_dtype).itemsize
 
 
 class LMDBWriter(ContainerWriter):
@@ -55,22 +69,66 @@ class LMDBWriter(ContainerWriter):
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import lmdb
 
-        per = self.spec.sample_nbytes or 600_000  # JPEGs: a generous upper bound
-        map_size = (per + 4096 + 64) * task.count * 2 + (64 << 20)
-        ldt = np.dtype(self.spec.label_dtype)
-        with atomic_file(root / task.files[0]) as tmp:
-            env = lmdb.open(str(tmp), subdir=False, map_size=map_size, lock=False,
+        spec, n = self.spec, task.count
+        groups = self._records(task)
+        if spec.sample_kind == "jpeg":
+            groups = list(groups)  # sizes known before the map is sized
+            payload = sum(len(r) for _, recs in groups for r in recs)
+        else:
+            payload = n * (HEADER.size + _label_nbytes(spec) + spec.sample_nbytes)
+        # values over ~2 KB take whole overflow pages; the map is sparse, so be generous
+        map_size = 2 * (payload + n * (4096 + 64)) + (64 << 20)
+        with written_file(root / task.files[0]) as wf:
+            env = lmdb.open(str(wf.tmp), subdir=False, map_size=map_size, lock=False,
                             readahead=False, meminit=True, sync=True, metasync=True)
             try:
-                with env.begin(write=True) as txn:
-                    for i in range(task.first, task.first + task.count):
-                        payload, label = make_sample(self.spec, self.seed, i)
-                        rec = encode_record(np.asarray(label, dtype=ldt), payload)
-                        txn.put(key(i), rec, append=True)
+                for lo, recs in groups:
+                    with env.begin(write=True) as txn:
+                        items = ((key(task.first + lo + j), r) for j, r in enumerate(recs))
+                        done, _ = txn.cursor().putmulti(items, append=True)
+                    if done != len(recs):
+                        raise lmdb.Error(f"stored {done} of {len(recs)} records")
+                    start_writeback(wf.tmp)
                 env.sync(True)
             finally:
                 env.close()
-        return [entry_for(root, task.files[0], task.first, task.count)]
+        return [file_entry(task.files[0], wf, task.first, n)]
+
+    def _records(self, task: Task):
+        """(offset in the task, records) per write transaction; records are buffers."""
+        spec, first, n = self.spec, task.first, task.count
+        ldt = np.dtype(spec.label_dtype)
+        if spec.sample_kind == "jpeg":
+            recs, size, lo = [], 0, 0
+            for i in range(first, first + n):
+                payload, label = make_sample(spec, self.seed, i)
+                recs.append(encode_record(np.asarray(label, dtype=ldt), payload))
+                size += len(recs[-1])
+                if size >= TXN_BYTES:
+                    yield lo, recs
+                    lo, recs, size = i - first + 1, [], 0
+            if recs:
+                yield lo, recs
+            return
+        lb, pb = _label_nbytes(spec), spec.sample_nbytes
+        header = np.frombuffer(HEADER.pack(MAGIC, VERSION, 0, 0, lb, pb), dtype=np.uint8)
+        per = max(1, min(n, TXN_BYTES // (HEADER.size + lb + pb)))
+        buf = np.empty((per, HEADER.size + lb + pb), dtype=np.uint8)
+        buf[:, :HEADER.size] = header
+        for lo in range(0, n, per):
+            m = min(per, n - lo)
+            recs = buf[:m]
+            recs[:, HEADER.size:HEADER.size + lb] = labels_array(
+                spec, self.seed, first + lo, m).view(np.uint8).reshape(m, lb)
+            payload = recs[:, HEADER.size + lb:]
+            if pb >= BLOCK_BYTES // 64:  # large samples: synthesise into each record
+                for j in range(m):
+                    fill_samples(spec, self.seed, first + lo + j,
+                                 payload[j].view(spec.sample_dtype).reshape(1, *spec.sample_shape))
+            else:  # small samples: vectorised blocks, copied into the records
+                for off, block in sample_blocks(spec, self.seed, first + lo, m):
+                    payload[off:off + len(block)] = block.reshape(len(block), -1).view(np.uint8)
+            yield lo, list(recs)
 
     def check(self, path: Path, entry: FileEntry) -> None:
         import lmdb

@@ -11,8 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from iobench.errors import DatasetError
-from iobench.generators.base import ContainerWriter, Task, atomic_file, entry_for
-from iobench.generators.hdf5 import build_arrays
+from iobench.generators.base import (
+    ContainerWriter,
+    Task,
+    file_entry,
+    jpeg_blobs,
+    sample_blocks,
+    start_writeback,
+    written_file,
+)
+from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry
 
 COMPRESSIONS = ("none", "gzip")
@@ -28,38 +36,39 @@ class NetCDFWriter(ContainerWriter):
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import netCDF4
 
-        payload, labels = build_arrays(self.spec, self.seed, task.first, task.count)
-        with atomic_file(root / task.files[0]) as tmp, \
-                netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
-            ds.createDimension("sample", task.count)
-            if self.spec.sample_kind == "jpeg":
-                blob, offsets = payload
+        spec, n = self.spec, task.count
+        with written_file(root / task.files[0]) as wf, \
+                netCDF4.Dataset(wf.tmp, "w", format="NETCDF4") as ds:
+            ds.createDimension("sample", n)
+            if spec.sample_kind == "jpeg":
+                blob, offsets = jpeg_blobs(spec, self.seed, task.first, n)
                 ds.createDimension("byte", len(blob))
-                ds.createDimension("sample_plus_one", task.count + 1)
+                ds.createDimension("sample_plus_one", n + 1)
                 ds.createVariable("jpeg", "u1", ("byte",), contiguous=True)[:] = blob
                 ds.createVariable("offsets", "i8", ("sample_plus_one",),
                                   contiguous=True)[:] = offsets
             else:
                 dims = ["sample"]
-                for i, n in enumerate(self.spec.sample_shape):
-                    ds.createDimension(f"d{i}", n)
+                for i, size in enumerate(spec.sample_shape):
+                    ds.createDimension(f"d{i}", size)
                     dims.append(f"d{i}")
                 kw = ({"contiguous": True} if self.compression == "none" else
-                      {"zlib": True, "complevel": 4,
-                       "chunksizes": (1, *self.spec.sample_shape)})
-                v = ds.createVariable("samples", self.spec.sample_dtype, tuple(dims), **kw)
+                      {"zlib": True, "complevel": 4, "chunksizes": (1, *spec.sample_shape)})
+                v = ds.createVariable("samples", spec.sample_dtype, tuple(dims), **kw)
                 v.set_auto_maskandscale(False)
-                v[:] = payload
+                for lo, block in sample_blocks(spec, self.seed, task.first, n):
+                    v[lo:lo + len(block)] = block
+                    start_writeback(wf.tmp)
             ldims = ("sample",)
-            if self.spec.label_shape:
-                ds.createDimension("param", self.spec.label_shape[0])
+            if spec.label_shape:
+                ds.createDimension("param", spec.label_shape[0])
                 ldims = ("sample", "param")
-            lv = ds.createVariable("labels", self.spec.label_dtype, ldims, contiguous=True)
+            lv = ds.createVariable("labels", spec.label_dtype, ldims, contiguous=True)
             lv.set_auto_maskandscale(False)
-            lv[:] = labels
-            ds.setncattr("dataset", self.spec.name)
+            lv[:] = labels_array(spec, self.seed, task.first, n)
+            ds.setncattr("dataset", spec.name)
             ds.setncattr("first_sample", task.first)
-        return [entry_for(root, task.files[0], task.first, task.count)]
+        return [file_entry(task.files[0], wf, task.first, n)]
 
     def check(self, path: Path, entry: FileEntry) -> None:
         import netCDF4

@@ -2,6 +2,9 @@
 # Generation throughput for every dataset x format, next to the raw sequential
 # write speed of the same disk measured in the same run (dd, O_DIRECT), and
 # the JPEG size statistics. Prints a Markdown table for docs/results.md.
+# The issue-20 limits, side by side and repeated, are measured by
+# gen_encode.py (imagenet against JPEG encode alone), gen_disk.py (cosmoflow
+# and cifar10 against fio with the same jobs) and gen_scale.py (mpiexec -n N).
 #
 #   scripts/bench/generate.sh [WORKDIR] [JOBS]
 #
