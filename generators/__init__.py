@@ -8,6 +8,7 @@ resumably, and writes the manifest last. See docs/design.md for the layouts.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import json
@@ -120,8 +121,17 @@ def get_writer(fmt: str, spec: DatasetSpec, seed: int, compression: str = "none"
 
 # ------------------------------------------------------------------ target checks
 
-def _prepare_target(cfg: GenerateConfig) -> bool:
-    """Create or validate the target; return True when it already holds this dataset."""
+def _replacement_dir(root: Path) -> Path:
+    """Where `--force` builds a dataset that replaces `root`: beside it, swapped in when done."""
+    return root.with_name(f".{root.name}.iobench-replacement")
+
+
+def _prepare_target(cfg: GenerateConfig) -> tuple[bool, Path]:
+    """Create or validate the target; return (it already holds this dataset, where to write).
+
+    A dataset that `--force` replaces stays whole until its replacement is complete: the
+    new one is written beside it (resumable there) and swapped in by `_swap_in`.
+    """
     root, ident = cfg.root, cfg.identity()
     try:
         cfg.storage.mkdir(parents=True, exist_ok=True)
@@ -132,6 +142,15 @@ def _prepare_target(cfg: GenerateConfig) -> bool:
     if root.exists() and not root.is_dir():
         raise StorageError(f"{root} exists and is not a directory; remove it or choose "
                            "another --storage")
+    work = _replacement_dir(root)
+    if work.exists() and not (root.is_dir() and any(root.iterdir())):
+        # an interrupted replacement whose old dataset is gone since: resume it in place
+        if _existing_identity(work) == ident:
+            if root.is_dir():
+                root.rmdir()
+            os.rename(work, root)
+        else:
+            shutil.rmtree(work)
     if root.is_dir() and any(root.iterdir()):
         found = _existing_identity(root)
         if found != ident:
@@ -149,12 +168,67 @@ def _prepare_target(cfg: GenerateConfig) -> bool:
                 raise DatasetError(f"{root} already holds {what} "
                                    f"({_describe(found)}); pass --force to replace it, or "
                                    "choose another --storage")
-            shutil.rmtree(root)
+            if work.exists() and _existing_identity(work) != ident:
+                shutil.rmtree(work)  # an interrupted replacement by another dataset
+            _check_space(cfg, work)
+            (work / JOURNAL).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(work / JOURNAL / "config.json", ident)
+            return False, work
         elif (root / MANIFEST_NAME).is_file() and not (root / JOURNAL).exists():
-            return True
+            if work.exists():  # a replacement by this same dataset, no longer needed
+                shutil.rmtree(work)
+            return True, root
+    _check_space(cfg, root)
     (root / JOURNAL).mkdir(parents=True, exist_ok=True)
     write_json_atomic(root / JOURNAL / "config.json", ident)
-    return False
+    return False, root
+
+
+def _check_space(cfg: GenerateConfig, root: Path) -> None:
+    """Refuse, before writing anything, a request the storage cannot hold (bytes, files)."""
+    # compressed samples may take less: the writers' own out-of-space error covers them
+    need = _estimate_bytes(cfg, 0) if cfg.compression == "none" else 0
+    if need and root.is_dir():  # resuming: what earlier runs wrote counts
+        need = max(0, need - _bytes_under(root))
+    st = os.statvfs(cfg.storage)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise StorageError(
+            f"--samples {cfg.samples} of {cfg.dataset} needs about {_size(need)} and "
+            f"{cfg.storage} has {_size(free)} free; choose fewer --samples or another "
+            "--storage")
+    files = -(-cfg.samples // cfg.samples_per_file) if cfg.format != "files" else cfg.samples
+    if st.f_files and files + 16 > st.f_favail:
+        raise StorageError(
+            f"--samples {cfg.samples} as {cfg.format} needs about {files:,} files and "
+            f"{cfg.storage} has {st.f_favail:,} inodes free; choose fewer --samples, a "
+            "record format (hdf5, netcdf, lmdb), or another --storage")
+
+
+def _bytes_under(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+    return total
+
+
+def _size(n: int) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= div:
+            return f"{n / div:,.1f} {unit}"
+    return f"{n:,} bytes"
+
+
+def _swap_in(work: Path, root: Path) -> None:
+    """Put the complete replacement at `root`; the old dataset goes only after that."""
+    old = root.with_name(f".{root.name}.iobench-replaced")
+    if old.exists():
+        shutil.rmtree(old)
+    os.rename(root, old)
+    os.rename(work, root)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _existing_identity(root: Path) -> dict[str, Any] | None:
@@ -215,15 +289,33 @@ def _run_task(writer: Writer, root: Path, task: Task) -> tuple[int, list[FileEnt
         return task.id, entries, True
     try:
         entries = writer.write(root, task)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            free = shutil.disk_usage(root).free
+    except IobenchError:
+        raise
+    except Exception as e:
+        if not _is_storage_failure(e):
+            raise
+        # netCDF-C and LMDB report a full disk as "HDF error" or EIO: ask the disk
+        free = shutil.disk_usage(root).free
+        if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) \
+                or free < 2 * _estimate_task_bytes(writer, task) + (1 << 20):
             raise StorageError(f"out of space on {root} while writing {task.files[0]} "
                                f"({free} bytes free); free space or choose another "
                                "--storage, then rerun to resume") from None
-        raise StorageError(f"cannot write {root / task.files[0]}: {e.strerror or e}") from None
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        raise StorageError(f"cannot write {root / task.files[0]}: {why}") from None
     write_json_atomic(_journal_path(root, task), [asdict(e) for e in entries])
     return task.id, entries, False
+
+
+def _is_storage_failure(e: Exception) -> bool:
+    """An error a writer's storage library raises (not a bug of ours)."""
+    mod = type(e).__module__ or ""
+    return isinstance(e, (OSError, RuntimeError)) or mod.split(".")[0] in (
+        "lmdb", "netCDF4", "h5py")
+
+
+def _estimate_task_bytes(writer: Writer, task: Task) -> int:
+    return (writer.spec.sample_nbytes or 110_000) * task.count
 
 
 _POOL_STATE: dict[str, Any] = {}
@@ -257,19 +349,20 @@ def generate_dataset(cfg: GenerateConfig, world: World | None = None, *,
     stats = stats if stats is not None else GenerateStats()
     writer = get_writer(cfg.format, cfg.spec, cfg.seed, cfg.compression)
     err: IobenchError | None = None
-    done = False
+    done, work = False, cfg.root
     if world.is_root:
         try:
-            done = _prepare_target(cfg)
+            done, work = _prepare_target(cfg)
         except IobenchError as e:
             err = e
-    err, done = world.bcast((err, done))
+    err, done, work = world.bcast((err, done, work))
     if err is not None:
         raise err
-    root = cfg.root.resolve()
+    final = cfg.root.resolve()
     if done:
         stats.already_complete = True
-        return Manifest.load(root)
+        return Manifest.load(final)
+    root = work.resolve()
 
     tasks = writer.plan(cfg.samples, cfg.samples_per_file)
     est = _estimate_bytes(cfg, len(tasks))
@@ -283,7 +376,7 @@ def generate_dataset(cfg: GenerateConfig, world: World | None = None, *,
     if not world.is_root:
         world.barrier()
         stats.seconds = time.perf_counter() - t0
-        return Manifest.load(root)
+        return Manifest.load(final)
     entries: list[FileEntry] = []
     for _tid, ents, resumed in sorted(results, key=lambda r: r[0]):
         entries.extend(ents)
@@ -308,8 +401,10 @@ def generate_dataset(cfg: GenerateConfig, world: World | None = None, *,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
     manifest.write(root)
     shutil.rmtree(root / JOURNAL, ignore_errors=True)
+    if root != final:
+        _swap_in(root, final)
     world.barrier()
-    return Manifest.load(root)
+    return Manifest.load(final)
 
 
 def _estimate_bytes(cfg: GenerateConfig, ntasks: int) -> int:

@@ -230,6 +230,82 @@ def test_verify_catches_damage_in_containers(tmp_path):
     assert len(probs) == 1 and probs[0].startswith("truncated") and str(p) in probs[0]
 
 
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a tmpfs of the size asked for (needs root); unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        if os.geteuid() != 0 or subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                capture_output=True).returncode != 0:
+            pytest.skip("needs root to mount a small tmpfs")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("argv", [
+    # records larger than a page take overflow pages: the pre-check passes, the write fails
+    ["--dataset", "cifar10", "--format", "lmdb", "--samples", "1000", "--samples-per-file",
+     "500"],
+    # compressed: no pre-check; netCDF-C reports the full disk as "HDF error"
+    ["--dataset", "cosmoflow", "--format", "netcdf", "--compression", "gzip", "--samples", "2"],
+    # a block per small file
+    ["--dataset", "cifar10", "--format", "files", "--samples", "1000"],
+])
+def test_out_of_space_in_every_writer_is_one_line(tmpfs, argv):
+    mnt = tmpfs("3600k")
+    r = run_cmd("generate", *argv, "--storage", mnt)
+    assert r.returncode == 2, r.stderr
+    assert "out of space" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list(mnt.rglob("iobench.json")) and not list(mnt.rglob(".*.tmp"))
+
+
+def test_absurd_size_refused_before_writing(tmp_path):
+    r = run_cmd("generate", "--samples", "1000000000000", "--storage", tmp_path)
+    assert r.returncode == 2
+    assert "needs about 3,072.0 TB" in r.stderr and "free" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing written, not even the journal
+
+
+def test_force_on_a_full_disk_keeps_the_old_dataset(tmpfs):
+    mnt = tmpfs("5500k")
+    old = ["generate", "--dataset", "cifar10", "--format", "lmdb", "--samples-per-file", "500",
+           "--storage", mnt]
+    assert run_cmd(*old, "--samples", "500").returncode == 0
+    root = mnt / "cifar10-lmdb"
+    before = _digests(root)
+    # passes the up-front check (LMDB takes more than the samples' bytes), then fills the
+    # disk while the old dataset is still there
+    r = run_cmd(*old, "--samples", "1000", "--force")
+    assert r.returncode == 2 and "out of space" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert _digests(root) == before and verify_dataset(root) == []
+    assert Manifest.load(root).num_samples == 500
+    # space made: the interrupted replacement resumes beside the old one, then swaps in
+    shutil.rmtree(root)
+    assert run_cmd(*old, "--samples", "1000", "--force").returncode == 0
+    assert Manifest.load(root).num_samples == 1000 and verify_dataset(root) == []
+    assert sorted(p.name for p in mnt.iterdir()) == ["cifar10-lmdb"]
+
+
+def test_force_replaces_in_one_swap(tmp_path):
+    base = ["generate", "--storage", tmp_path, "--samples-per-file", "10"]
+    assert run_cmd(*base, "--samples", "20").returncode == 0
+    r = run_cmd(*base, "--samples", "40", "--force")
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "cifar10-hdf5"
+    assert Manifest.load(root).num_samples == 40 and verify_dataset(root) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["cifar10-hdf5"]  # nothing left beside it
+
+
 def test_out_of_space_leaves_no_partial_file(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
@@ -237,7 +313,9 @@ def test_out_of_space_leaves_no_partial_file(tmp_path):
                                             str(mnt)], capture_output=True).returncode != 0:
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        r = run_cmd("generate", "--dataset", "cosmoflow", "--samples", "2", "--storage", mnt)
+        # compressed: past the up-front space check, so the writer meets the full disk
+        r = run_cmd("generate", "--dataset", "cosmoflow", "--samples", "2", "--compression",
+                    "gzip", "--storage", mnt)
         assert r.returncode == 2
         assert "out of space" in r.stderr and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
