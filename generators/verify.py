@@ -4,21 +4,28 @@ that it opens with its format's library holding the expected samples."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import stat
 from pathlib import Path
 
 from iobench.errors import IobenchError
 from iobench.generators import get_writer
 from iobench.generators.base import sha256_file
-from iobench.manifest import FileEntry, Manifest
+from iobench.manifest import FileEntry, Manifest, file_kind
 from iobench.world import World
 
 
 def check_entry(manifest: Manifest, entry: FileEntry) -> str | None:
     """One problem with `entry` as a line of text, or None when it is fine."""
     path = manifest.path_of(entry)
-    if not path.is_file():
+    try:
+        st = path.stat()
+    except FileNotFoundError:
         return f"missing: {path}"
-    size = path.stat().st_size
+    except OSError as e:
+        return f"unreadable: {path}: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode):  # reading a FIFO would wait for a writer forever
+        return f"not a regular file ({file_kind(st.st_mode)}): {path}"
+    size = st.st_size
     if size != entry.bytes:
         kind = "truncated" if size < entry.bytes else "too long"
         return f"{kind}: {path} has {size} bytes, manifest says {entry.bytes}"

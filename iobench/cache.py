@@ -113,7 +113,7 @@ def evict(paths: Iterable[str | Path]) -> EvictResult:
     errors: list[str] = []
     for p in paths:
         try:
-            fd = os.open(p, os.O_RDONLY)
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             errors.append(f"{p}: {e.strerror}")
             continue
@@ -196,7 +196,7 @@ def _mincore_pages(fd: int, size: int) -> int | None:
 def resident_bytes(path: str | Path) -> int | None:
     """Bytes of `path` in the page cache, or None when the OS will not say truthfully."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -276,7 +276,7 @@ def evict_and_measure(paths: Iterable[str | Path]) -> tuple[EvictResult, Residen
     res = Residency(0, 0, 0)
     for p in paths:
         try:
-            fd = os.open(p, os.O_RDONLY)
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             errors.append(f"{p}: {e.strerror}")
             res = res + Residency(0, 0, 1)

@@ -137,6 +137,33 @@ class Manifest:
                                    "of the tree); remove it or regenerate the dataset")
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (for errors naming it)."""
+    import stat
+
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def refuse_irregular(path: str | Path, fd: int | None = None) -> None:
+    """A DatasetError when `path` (or the open `fd`) exists and is not a regular file: a
+    FIFO would hang whatever reads it, a device or socket is not data iobench wrote."""
+    import stat
+
+    try:
+        mode = (os.fstat(fd) if fd is not None else os.stat(path)).st_mode
+    except OSError:
+        return  # missing or unreadable: the caller's own error names it
+    if not stat.S_ISREG(mode):
+        raise DatasetError(f"{path} is {file_kind(mode)}, not a regular file: a dataset holds "
+                           "regular files only; remove it and regenerate or re-stage the "
+                           "dataset")
+
+
 def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = None
            ) -> tuple[str, str, Path]:
     """(dataset, format, root) of the one iobench dataset under a storage root.

@@ -46,7 +46,7 @@ from iobench.errors import (
     IobenchError,
     StorageError,
 )
-from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.spread import spread
 from iobench.world import World
 
@@ -167,8 +167,9 @@ def _check_manifest(m: Manifest, cfg: StageConfig) -> None:
 def _sha256_file(path: Path, buf: memoryview) -> tuple[int, str]:
     h = hashlib.sha256()
     n = 0
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: named below, not waited on
     try:
+        refuse_irregular(path, fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while k := os.readv(fd, [buf]):
             h.update(buf[:k])
@@ -182,8 +183,9 @@ def _copy_verified(src: Path, tmp: Path, entry: FileEntry, cfg: StageConfig, buf
                    on_bytes: Callable[[int], None]) -> None:
     """Copy src to tmp with large sequential I/O, hashing while copying."""
     h = hashlib.sha256() if cfg.verify else None
-    fin = os.open(src, os.O_RDONLY)
+    fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: named below, not waited on
     try:
+        refuse_irregular(src, fin)
         fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except BaseException:
         os.close(fin)
@@ -350,6 +352,7 @@ def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConf
         recopy = 1
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.parent / f".{dst.name}{PARTIAL}{host}-{os.getpid()}-{threading.get_ident()}"
+    refuse_irregular(src)
     if not src.is_file():
         raise DatasetError(f"source file {src} (in the manifest) is missing: the source "
                            "dataset is incomplete; regenerate it or run `iobench verify`")

@@ -11,6 +11,7 @@ never cross a fork.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import numpy as np
 
 from iobench import sampling
 from iobench.errors import DatasetError
-from iobench.manifest import FileEntry, Manifest
+from iobench.manifest import FileEntry, Manifest, refuse_irregular
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]  # (shape, dtype) -> array to fill
 
@@ -152,10 +153,13 @@ def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None
     for f in manifest.files if entries is None else entries:
         path = manifest.path_of(f)
         try:
-            size = os.stat(path).st_size
+            st = os.stat(path)
         except FileNotFoundError:
             raise DatasetError(f"{path} is missing: the dataset at {manifest.root} is incomplete; "
                                "regenerate it (iobench generate) or re-stage it") from None
+        if not stat.S_ISREG(st.st_mode):
+            refuse_irregular(path)
+        size = st.st_size
         if size != f.bytes:
             raise DatasetError(f"{path} has {size} bytes but the manifest records {f.bytes}: "
                                "the file is truncated or was changed; regenerate or re-stage it")
@@ -210,6 +214,9 @@ class BatchReader(ABC):
         self.prefetch_block: int | None = None  # samples per block to prefetch whole
         # False (cold runs): the format library keeps no data cache of its own between reads
         self.library_cache = library_cache
+        if self.format != "files":  # a few containers: check them now (files: when read)
+            for path in self.paths:
+                refuse_irregular(path)
 
     def warm_up(self) -> None:  # noqa: B027 - optional hook
         """Import what reading needs, in the process that will read (no data is read)."""

@@ -16,6 +16,7 @@ loader delivers the same uint8 [B, 32, 32, 3]; JPEG stays encoded.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from iobench.errors import DatasetError
 from iobench.loaders._reader import BatchReader, check_files
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import Manifest
+from iobench.manifest import CONTAINMENT_FILES, Manifest, refuse_irregular
 
 OPEN_AT_ONCE = 128  # files open per worker at a time (well under the usual 1024 fd limit)
 
@@ -50,7 +51,17 @@ class FilesReader(BatchReader):
             raise DatasetError(f"manifest of {manifest.root} lists no labels file (role "
                                "'labels'); regenerate the dataset")
         self.labels_entry = labels[0]
+        refuse_irregular(manifest.path_of(self.labels_entry))
         self.ext = self.files[0].path.rsplit(".", 1)[-1].lower()
+        # beyond CONTAINMENT_FILES the manifest checked directories, not each file's real
+        # path: then a symbolic link is refused when opened
+        self._open_flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (
+            os.O_NOFOLLOW if len(self.files) > CONTAINMENT_FILES else 0)
+
+    def fail(self, path: str | Path, what: str, err: BaseException | None = None
+             ) -> DatasetError:
+        refuse_irregular(path)  # a FIFO, socket or device: say so rather than "truncated"
+        return super().fail(path, what, err)
 
     def warm_up(self) -> None:
         if self.ext == "png":
@@ -74,17 +85,20 @@ class FilesReader(BatchReader):
     def _open_batch(self, sorted_idx: np.ndarray) -> list[int]:
         """Open the batch's files and start fetching them all (posix_fadvise WILLNEED)."""
         fds: list[int] = []
+        i = -1
         try:
             for i in sorted_idx.tolist():
-                fd = os.open(self.paths[i], os.O_RDONLY)
+                # O_NONBLOCK: a FIFO in the tree opens at once (and `fail` names it) instead
+                # of waiting for a writer forever
+                fd = os.open(self.paths[i], self._open_flags)
                 fds.append(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except FileNotFoundError:
             _close_all(fds)
-            raise self.fail(self.paths[sorted_idx[len(fds)]], "file is missing") from None
+            raise self.fail(self.paths[i], "file is missing") from None
         except OSError as e:
             _close_all(fds)
-            raise self.fail(self.paths[sorted_idx[len(fds)]], "cannot open it", e) from None
+            raise self.fail(self.paths[i], "cannot open it", e) from None
         return fds
 
     def _read_npy(self, i: int, dest: np.ndarray, fd: int) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import cli, run_cmd
 from iobench.errors import DatasetError
 from iobench.manifest import Manifest
 
@@ -129,3 +129,27 @@ def test_the_baselines_fail_cleanly_on_a_damaged_file(tmp_path: Path, workers: s
                "global", "--no-dd", "--loaders", "hdf5") == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("iobench")]
     assert len(err) == 1 and "naive baseline cannot read" in err[0] and "part-00000.h5" in err[0]
+
+
+@pytest.mark.parametrize("fmt", ["files", "hdf5"])
+def test_a_fifo_in_a_dataset_is_named_not_waited_on(tmp_path: Path, fmt: str) -> None:
+    """A FIFO where a data file belongs: verify, train and stage name it, and nothing waits
+    for a writer that never comes (each command under a timeout)."""
+    assert cli("generate", "--dataset", "cifar10", "--format", fmt, "--samples", "32",
+               "--samples-per-file", "16", "--storage", tmp_path / "s") == 0
+    root = tmp_path / "s" / f"cifar10-{fmt}"
+    m = Manifest.load(root)
+    victim = m.path_of(m.data_files[1])
+    victim.unlink()
+    os.mkfifo(victim)
+    for argv in (("verify", root),
+                 ("train", "--loader", fmt, "--storage", root.parent, "--model", "none",
+                  "--epochs", "1", "--results", tmp_path / "r"),
+                 ("train", "--loader", fmt, "--storage", root.parent, "--model", "none",
+                  "--epochs", "1", "--workers", "0", "--results", tmp_path / "r"),
+                 ("stage", "--from", root.parent, "--to", tmp_path / "dst")):
+        r = run_cmd(*argv, timeout=120)
+        err = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and "Traceback" not in r.stderr, (argv, r.stderr)
+        assert any("a FIFO" in line and str(victim) in line for line in err), (argv, r.stderr)
+    assert not (tmp_path / "dst" / f"cifar10-{fmt}" / "iobench.json").exists()
