@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from iobench.datasets import DatasetSpec
-from iobench.errors import ConfigError
+from iobench.errors import ConfigError, DatasetError
 from iobench.generators import synth
 from iobench.generators.synth import fill_samples, make_sample
 from iobench.manifest import FileEntry
@@ -72,6 +72,20 @@ class Writer(ABC):
     def check(self, path: Path, entry: FileEntry) -> None:
         """Open `path` with the format's own library; raise DatasetError if it does not
         hold `entry.num_samples` samples in the expected layout."""
+
+    def check_labels(self, path: Path, labels: Any, first: int) -> None:
+        """A DatasetError when a class label of the samples from `first` is outside
+        0..num_classes-1 (a real model's loss would fail on it mid-run)."""
+        k = self.spec.num_classes
+        labels = np.asarray(labels)
+        if not k or labels.size == 0:
+            return
+        bad = (labels < 0) | (labels >= k)
+        if bad.any():
+            j = int(np.flatnonzero(bad.reshape(len(labels), -1).any(axis=1))[0])
+            raise DatasetError(f"{path}: sample {first + j} has label {labels[j]}, outside "
+                               f"0..{k - 1} of {self.spec.name}; the file is damaged or was "
+                               "changed: regenerate it")
 
     def layout(self, samples_per_file: int) -> dict[str, object]:
         """Format-specific layout details recorded in the manifest."""

@@ -101,6 +101,8 @@ class FilesWriter(Writer):
             if entry.role == "labels":
                 lab = np.load(path, allow_pickle=False, mmap_mode="r")
                 ok = lab.shape[1:] == self.spec.label_shape
+                if ok:
+                    self.check_labels(path, lab, 0)
             elif path.suffix == ".npy":
                 arr = np.load(path, allow_pickle=False, mmap_mode="r")
                 ok = arr.shape == self.spec.sample_shape and arr.dtype == self.spec.sample_dtype
@@ -110,6 +112,8 @@ class FilesWriter(Writer):
                 with Image.open(path) as im:
                     im.verify()
                 ok = True
+        except DatasetError:
+            raise
         except Exception as e:  # PIL and numpy raise many kinds for damaged files
             raise DatasetError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
         if not ok:

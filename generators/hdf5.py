@@ -67,6 +67,7 @@ class HDF5Writer(ContainerWriter):
         try:
             with h5py.File(path, "r", locking=False) as f:
                 n = f["labels"].shape[0]
+                labels = f["labels"][:]
                 if self.spec.sample_kind == "jpeg":
                     ok = f["offsets"].shape[0] == n + 1 and f["jpeg"].shape[0] == f["offsets"][-1]
                 else:
@@ -76,3 +77,4 @@ class HDF5Writer(ContainerWriter):
         if n != entry.num_samples or not ok:
             raise DatasetError(f"{path}: holds {n} samples in an unexpected layout, manifest "
                                f"says {entry.num_samples}")
+        self.check_labels(path, labels, entry.first_sample)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -142,6 +143,7 @@ class LMDBWriter(ContainerWriter):
                 n = env.stat()["entries"]
                 first = txn.get(key(entry.first_sample))
                 last = txn.get(key(entry.first_sample + entry.num_samples - 1))
+                labels = self._labels(path, txn) if self.spec.num_classes else None
         except lmdb.Error as e:
             raise DatasetError(f"{path}: damaged LMDB environment ({e})") from e
         finally:
@@ -150,3 +152,15 @@ class LMDBWriter(ContainerWriter):
             raise DatasetError(f"{path}: holds {n} records (first/last key present: "
                                f"{first is not None}/{last is not None}), manifest says "
                                f"{entry.num_samples}")
+        if labels is not None:
+            self.check_labels(path, labels, entry.first_sample)
+
+    def _labels(self, path: Path, txn: Any) -> np.ndarray:
+        """The class label of every record, in key order (from the record headers)."""
+        ldt = np.dtype(self.spec.label_dtype)
+        out = []
+        for _k, v in txn.cursor():
+            if len(v) < HEADER.size + ldt.itemsize or bytes(v[:4]) != MAGIC:
+                raise DatasetError(f"{path}: a record without a valid iobench header")
+            out.append(np.frombuffer(v, dtype=ldt, count=1, offset=HEADER.size)[0])
+        return np.asarray(out, dtype=ldt)

@@ -76,6 +76,9 @@ class NetCDFWriter(ContainerWriter):
         try:
             with netCDF4.Dataset(path, "r") as ds:
                 n = ds.dimensions["sample"].size
+                lv = ds.variables["labels"]
+                lv.set_auto_maskandscale(False)
+                labels = lv[:]
                 if self.spec.sample_kind == "jpeg":
                     ok = ds.variables["offsets"].shape == (n + 1,)
                 else:
@@ -85,3 +88,4 @@ class NetCDFWriter(ContainerWriter):
         if n != entry.num_samples or not ok:
             raise DatasetError(f"{path}: holds {n} samples in an unexpected layout, manifest "
                                f"says {entry.num_samples}")
+        self.check_labels(path, labels, entry.first_sample)

@@ -268,6 +268,10 @@ class BatchReader(ABC):
         """The file that holds sample `index` (for error messages)."""
         return str(self.paths[int(self.file_of(np.array([index], dtype=np.int64))[0])])
 
+    def label_file(self, index: int) -> str:
+        """The file that holds sample `index`'s label (for error messages)."""
+        return self.where(index)
+
     def read(self, indices: np.ndarray, alloc: Alloc | None = None) -> RawBatch:
         """Stored samples and labels of `indices` (int64, any order), in that order.
 
@@ -282,6 +286,7 @@ class BatchReader(ABC):
         inv[order] = np.arange(len(order))
         if self.kind == "jpeg":
             parts, labels, nbytes = self._read_sorted_bytes(sorted_idx)
+            self._check_labels(sorted_idx, labels)
             lengths = np.array([len(p) for p in parts], dtype=np.int64)[inv]
             offsets = np.zeros(len(parts) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
@@ -292,7 +297,22 @@ class BatchReader(ABC):
         assert self.sample_shape is not None
         out = alloc((len(indices), *self.sample_shape), self.sample_dtype)
         labels, nbytes = self._read_sorted_arrays(sorted_idx, order, out)
+        self._check_labels(sorted_idx, labels)
         return RawBatch(out, labels[inv], nbytes[inv])
+
+    def _check_labels(self, sorted_idx: np.ndarray, labels: np.ndarray) -> None:
+        """Class labels outside 0..num_classes-1 are a damaged file, named here: a model's
+        loss would otherwise fail on them mid-run (two comparisons per batch)."""
+        k = self.manifest.num_classes
+        if not k or labels.ndim != 1 or not len(labels):
+            return
+        bad = (labels < 0) | (labels >= k)
+        if bad.any():
+            j = int(np.argmax(bad))
+            i = int(sorted_idx[j])
+            raise DatasetError(f"sample {i} in {self.label_file(i)} has label {labels[j]}, outside "
+                               f"0..{k - 1} of {self.manifest.dataset}; the file is damaged or "
+                               "was changed: regenerate or re-stage it")
 
     @abstractmethod
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,

@@ -58,6 +58,9 @@ class FilesReader(BatchReader):
         self._open_flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (
             os.O_NOFOLLOW if len(self.files) > CONTAINMENT_FILES else 0)
 
+    def label_file(self, index: int) -> str:
+        return str(self.manifest.path_of(self.labels_entry))
+
     def fail(self, path: str | Path, what: str, err: BaseException | None = None
              ) -> DatasetError:
         refuse_irregular(path)  # a FIFO, socket or device: say so rather than "truncated"

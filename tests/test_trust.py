@@ -153,3 +153,70 @@ def test_a_fifo_in_a_dataset_is_named_not_waited_on(tmp_path: Path, fmt: str) ->
         assert r.returncode != 0 and "Traceback" not in r.stderr, (argv, r.stderr)
         assert any("a FIFO" in line and str(victim) in line for line in err), (argv, r.stderr)
     assert not (tmp_path / "dst" / f"cifar10-{fmt}" / "iobench.json").exists()
+
+
+def _set_label(m: Manifest, fmt: str, sample: int, value: int) -> Path:
+    """Give `sample` the label `value` in the data itself; return the file changed."""
+    import numpy as np
+
+    if fmt == "files":
+        entry = next(f for f in m.files if f.role == "labels")
+        path = m.path_of(entry)
+        lab = np.load(path)
+        lab[sample] = value
+        with open(path, "wb") as fh:
+            np.save(fh, lab)
+        return path
+    entry = next(f for f in m.data_files
+                 if f.first_sample <= sample < f.first_sample + f.num_samples)
+    path, j = m.path_of(entry), sample - entry.first_sample
+    if fmt == "hdf5":
+        import h5py
+
+        with h5py.File(path, "r+") as f:
+            f["labels"][j] = value
+    elif fmt == "netcdf":
+        import netCDF4
+
+        with netCDF4.Dataset(path, "a") as ds:
+            ds.variables["labels"][j] = value
+    else:
+        import lmdb
+
+        from iobench.generators.lmdb import HEADER, key
+        env = lmdb.open(str(path), subdir=False, lock=False)
+        with env.begin(write=True) as txn:
+            rec = bytearray(txn.get(key(sample)))
+            dt = np.dtype(m.label["dtype"])
+            rec[HEADER.size:HEADER.size + dt.itemsize] = np.array([value], dtype=dt).tobytes()
+            txn.put(key(sample), bytes(rec))
+        env.close()
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["files", "hdf5", "netcdf", "lmdb"])
+def test_a_label_out_of_range_is_named_by_verify_and_train(tmp_path: Path, fmt: str) -> None:
+    """A class label of 999 in a 10-class dataset, the manifest rewritten to match the
+    changed file: verify and train (before any model sees it) name the sample and file."""
+    from iobench.generators.base import sha256_file
+
+    assert cli("generate", "--dataset", "cifar10", "--format", fmt, "--samples", "32",
+               "--samples-per-file", "16", "--storage", tmp_path / "s") == 0
+    root = tmp_path / "s" / f"cifar10-{fmt}"
+    path = _set_label(Manifest.load(root), fmt, 21, 999)
+
+    def match(doc):  # the manifest now agrees with the damaged file
+        for f in doc["files"]:
+            if (root / f["path"]) == path:
+                f["bytes"], f["sha256"] = path.stat().st_size, sha256_file(path)
+    _edit(root, match)
+    for argv in (("verify", root),
+                 ("train", "--loader", fmt, "--storage", root.parent, "--model", "none",
+                  "--epochs", "1", "--results", tmp_path / "r")):
+        r = run_cmd(*argv, timeout=120)
+        # verify lists what it found (exit 1); train stops at the first (exit 2)
+        assert r.returncode == (1 if argv[0] == "verify" else 2), (argv, r.stderr)
+        assert "Traceback" not in r.stderr
+        line = [x for x in r.stderr.splitlines() if "label 999" in x]
+        assert line and "outside 0..9" in line[0] and str(path) in line[0], (argv, r.stderr)
+        assert "sample 21" in line[0], line
