@@ -73,6 +73,14 @@ class Writer(ABC):
         """Open `path` with the format's own library; raise DatasetError if it does not
         hold `entry.num_samples` samples in the expected layout."""
 
+    def check_dtype(self, path: Path, dtype: Any) -> None:
+        """A DatasetError when the stored samples' dtype is not the dataset's (a reader
+        would read their bytes as the wrong type)."""
+        want = np.dtype(self.spec.sample_dtype if self.spec.sample_kind != "jpeg" else np.uint8)
+        if np.dtype(dtype) != want:
+            raise DatasetError(f"{path}: samples stored as {np.dtype(dtype)}, {self.spec.name} "
+                               f"has {want}; the file was changed: regenerate it")
+
     def check_labels(self, path: Path, labels: Any, first: int) -> None:
         """A DatasetError when a class label of the samples from `first` is outside
         0..num_classes-1 (a real model's loss would fail on it mid-run)."""
@@ -90,6 +98,36 @@ class Writer(ABC):
     def layout(self, samples_per_file: int) -> dict[str, object]:
         """Format-specific layout details recorded in the manifest."""
         return {"samples_per_file": samples_per_file, "compression": self.compression}
+
+
+# what a file of each kind starts with (the decoders trust it; a PNG named .JPEG is not one)
+MAGIC_BYTES: dict[str, bytes] = {".png": b"\x89PNG\r\n\x1a\n", ".jpeg": b"\xff\xd8\xff",
+                                 ".jpg": b"\xff\xd8\xff", ".npy": b"\x93NUMPY"}
+
+
+def check_magic(path: Path, head: bytes, suffix: str | None = None) -> None:
+    """A DatasetError when `head` (a file's or blob's first bytes) is not what its kind
+    (`suffix`, default the path's) starts with."""
+    want = MAGIC_BYTES.get((suffix or path.suffix).lower())
+    if want is not None and not bytes(head[:len(want)]) == want:
+        raise DatasetError(f"{path}: does not start as a {(suffix or path.suffix).lower()} "
+                           f"file does (first bytes {bytes(head[:8])!r}); it is damaged or "
+                           "another kind of file: regenerate it")
+
+
+def check_blobs(path: Path, blobs: np.ndarray, offsets: np.ndarray, first: int) -> None:
+    """Every JPEG blob of a container starts with the JPEG marker and ends inside it."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if len(offsets) < 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 3) \
+            or offsets[-1] != len(blobs):
+        raise DatasetError(f"{path}: JPEG offsets do not tile the stored bytes; the file was "
+                           "changed: regenerate it")
+    starts = offsets[:-1]
+    ok = (blobs[starts] == 0xFF) & (blobs[starts + 1] == 0xD8) & (blobs[starts + 2] == 0xFF)
+    if not ok.all():
+        j = int(np.argmin(ok))
+        raise DatasetError(f"{path}: sample {first + j} is not a JPEG (first bytes "
+                           f"{bytes(blobs[starts[j]:starts[j] + 8])!r}); regenerate it")
 
 
 def part_name(k: int, suffix: str) -> str:

@@ -15,7 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import Task, Writer, atomic_file, entry_for, make_sample, sample_blocks
+from iobench.generators.base import (
+    Task,
+    Writer,
+    atomic_file,
+    check_magic,
+    entry_for,
+    make_sample,
+    sample_blocks,
+)
 from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry
 
@@ -97,6 +105,8 @@ class FilesWriter(Writer):
         return entries
 
     def check(self, path: Path, entry: FileEntry) -> None:
+        with open(path, "rb") as fh:
+            check_magic(path, fh.read(8))
         try:
             if entry.role == "labels":
                 lab = np.load(path, allow_pickle=False, mmap_mode="r")

@@ -16,6 +16,7 @@ from iobench.errors import DatasetError
 from iobench.generators.base import (
     ContainerWriter,
     Task,
+    check_blobs,
     file_entry,
     jpeg_blobs,
     sample_blocks,
@@ -69,12 +70,19 @@ class HDF5Writer(ContainerWriter):
                 n = f["labels"].shape[0]
                 labels = f["labels"][:]
                 if self.spec.sample_kind == "jpeg":
-                    ok = f["offsets"].shape[0] == n + 1 and f["jpeg"].shape[0] == f["offsets"][-1]
+                    offsets = f["offsets"][:]
+                    ok = f["offsets"].shape[0] == n + 1 and f["jpeg"].shape[0] == offsets[-1]
+                    dtype = f["jpeg"].dtype
+                    blobs = f["jpeg"][:] if ok else None
                 else:
                     ok = f["samples"].shape == (n, *self.spec.sample_shape)
+                    dtype, blobs = f["samples"].dtype, None
         except (OSError, KeyError) as e:
             raise DatasetError(f"{path}: cannot be read as HDF5 ({e})") from e
         if n != entry.num_samples or not ok:
             raise DatasetError(f"{path}: holds {n} samples in an unexpected layout, manifest "
                                f"says {entry.num_samples}")
+        self.check_dtype(path, dtype)
+        if blobs is not None:
+            check_blobs(path, blobs, offsets, entry.first_sample)
         self.check_labels(path, labels, entry.first_sample)

@@ -26,6 +26,7 @@ from iobench.generators.base import (
     BLOCK_BYTES,
     ContainerWriter,
     Task,
+    check_magic,
     file_entry,
     make_sample,
     sample_blocks,
@@ -143,7 +144,7 @@ class LMDBWriter(ContainerWriter):
                 n = env.stat()["entries"]
                 first = txn.get(key(entry.first_sample))
                 last = txn.get(key(entry.first_sample + entry.num_samples - 1))
-                labels = self._labels(path, txn) if self.spec.num_classes else None
+                labels = self._scan(path, txn, entry.first_sample)
         except lmdb.Error as e:
             raise DatasetError(f"{path}: damaged LMDB environment ({e})") from e
         finally:
@@ -152,15 +153,30 @@ class LMDBWriter(ContainerWriter):
             raise DatasetError(f"{path}: holds {n} records (first/last key present: "
                                f"{first is not None}/{last is not None}), manifest says "
                                f"{entry.num_samples}")
-        if labels is not None:
-            self.check_labels(path, labels, entry.first_sample)
+        self.check_labels(path, labels, entry.first_sample)
 
-    def _labels(self, path: Path, txn: Any) -> np.ndarray:
-        """The class label of every record, in key order (from the record headers)."""
+    def _scan(self, path: Path, txn: Any, first: int) -> np.ndarray:
+        """Every record: its key is the next sample's, its header is iobench's with this
+        dataset's sizes; returns the labels, in key order."""
         ldt = np.dtype(self.spec.label_dtype)
+        lbytes = _label_nbytes(self.spec)
+        payload = None if self.spec.sample_kind == "jpeg" else self.spec.sample_nbytes
         out = []
-        for _k, v in txn.cursor():
-            if len(v) < HEADER.size + ldt.itemsize or bytes(v[:4]) != MAGIC:
-                raise DatasetError(f"{path}: a record without a valid iobench header")
-            out.append(np.frombuffer(v, dtype=ldt, count=1, offset=HEADER.size)[0])
-        return np.asarray(out, dtype=ldt)
+        for j, (k, v) in enumerate(txn.cursor()):
+            if bytes(k) != key(first + j):
+                raise DatasetError(f"{path}: record {j} has key {bytes(k).hex()}, expected "
+                                   f"sample {first + j}'s; records were moved: regenerate it")
+            if len(v) < HEADER.size:
+                raise DatasetError(f"{path}: sample {first + j}'s record is {len(v)} bytes, "
+                                   "shorter than its header: regenerate it")
+            magic, _v, _a, _b, nl, npay = HEADER.unpack_from(v)
+            if magic != MAGIC or nl != lbytes or (payload is not None and npay != payload) \
+                    or len(v) != HEADER.size + nl + npay:
+                raise DatasetError(f"{path}: sample {first + j}'s record header is broken "
+                                   f"(magic {magic!r}, label {nl} B, payload {npay} B, record "
+                                   f"{len(v)} B): regenerate it")
+            if self.spec.sample_kind == "jpeg":
+                check_magic(path, bytes(v[HEADER.size + nl:HEADER.size + nl + 3]), ".jpeg")
+            out.append(np.frombuffer(v, dtype=ldt, count=max(1, lbytes // ldt.itemsize),
+                                     offset=HEADER.size))
+        return np.asarray(out, dtype=ldt).reshape(len(out), *self.spec.label_shape)

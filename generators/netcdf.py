@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from iobench.errors import DatasetError
 from iobench.generators.base import (
     ContainerWriter,
     Task,
+    check_blobs,
     file_entry,
     jpeg_blobs,
     sample_blocks,
@@ -81,11 +84,23 @@ class NetCDFWriter(ContainerWriter):
                 labels = lv[:]
                 if self.spec.sample_kind == "jpeg":
                     ok = ds.variables["offsets"].shape == (n + 1,)
+                    dtype = ds.variables["jpeg"].dtype
+                    if ok:
+                        for name in ("offsets", "jpeg"):
+                            ds.variables[name].set_auto_maskandscale(False)
+                        offsets = np.asarray(ds.variables["offsets"][:])
+                        blobs = np.asarray(ds.variables["jpeg"][:])
+                    else:
+                        blobs = None
                 else:
                     ok = ds.variables["samples"].shape == (n, *self.spec.sample_shape)
+                    dtype, blobs = ds.variables["samples"].dtype, None
         except (OSError, KeyError) as e:
             raise DatasetError(f"{path}: cannot be read as NetCDF-4 ({e})") from e
         if n != entry.num_samples or not ok:
             raise DatasetError(f"{path}: holds {n} samples in an unexpected layout, manifest "
                                f"says {entry.num_samples}")
+        self.check_dtype(path, dtype)
+        if blobs is not None:
+            check_blobs(path, blobs, offsets, entry.first_sample)
         self.check_labels(path, labels, entry.first_sample)

@@ -4,13 +4,14 @@ that it opens with its format's library holding the expected samples."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import stat
 from pathlib import Path
 
 from iobench.errors import IobenchError
 from iobench.generators import get_writer
 from iobench.generators.base import sha256_file
-from iobench.manifest import FileEntry, Manifest, file_kind
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, file_kind
 from iobench.world import World
 
 
@@ -52,10 +53,13 @@ def _check_one(entry: FileEntry) -> str | None:
     return check_entry(_M["m"], entry)
 
 
-def verify_dataset(root: str | Path, jobs: int = 1, world: World | None = None) -> list[str]:
+def verify_dataset(root: str | Path, jobs: int = 1, world: World | None = None,
+                   allow_extra: bool = False) -> list[str]:
     """All problems found (empty when the dataset is intact), on every rank.
 
     Files are split over MPI ranks (r::R) and, within a rank, `jobs` processes.
+    Files in the dataset folder that the manifest does not list are problems too
+    (leftovers of an interrupted copy or generation) unless `allow_extra`.
     """
     world = world or World()
     manifest = Manifest.load(root)
@@ -67,9 +71,25 @@ def verify_dataset(root: str | Path, jobs: int = 1, world: World | None = None) 
     else:
         found = [check_entry(manifest, e) for e in mine]
     problems = [p for p in found if p]
-    stray = []
+    stray: list[str] = []
     if world.is_root:
-        listed = {f.path for f in manifest.files}
-        stray = [f"temporary file left behind: {p}" for p in Path(manifest.root).rglob(".*.tmp")
-                 if str(p.relative_to(manifest.root)) not in listed]
+        stray = _unlisted(manifest, allow_extra)
     return sorted(sum(world.allgather(problems), []) + stray)
+
+
+def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
+    """Files under the dataset root that the manifest does not list."""
+    top = Path(manifest.root)
+    listed = {f.path for f in manifest.files} | {MANIFEST_NAME}
+    out = []
+    for dirpath, _dirs, names in os.walk(top):
+        for n in names:
+            rel = os.path.relpath(os.path.join(dirpath, n), top)
+            if rel in listed:
+                continue
+            if n.endswith(".tmp") or ".iobench-partial" in rel:  # generation, stage
+                out.append(f"temporary file left behind: {top / rel}")
+            elif not allow_extra:
+                out.append(f"not in the manifest: {top / rel} (a leftover of an interrupted "
+                           "copy?); remove it, or pass --allow-extra")
+    return out

@@ -220,3 +220,89 @@ def test_a_label_out_of_range_is_named_by_verify_and_train(tmp_path: Path, fmt: 
         line = [x for x in r.stderr.splitlines() if "label 999" in x]
         assert line and "outside 0..9" in line[0] and str(path) in line[0], (argv, r.stderr)
         assert "sample 21" in line[0], line
+
+
+def _rehash(root: Path, path: Path) -> None:
+    """Rewrite the manifest to match a changed file, as someone hiding damage would."""
+    from iobench.generators.base import sha256_file
+
+    def match(doc):
+        for f in doc["files"]:
+            if (root / f["path"]) == path:
+                f["bytes"], f["sha256"] = path.stat().st_size, sha256_file(path)
+    _edit(root, match)
+
+
+def _hdf5_as_int16(m: Manifest) -> Path:
+    import h5py
+
+    path = m.path_of(m.data_files[0])
+    with h5py.File(path, "r+") as f:
+        x = f["samples"][:]
+        del f["samples"]
+        f.create_dataset("samples", data=x.astype("int16"))
+    return path
+
+
+def _png_named_jpeg(m: Manifest) -> Path:
+    import io
+
+    from PIL import Image
+
+    path = m.path_of(m.data_files[2])
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 10, 10)).save(buf, format="PNG")
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def _broken_jpeg_in_hdf5(m: Manifest) -> Path:
+    import h5py
+
+    path = m.path_of(m.data_files[0])
+    with h5py.File(path, "r+") as f:
+        start = int(f["offsets"][3])
+        f["jpeg"][start:start + 4] = [0, 1, 2, 3]
+    return path
+
+
+def _lmdb_record_moved(m: Manifest) -> Path:
+    import lmdb
+
+    from iobench.generators.lmdb import key
+    path = m.path_of(m.data_files[0])
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        rec = txn.get(key(5))
+        txn.delete(key(5))
+        txn.put(key(10_000), rec)
+    env.close()
+    return path
+
+
+@pytest.mark.parametrize("dataset, fmt, damage, needle", [
+    ("cifar10", "hdf5", _hdf5_as_int16, "samples stored as int16, cifar10 has uint8"),
+    ("imagenet", "files", _png_named_jpeg, "does not start as a .jpeg file does"),
+    ("imagenet", "hdf5", _broken_jpeg_in_hdf5, "sample 3 is not a JPEG"),
+    ("cifar10", "lmdb", _lmdb_record_moved, "expected sample 5's; records were moved"),
+])
+def test_verify_looks_inside(tmp_path: Path, dataset: str, fmt: str, damage, needle: str
+                             ) -> None:
+    """Damage the checksums cannot see (the manifest rewritten to match): verify names it."""
+    assert cli("generate", "--dataset", dataset, "--format", fmt, "--samples", "8",
+               "--storage", tmp_path / "s") == 0
+    root = tmp_path / "s" / f"{dataset}-{fmt}"
+    path = damage(Manifest.load(root))
+    _rehash(root, path)
+    r = run_cmd("verify", root)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert any(needle in line and str(path) in line for line in r.stderr.splitlines()), r.stderr
+
+
+def test_verify_refuses_files_the_manifest_does_not_list(dataset: Path) -> None:
+    (dataset / "train" / "leftover.png").write_bytes(b"half a copy")
+    r = run_cmd("verify", dataset)
+    assert r.returncode == 1 and "not in the manifest" in r.stderr and "leftover.png" in r.stderr
+    assert "--allow-extra" in r.stderr
+    r = run_cmd("verify", dataset, "--allow-extra")
+    assert r.returncode == 0, r.stderr

@@ -1,5 +1,7 @@
-"""Check a dataset against its manifest: sizes, sha256 checksums, and that every file
-opens with its format's library. Exit code 0 only when all is well."""
+"""Check a dataset against its manifest: sizes, sha256 checksums, that every file
+opens with its format's library holding samples of the dataset's dtype, shape,
+keys, labels in range and image kind (magic bytes), and that nothing else is in
+the folder. Exit code 0 only when all is well."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the dataset root (the directory holding iobench.json)")
     p.add_argument("--jobs", type=int, default=1, help="checking processes per rank (default: 1)")
+    p.add_argument("--allow-extra", action="store_true",
+                   help="accept files in the dataset folder that the manifest does not list "
+                        "(default: each is a problem, e.g. a leftover of an interrupted copy)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -21,7 +26,8 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs} must be >= 1")
     world = get_world()
-    problems = verify_dataset(args.path, jobs=args.jobs, world=world)
+    problems = verify_dataset(args.path, jobs=args.jobs, world=world,
+                              allow_extra=args.allow_extra)
     if not world.is_root:
         return 1 if problems else 0
     for p in problems:
