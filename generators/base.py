@@ -100,21 +100,6 @@ class Writer(ABC):
         return {"samples_per_file": samples_per_file, "compression": self.compression}
 
 
-# what a file of each kind starts with (the decoders trust it; a PNG named .JPEG is not one)
-MAGIC_BYTES: dict[str, bytes] = {".png": b"\x89PNG\r\n\x1a\n", ".jpeg": b"\xff\xd8\xff",
-                                 ".jpg": b"\xff\xd8\xff", ".npy": b"\x93NUMPY"}
-
-
-def check_magic(path: Path, head: bytes, suffix: str | None = None) -> None:
-    """A DatasetError when `head` (a file's or blob's first bytes) is not what its kind
-    (`suffix`, default the path's) starts with."""
-    want = MAGIC_BYTES.get((suffix or path.suffix).lower())
-    if want is not None and not bytes(head[:len(want)]) == want:
-        raise DatasetError(f"{path}: does not start as a {(suffix or path.suffix).lower()} "
-                           f"file does (first bytes {bytes(head[:8])!r}); it is damaged or "
-                           "another kind of file: regenerate it")
-
-
 def check_blobs(path: Path, blobs: np.ndarray, offsets: np.ndarray, first: int) -> None:
     """Every JPEG blob of a container starts with the JPEG marker and ends inside it."""
     offsets = np.asarray(offsets, dtype=np.int64)

@@ -19,13 +19,12 @@ from iobench.generators.base import (
     Task,
     Writer,
     atomic_file,
-    check_magic,
     entry_for,
     make_sample,
     sample_blocks,
 )
 from iobench.generators.synth import labels_array
-from iobench.manifest import FileEntry
+from iobench.manifest import FileEntry, check_magic
 
 TASK_SAMPLES = 256  # samples per unit of work (and per resume record)
 LABELS = "labels.npy"

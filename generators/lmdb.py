@@ -26,7 +26,6 @@ from iobench.generators.base import (
     BLOCK_BYTES,
     ContainerWriter,
     Task,
-    check_magic,
     file_entry,
     make_sample,
     sample_blocks,
@@ -34,7 +33,7 @@ from iobench.generators.base import (
     written_file,
 )
 from iobench.generators.synth import fill_samples, labels_array
-from iobench.manifest import FileEntry
+from iobench.manifest import FileEntry, check_magic
 
 HEADER = struct.Struct("<4sBBHII")
 MAGIC = b"IOBR"

@@ -164,6 +164,22 @@ def refuse_irregular(path: str | Path, fd: int | None = None) -> None:
                            "dataset")
 
 
+# what a file of each kind starts with (the decoders trust it; a PNG named .JPEG is not one)
+MAGIC_BYTES: dict[str, bytes] = {".png": b"\x89PNG\r\n\x1a\n", ".jpeg": b"\xff\xd8\xff",
+                                 ".jpg": b"\xff\xd8\xff", ".npy": b"\x93NUMPY"}
+
+
+def check_magic(path: str | Path, head: bytes, suffix: str | None = None) -> None:
+    """A DatasetError when `head` (a file's or blob's first bytes) is not what its kind
+    (`suffix`, default the path's) starts with."""
+    suffix = (suffix or Path(path).suffix).lower()
+    want = MAGIC_BYTES.get(suffix)
+    if want is not None and not bytes(head[:len(want)]) == want:
+        raise DatasetError(f"{path}: does not start as a {suffix} "
+                           f"file does (first bytes {bytes(head[:8])!r}); it is damaged or "
+                           "another kind of file: regenerate it")
+
+
 def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = None
            ) -> tuple[str, str, Path]:
     """(dataset, format, root) of the one iobench dataset under a storage root.

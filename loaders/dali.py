@@ -55,7 +55,7 @@ from iobench.loaders._preprocess import (
 )
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
-from iobench.manifest import Manifest
+from iobench.manifest import Manifest, check_magic, refuse_irregular
 
 SAMPLE_LAYOUTS = {"cifar10": "HWC", "cosmoflow": "DHWC", "imagenet": ""}
 
@@ -140,6 +140,44 @@ class _AugSource:
         return _cifar_args(self.seed, self.epoch, b)
 
 
+def check_native_inputs(m: Manifest, threads: int = 16) -> None:
+    """Each data file of a files dataset: a regular file of the manifest's size whose first
+    bytes are its kind's (magic bytes); a DatasetError naming the first that is not.
+
+    Once per loader, before any epoch (the cold epochs' eviction follows): one open and
+    one small read per file, the cost of DALI's own listing of the files, spread over
+    `threads` threads for a parallel filesystem's latency.
+    """
+    import os
+    import stat
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(entry: Any) -> str | None:
+        path = m.path_of(entry)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            return f"{path}: cannot open it ({e.strerror}); regenerate or re-stage the dataset"
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                refuse_irregular(path, fd)
+            if st.st_size != entry.bytes:
+                return (f"{path} has {st.st_size} bytes but the manifest records {entry.bytes}: "
+                        "the file is truncated or was changed; regenerate or re-stage it")
+            check_magic(path, os.pread(fd, 8, 0))
+        except DatasetError as e:
+            return str(e)
+        finally:
+            os.close(fd)
+        return None
+
+    with ThreadPoolExecutor(threads) as pool:
+        for problem in pool.map(one, m.data_files):
+            if problem:
+                raise DatasetError(problem)
+
+
 class DaliLoader(Loader):
     """An NVIDIA DALI pipeline over any iobench dataset."""
 
@@ -155,6 +193,10 @@ class DaliLoader(Loader):
             raise UnsupportedError("device='gpu' but torch sees no CUDA GPU; use device='cpu'")
         if m.format == "files":
             check_files(m, tuple(f for f in m.files if f.role != "data"))
+            # DALI's own readers and decoders get these files: native code that can crash
+            # the process on a truncated or mislabelled file (a PNG named .JPEG), so check
+            # what it will get first
+            check_native_inputs(m)
         else:
             check_files(m)
         self.reader = _reader_for(m, config.library_cache)

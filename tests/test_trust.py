@@ -306,3 +306,35 @@ def test_verify_refuses_files_the_manifest_does_not_list(dataset: Path) -> None:
     assert "--allow-extra" in r.stderr
     r = run_cmd("verify", dataset, "--allow-extra")
     assert r.returncode == 0, r.stderr
+
+
+def _truncate(m: Manifest) -> Path:
+    path = m.path_of(m.data_files[2])
+    with open(path, "r+b") as fh:
+        fh.truncate(path.stat().st_size // 2)
+    return path
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("damage, rehash, needle", [
+    (_truncate, False, "the file is truncated or was changed"),
+    (_png_named_jpeg, True, "does not start as a .jpeg file does"),
+])
+def test_dali_gets_no_file_its_decoders_would_crash_on(tmp_path: Path, damage, rehash: bool,
+                                                       needle: str) -> None:
+    """DALI's native readers and decoders see a files dataset's files only after iobench
+    checked their size and magic bytes: one line naming the file, no signal."""
+    pytest.importorskip("nvidia.dali")
+    assert cli("generate", "--dataset", "imagenet", "--format", "files", "--samples", "8",
+               "--storage", tmp_path / "s") == 0
+    root = tmp_path / "s" / "imagenet-files"
+    path = damage(Manifest.load(root))
+    if rehash:
+        _rehash(root, path)
+    r = run_cmd("train", "--loader", "dali", "--dataset", "imagenet", "--format", "files",
+                "--storage", root.parent, "--model", "none",
+                "--epochs", "1", "--batch-size", "4", "--results", tmp_path / "r", timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    err = r.stderr.strip().splitlines()
+    assert any(needle in line and str(path) in line for line in err), r.stderr
+    assert "Traceback" not in r.stderr
