@@ -322,7 +322,24 @@ _POOL_STATE: dict[str, Any] = {}
 
 
 def _pool_init(writer: Writer, root: Path) -> None:
+    import signal
+
     _POOL_STATE.update(writer=writer, root=root)
+    # Ctrl-C reaches the whole process group: the main process stops the pool in order,
+    # and a worker whose main process died (killed, or its grace timer) ends quietly
+    # instead of printing a broken pipe's traceback for each result it cannot hand over
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler: Pool.terminate
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent exits (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
 
 
 def _pool_task(task: Task) -> tuple[int, list[FileEntry], bool] | IobenchError:
@@ -346,13 +363,90 @@ def generate_dataset(cfg: GenerateConfig, world: World | None = None, *,
     `cfg.jobs` processes share the tasks. Rank 0 writes the manifest last.
     """
     world = world or World()
+    lock = _WriterLock(cfg.root) if world.is_root else None
+    try:
+        return _generate(cfg, world, progress, stats, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class _WriterLock:
+    """One writer per dataset folder: `.<name>.iobench-lock` beside it, created with O_EXCL,
+    holding the writer's host, pid and start time (works on filesystems without flock).
+    A lock whose process is gone from this host is stale and taken over."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root.with_name(f".{root.name}.iobench-lock")
+        self.held = False
+
+    def acquire(self) -> None:
+        import socket
+
+        me = {"host": socket.gethostname(), "pid": os.getpid(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                other = self._holder()
+                if other and other.get("host") == me["host"] and not _alive(other.get("pid")):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path)  # stale: its process is gone
+                    continue
+                who = (f"pid {other.get('pid')} on {other.get('host')} since "
+                       f"{other.get('started')}" if other else "another process")
+                raise DatasetError(f"{self.root} is being written "
+                                   f"by {who}; wait for it, or if no generate runs there any "
+                                   f"more, remove {self.path}") from None
+            except OSError as e:
+                raise StorageError(f"cannot create {self.path}: {e.strerror}") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(self.path.read_text())
+            return doc if isinstance(doc, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.held:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            self.held = False
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
+              stats: GenerateStats | None, lock: _WriterLock | None) -> Manifest:
     stats = stats if stats is not None else GenerateStats()
     writer = get_writer(cfg.format, cfg.spec, cfg.seed, cfg.compression)
     err: IobenchError | None = None
     done, work = False, cfg.root
     if world.is_root:
         try:
+            cfg.storage.mkdir(parents=True, exist_ok=True)
+            assert lock is not None
+            lock.acquire()
             done, work = _prepare_target(cfg)
+        except OSError as e:
+            err = StorageError(f"cannot create --storage {cfg.storage}: {e.strerror}")
         except IobenchError as e:
             err = e
     err, done, work = world.bcast((err, done, work))

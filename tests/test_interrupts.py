@@ -165,3 +165,72 @@ def test_compare_marks_and_report_leaves_out_an_interrupted_run(storage, tmp_pat
     assert cli("report", tmp_path / "r", "--out", tmp_path / "rep.md") == 0
     text = (tmp_path / "rep.md").read_text()
     assert "interrupted run, left out" in text
+
+
+def _generate(storage: Path, samples: int = 400) -> subprocess.Popen:
+    """A multi-job generate that runs for several seconds, in its own process group."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "iobench", "generate", "--dataset", "cosmoflow", "--samples",
+         str(samples), "--samples-per-file", "2", "--jobs", "2", "--storage", str(storage)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _started(storage: Path, timeout: float = 60) -> None:
+    journal = storage / "cosmoflow-hdf5" / ".iobench-partial"
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(list(journal.glob("task-*"))) < 2:
+        time.sleep(0.05)
+
+
+def _processes_of(storage: Path) -> list[str]:
+    r = subprocess.run(["pgrep", "-f", f"--storage {storage}$"], capture_output=True, text=True)
+    return r.stdout.split()
+
+
+@pytest.mark.parametrize("sig, target, code", [
+    (signal.SIGINT, "main", 130), (signal.SIGTERM, "main", 143), (signal.SIGINT, "group", 130),
+])
+def test_killing_a_multi_job_generate_prints_no_traceback(tmp_path, sig, target, code) -> None:
+    proc = _generate(tmp_path)
+    _started(tmp_path)
+    if target == "group":  # a terminal's Ctrl-C
+        os.killpg(proc.pid, sig)
+    else:  # kill, a workflow manager, or Slurm's time limit
+        os.kill(proc.pid, sig)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "iobench: interrupted"), err
+    deadline = time.time() + 10
+    while _processes_of(tmp_path) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _processes_of(tmp_path)  # no worker left behind
+    assert not (tmp_path / "cosmoflow-hdf5" / "iobench.json").exists()
+    assert not list(tmp_path.glob(".*.iobench-lock"))
+
+
+def test_a_second_writer_is_refused_naming_the_first(tmp_path) -> None:
+    first = _generate(tmp_path)
+    try:
+        _started(tmp_path)
+        r = subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset",
+                            "cosmoflow", "--samples", "400", "--samples-per-file", "2",
+                            "--storage", str(tmp_path)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"is being written by pid {first.pid} on " in r.stderr
+    finally:
+        first.kill()
+        first.communicate()
+    # its process gone, the lock is stale: the next writer takes over and resumes
+    r = subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset", "cosmoflow",
+                        "--samples", "8", "--samples-per-file", "2", "--storage",
+                        str(tmp_path / "other")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lock = tmp_path / ".cosmoflow-hdf5.iobench-lock"
+    assert lock.exists()  # SIGKILL left it
+    r = subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset", "cosmoflow",
+                        "--samples", "400", "--samples-per-file", "2", "--jobs", "2",
+                        "--storage", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "kept from an earlier run" in r.stderr, r.stderr
+    assert not lock.exists()

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from iobench.datasets import COMPRESSIONS, DATASETS, FORMATS
+
+if TYPE_CHECKING:
+    from iobench.generators import GenerateConfig, GenerateStats
+    from iobench.world import World
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,15 +36,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.generators import GenerateConfig, GenerateStats, generate_dataset
+    from iobench.generators import GenerateConfig, GenerateStats
     from iobench.world import get_world
 
     cfg = GenerateConfig(dataset=args.dataset, format=args.format, storage=args.storage,
                          samples=args.samples, samples_per_file=args.samples_per_file,
                          compression=args.compression, seed=args.seed, jobs=args.jobs,
                          force=args.force, scale=args.scale)
+    from iobench.watchdog import interrupts
+
     world = get_world()
-    stats = GenerateStats()
+    with interrupts():  # SIGINT/SIGTERM: the pool stopped in order, one line, 130/143
+        return _run(cfg, world, GenerateStats())
+
+
+def _run(cfg: GenerateConfig, world: World, stats: GenerateStats) -> int:
+    from iobench.generators import generate_dataset
+
     if not world.is_root:
         generate_dataset(cfg, world, stats=stats)
         return 0
