@@ -55,6 +55,7 @@ from iobench.loaders._preprocess import (
 )
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
+from iobench.loaders.readers import reader_for
 from iobench.manifest import Manifest, check_magic, refuse_irregular
 
 SAMPLE_LAYOUTS = {"cifar10": "HWC", "cosmoflow": "DHWC", "imagenet": ""}
@@ -67,27 +68,6 @@ def _dali() -> Any:
         raise UnsupportedError("the 'dali' loader needs NVIDIA DALI: pip install "
                                "'iobench[dali]' (nvidia-dali-cuda130)") from e
     return dali
-
-
-def _reader_for(manifest: Manifest, library_cache: bool) -> BatchReader:
-    fmt = manifest.format
-    if fmt == "hdf5":
-        from iobench.loaders.hdf5 import HDF5Reader
-
-        return HDF5Reader(manifest, library_cache)
-    if fmt == "netcdf":
-        from iobench.loaders.netcdf import NetCDFReader
-
-        return NetCDFReader(manifest, library_cache)
-    if fmt == "lmdb":
-        from iobench.loaders.lmdb import LMDBReader
-
-        return LMDBReader(manifest, library_cache)
-    if fmt == "files":
-        from iobench.loaders.files import FilesReader
-
-        return FilesReader(manifest, library_cache)
-    raise DatasetError(f"{manifest.root} has format {fmt!r}, which the dali loader cannot read")
 
 
 class _BatchSource:
@@ -199,7 +179,7 @@ class DaliLoader(Loader):
             check_native_inputs(m)
         else:
             check_files(m)
-        self.reader = _reader_for(m, config.library_cache)
+        self.reader = reader_for(m, config.library_cache)
         if config.shuffle == "block":
             self.reader.prefetch_block = config.block_size
         self.order = EpochOrder(self)

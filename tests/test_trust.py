@@ -338,3 +338,29 @@ def test_dali_gets_no_file_its_decoders_would_crash_on(tmp_path: Path, damage, r
     err = r.stderr.strip().splitlines()
     assert any(needle in line and str(path) in line for line in err), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_verify_deep_decodes_every_sample(tmp_path: Path) -> None:
+    """A JPEG inside HDF5 whose marker is intact but whose body is garbage passes plain
+    verify (manifest rewritten to match) and train would accept it; --deep names it."""
+    import h5py
+
+    assert cli("generate", "--dataset", "imagenet", "--format", "hdf5", "--samples", "8",
+               "--storage", tmp_path / "s") == 0
+    root = tmp_path / "s" / "imagenet-hdf5"
+    m = Manifest.load(root)
+    path = m.path_of(m.data_files[0])
+    with h5py.File(path, "r+") as f:
+        lo, hi = int(f["offsets"][5]), int(f["offsets"][6])
+        f["jpeg"][lo + 600:hi] = 0  # past the headers: scan data and end marker gone
+    _rehash(root, path)
+    assert run_cmd("verify", root).returncode == 0
+    r = run_cmd("verify", "--deep", root)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert any("sample 5 does not decode as a JPEG" in line and str(path) in line
+               for line in r.stderr.splitlines()), r.stderr
+    for ds, fmt in (("cifar10", "lmdb"), ("cosmoflow", "netcdf")):  # intact: OK
+        assert cli("generate", "--dataset", ds, "--format", fmt, "--samples", "4",
+                   "--storage", tmp_path / "s") == 0
+        r = run_cmd("verify", "--deep", tmp_path / "s" / f"{ds}-{fmt}")
+        assert r.returncode == 0 and "OK" in r.stdout, r.stderr

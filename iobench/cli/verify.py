@@ -12,6 +12,10 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="the dataset root (the directory holding iobench.json)")
     p.add_argument("--jobs", type=int, default=1, help="checking processes per rank (default: 1)")
+    p.add_argument("--deep", action="store_true",
+                   help="also read every sample with its format's reader and decode every "
+                        "JPEG strictly (dtype, shape, key and label of each; slower: reads "
+                        "and decodes the whole dataset)")
     p.add_argument("--allow-extra", action="store_true",
                    help="accept files in the dataset folder that the manifest does not list "
                         "(default: each is a problem, e.g. a leftover of an interrupted copy)")
@@ -28,6 +32,11 @@ def main(args: argparse.Namespace) -> int:
     world = get_world()
     problems = verify_dataset(args.path, jobs=args.jobs, world=world,
                               allow_extra=args.allow_extra)
+    if args.deep and not problems:  # the files are what the manifest says: now each sample
+        from iobench.loaders.readers import deep_check
+
+        mine = deep_check(Manifest.load(args.path), first=world.rank, step=world.size)
+        problems = sorted(sum(world.allgather(mine), []))
     if not world.is_root:
         return 1 if problems else 0
     for p in problems:
