@@ -445,10 +445,10 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
             assert lock is not None
             lock.acquire()
             done, work = _prepare_target(cfg)
-        except OSError as e:
-            err = StorageError(f"cannot create --storage {cfg.storage}: {e.strerror}")
-        except IobenchError as e:
+        except IobenchError as e:  # first: StorageError is an OSError too
             err = e
+        except OSError as e:
+            err = StorageError(f"cannot create --storage {cfg.storage}: {e.strerror or e}")
     err, done, work = world.bcast((err, done, work))
     if err is not None:
         raise err

@@ -259,3 +259,47 @@ def test_report_refuses_incomparable_pairs(results_dir, tmp_path):
     assert st["break_even_epochs"] is None and "batch_size 16 vs 32" in st["refused"]
     (table,) = [t for t in report.build_tables(col, rows) if t.title == "Staging cost"]
     assert "not computed: runs not comparable: batch_size 16 vs 32" in table.rows[0][10]
+
+
+def _browser() -> str | None:
+    """A headless Chromium from the system's packages (scripts/install-system-deps.sh)."""
+    import shutil
+
+    for name in ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for path in ("/usr/lib/chromium/chromium-headless-shell", "/usr/lib/chromium/chromium"):
+        if Path(path).exists():
+            return path
+    return None
+
+
+def test_html_report_in_a_real_browser(results_dir, tmp_path):
+    """Opened by a headless Chromium: every image decodes to a picture, the page logs no
+    console error. The check runs in a copy of the page with a probe script appended (the
+    report itself carries no script)."""
+    import subprocess
+
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no headless Chromium installed (scripts/install-system-deps.sh "
+                    "installs chromium-headless-shell where apt is available)")
+    out = tmp_path / "report.html"
+    assert cli("report", results_dir, "--out", out) == 0
+    probe = ("<script>window.addEventListener('load', () => {"
+             "const imgs = [...document.images];"
+             "const ok = imgs.filter(i => i.complete && i.naturalWidth > 100).length;"
+             "document.body.setAttribute('data-images', imgs.length + '/' + ok);});</script>")
+    page = tmp_path / "probe.html"
+    page.write_text(out.read_text() + probe)
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                        "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+                        "--dump-dom", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r'data-images="(\d+)/(\d+)"', r.stdout)
+    assert m, r.stdout[-2000:]
+    assert m.group(1) == m.group(2) == "4", m.group(0)  # all four pictures decoded
+    console = [line for line in r.stderr.splitlines() if "CONSOLE" in line]
+    assert not [c for c in console if "error" in c.lower() or "Uncaught" in c], console

@@ -353,7 +353,7 @@ def test_interrupted_stage_leaves_no_partial_file_and_resumes(tmp_path):
     backing = tmp_path / "backing"
     m = make_dataset(backing / "cifar10-files", [12_000_000, 1000])
     try:
-        mount = control.mount(backing, tmp_path / "pfs", "passthrough", bandwidth_MBps=10)
+        mount = control.mount(backing, tmp_path / "pfs", "passthrough", bandwidth_MBps=4)
     except IobenchError as e:
         pytest.skip(f"cannot mount the emulated parallel filesystem here: {e}")
     dest = tmp_path / "dst" / "cifar10-files"
