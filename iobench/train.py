@@ -240,12 +240,22 @@ def _fault() -> dict[str, Any] | None:
 
 
 def _maybe_fault(fault: dict[str, Any] | None, rank: int, epoch: int, step: int) -> None:
+    """The injected fault, where it is due. step -1: between epochs (after the epoch's
+    figures are recorded); action `sigint`/`sigterm` sends it to the process group."""
     if fault and (fault["rank"], fault["epoch"], fault["step"]) == (rank, epoch, step):
+        if fault["action"] in ("sigint", "sigterm"):  # as a terminal's Ctrl-C: the group
+            import signal
+
+            os.killpg(os.getpgrp(),
+                      signal.SIGINT if fault["action"] == "sigint" else signal.SIGTERM)
+            time.sleep(1)  # the handler runs here
+            return
         if fault["action"] == "kill":
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"injected fault ({FAULT_ENV}) at epoch {epoch} step {step}")
+        if fault["action"] == "raise":  # (sigint-write is the CLI's, at the final write)
+            raise RuntimeError(f"injected fault ({FAULT_ENV}) at epoch {epoch} step {step}")
 
 
 def emulate_compute(seconds: float, start_ns: int) -> int:
@@ -595,6 +605,7 @@ class _Run:
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
                          tier)
+        _maybe_fault(self.fault, world.rank, epoch, -1)  # tests: a signal between epochs
 
     def _steps(self, rep: int, epoch: int, loader: Loader, compute: _Compute
                ) -> tuple[EpochClock, dict[str, Any] | None]:

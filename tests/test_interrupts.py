@@ -31,7 +31,7 @@ def storage(tmp_path_factory) -> Path:
     return s
 
 
-def _start(storage: Path, results: Path, *extra: str) -> subprocess.Popen:
+def _start(storage: Path, results: Path, *extra: str, fault: str = "") -> subprocess.Popen:
     exe = mpiexec_path()
     if exe is None:
         pytest.skip("mpiexec not found (install the `mpich` extra)")
@@ -40,7 +40,8 @@ def _start(storage: Path, results: Path, *extra: str) -> subprocess.Popen:
             "--workers", "1", "--batch-size", "64", "--results", str(results), *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                                 **({"IOBENCH_TEST_FAULT": fault} if fault else {})})
 
 
 def _wait_for_epoch(proc: subprocess.Popen, timeout: float = 120) -> str:
@@ -88,6 +89,25 @@ def test_a_signal_mid_run_stops_every_rank_and_marks_the_result(storage, tmp_pat
     assert "Traceback" not in err, err[-3000:]
     (doc,) = _results(tmp_path / "r")
     assert doc["status"] == "interrupted" and 1 <= len(doc["epochs"]) < 20
+    assert doc["warnings"][0].startswith("INTERRUPTED")
+
+
+@pytest.mark.parametrize("fault, epochs", [
+    ("rank=0,epoch=1,step=-1,action=sigint", 2),   # between epochs 2 and 3
+    ("rank=0,epoch=0,step=-1,action=sigterm", 1),  # between epochs 1 and 2
+    ("rank=0,action=sigint-write", 2),             # while the result is written
+])
+def test_a_signal_between_epochs_or_while_writing(storage, tmp_path, fault, epochs) -> None:
+    """Ctrl-C (the whole process group) at an exact point of the run, under mpiexec -n 2:
+    every rank stops, and the one result written says interrupted and holds the epochs that
+    completed."""
+    extra = ("--epochs", "2", "--max-steps", "8") if "write" in fault else ("--max-steps", "8")
+    proc = _start(storage, tmp_path / "r", *extra, fault=fault)
+    rc, err, _ = _finish(proc, 120)
+    assert rc in (130, 143), (rc, err[-2000:])
+    assert "Traceback" not in err, err[-3000:]
+    (doc,) = _results(tmp_path / "r")
+    assert doc["status"] == "interrupted" and len(doc["epochs"]) == epochs, doc["status"]
     assert doc["warnings"][0].startswith("INTERRUPTED")
 
 

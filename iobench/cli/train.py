@@ -239,11 +239,34 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         from iobench.verdict import for_run
 
         doc["summary"]["verdict"] = for_run(doc, config.results, config.au_threshold)
-        path = results.write_result(doc, config.results)
+        from iobench.train import RunInterrupted
+        from iobench.watchdog import Interrupted
+
+        try:
+            _signal_while_writing()  # tests only (IOBENCH_TEST_FAULT=...,action=sigint-write)
+            path = results.write_result(doc, config.results)
+        except Interrupted as e:  # every epoch ran, but what is written after it says so
+            doc["status"], doc["status_reason"] = "interrupted", str(e)
+            doc["warnings"].insert(0, f"INTERRUPTED: {e} while the result was written; the "
+                                   f"result holds the {len(doc['epochs'])} epoch(s) that "
+                                   "completed")
+            raise RunInterrupted(e.signum, doc) from None
         out.finish(doc, path)
         return 0
     finally:
         distributed.destroy_process_group()
+
+
+def _signal_while_writing() -> None:
+    import os
+
+    from iobench.train import FAULT_ENV
+
+    spec = os.environ.get(FAULT_ENV, "")
+    if "action=sigint-write" in spec:  # as a terminal's Ctrl-C: the whole process group
+        import signal
+
+        os.killpg(os.getpgrp(), signal.SIGINT)
 
 
 def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
