@@ -221,8 +221,18 @@ def _size(n: int) -> str:
     return f"{n:,} bytes"
 
 
-def _swap_in(work: Path, root: Path) -> None:
-    """Put the complete replacement at `root`; the old dataset goes only after that."""
+def _swap_in(work: Path, root: Path, entries: list[FileEntry]) -> None:
+    """Put the complete replacement at `root`, once each of its files is there with the
+    size (and checksum, recorded while writing) its manifest lists; the old dataset goes
+    only after that."""
+    for e in entries:
+        try:
+            size = (work / e.path).stat().st_size
+        except OSError:
+            size = -1
+        if size != e.bytes:
+            raise StorageError(f"the replacement of {root} is not whole ({e.path}: {size} bytes, "
+                               f"{e.bytes} written); the old dataset is kept: rerun to resume")
     old = root.with_name(f".{root.name}.iobench-replaced")
     if old.exists():
         shutil.rmtree(old)
@@ -496,7 +506,7 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
     manifest.write(root)
     shutil.rmtree(root / JOURNAL, ignore_errors=True)
     if root != final:
-        _swap_in(root, final)
+        _swap_in(root, final, entries)
     world.barrier()
     return Manifest.load(final)
 
