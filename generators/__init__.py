@@ -197,12 +197,34 @@ def _check_space(cfg: GenerateConfig, root: Path) -> None:
             f"--samples {cfg.samples} of {cfg.dataset} needs about {_size(need)} and "
             f"{cfg.storage} has {_size(free)} free; choose fewer --samples or another "
             "--storage")
+    if cfg.spec.sample_kind == "jpeg" and cfg.format != "files":
+        # a container's JPEGs are encoded into memory, then written: per file and job
+        per_job = min(cfg.samples, cfg.samples_per_file) * 110_000 * 2
+        avail = _memory_available()
+        if avail and per_job * cfg.jobs > avail:
+            raise ConfigError(
+                f"--samples-per-file {cfg.samples_per_file} of {cfg.dataset} builds about "
+                f"{_size(per_job)} in memory per file in each of {cfg.jobs} job(s), and this "
+                f"machine has {_size(avail)} available; choose fewer --samples-per-file or "
+                "--jobs")
     files = -(-cfg.samples // cfg.samples_per_file) if cfg.format != "files" else cfg.samples
     if st.f_files and files + 16 > st.f_favail:
         raise StorageError(
             f"--samples {cfg.samples} as {cfg.format} needs about {files:,} files and "
             f"{cfg.storage} has {st.f_favail:,} inodes free; choose fewer --samples, a "
             "record format (hdf5, netcdf, lmdb), or another --storage")
+
+
+def _memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _bytes_under(root: Path) -> int:

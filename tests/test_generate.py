@@ -379,3 +379,17 @@ def test_png_and_npy_open_with_standard_libraries(tmp_path):
     assert png.suffix == ".png" and png.parent.name.startswith("c")
     with Image.open(io.BytesIO(png.read_bytes())) as im:
         assert im.size == (32, 32) and im.mode == "RGB"
+
+
+def test_a_container_that_cannot_be_built_in_memory_is_refused(tmp_path):
+    """ImageNet-like JPEGs of one container file are encoded in memory: a file larger than
+    this machine's memory is refused up front (or, where the disk is smaller still, for
+    the disk), naming the options that fix it."""
+    from iobench.generators import _memory_available
+
+    n = str((_memory_available() or 64 << 30) // 110_000 + 1)
+    r = run_cmd("generate", "--dataset", "imagenet", "--samples", n,
+                "--samples-per-file", n, "--jobs", "2", "--storage", tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "in memory per file" in r.stderr or "free" in r.stderr
+    assert not list(tmp_path.iterdir())
