@@ -57,7 +57,11 @@ _RANK = Map({
     "wait_p99_s": _NUM, "wait_max_s": _NUM, "os_read_bytes": Opt(Count),
     "cache_resident_fraction_at_start": _NUM,
     "loader": Opt(Map({"workers": Count, "batches": Count, "read_s": NonNeg,
-                       "decode_s": NonNeg, "handoff_s": NonNeg}, optional=("handoff_s",))),
+                       "decode_s": NonNeg, "handoff_s": NonNeg,
+                       "per_worker": List(Map({"worker": Int, "batches": Count,
+                                               "read_s": NonNeg, "decode_s": NonNeg,
+                                               "busy_fraction": NonNeg}))},
+                      optional=("handoff_s", "per_worker"))),
 }, optional=("loader",))
 _EPOCH_SUMMARY = Map({
     "ranks": Count, "steps": Count, "samples": Count, "batch_bytes": Count, "wall_s": NonNeg,

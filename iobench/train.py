@@ -622,6 +622,7 @@ class _Run:
         last_live = prev_end = clock.start()
         it: Iterator[Any] = iter(loader.epoch(epoch))
         step = timed = read_ns = decode_ns = handoff_ns = 0
+        per_worker: dict[int, list[int]] = {}  # worker id -> [batches, read_ns, decode_ns]
         try:
             while config.max_steps is None or step < config.max_steps:
                 self._at(f"waiting for batch {step + 1} of epoch {epoch + 1}", step)
@@ -646,6 +647,10 @@ class _Run:
                     timed += 1
                     read_ns += batch.timing[0]
                     decode_ns += batch.timing[1]
+                    w = per_worker.setdefault(batch.timing[3], [0, 0, 0])
+                    w[0] += 1
+                    w[1] += batch.timing[0]
+                    w[2] += batch.timing[1]
                     # the part of this step's wait in which its batch was already made:
                     # handing it over (queues, unpickling, collate) cost the step that much
                     handoff_ns += max(0, t_got - max(batch.timing[2], prev_end))
@@ -654,8 +659,14 @@ class _Run:
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stop a generator left early (--max-steps) so workers settle
+        wall = max(clock.end_ns - (clock.start_ns or clock.end_ns), 1)
         timing = {"workers": loader.config.workers, "batches": timed, "read_s": read_ns / 1e9,
-                  "decode_s": decode_ns / 1e9, "handoff_s": handoff_ns / 1e9} if timed else None
+                  "decode_s": decode_ns / 1e9, "handoff_s": handoff_ns / 1e9,
+                  # each worker: its batches, and the part of the epoch it was busy
+                  "per_worker": [{"worker": k, "batches": v[0], "read_s": v[1] / 1e9,
+                                  "decode_s": v[2] / 1e9,
+                                  "busy_fraction": (v[1] + v[2]) / wall}
+                                 for k, v in sorted(per_worker.items())]} if timed else None
         return clock, timing
 
     def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],

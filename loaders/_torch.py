@@ -68,7 +68,7 @@ class Delivery(NamedTuple):
     payload_bytes: int
     offsets: np.ndarray | None
     finish: Finish | None
-    timing: tuple[int, int, int] | None
+    timing: tuple[int, int, int, int] | None
 
 
 class BatchFetcher(Dataset):
@@ -117,7 +117,7 @@ class BatchFetcher(Dataset):
                 b = to_batch(self.dataset, raw, idx, self.seed, epoch, self.decode,
                              self.convert, deliver)
                 t2 = time.perf_counter_ns()
-                b = b._replace(timing=(t1 - t0, t2 - t1, t2))
+                b = b._replace(timing=(t1 - t0, t2 - t1, t2, info.id if info is not None else -1))
             except DecodeError as e:
                 raise DatasetError(f"cannot decode sample {e.index} stored in "
                                    f"{self.reader.where(e.index)} ({e.cause}); the file is "

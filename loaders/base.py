@@ -184,11 +184,12 @@ class Batch(NamedTuple):
     indices: int64 [B], the global sample indices, in batch order.
     payload_bytes: bytes the readers took from storage for this batch
       (encoded/stored bytes), per METRICS.md `batch_bytes`.
-    timing: (read_ns, decode_ns, done_ns) of the reader that made this batch:
-      time reading it from storage, time decoding and preprocessing it, and
+    timing: (read_ns, decode_ns, done_ns, worker) of the reader that made this
+      batch: time reading it from storage, time decoding and preprocessing it,
       `perf_counter_ns()` when it was done (the same clock in every process of
       a node: the consumer can tell how long a finished batch took to reach
-      it); None when the loader keeps no such clocks.
+      it), and the worker's id (-1: the consumer's own process); None when the
+      loader keeps no such clocks.
     finish: the conversion still due where the batch is consumed (`model_input`).
 
     The tensors may live in buffers the loader reuses: a buffer is reused only
@@ -202,7 +203,7 @@ class Batch(NamedTuple):
     payload_bytes: int
     offsets: torch.Tensor | None = None
     finish: Finish | None = None
-    timing: tuple[int, int, int] | None = None
+    timing: tuple[int, int, int, int] | None = None
 
     def model_input(self, device: torch.device | str | None = None) -> torch.Tensor:
         """The samples as the model's float32 input, on `device` (default: where they are).

@@ -141,3 +141,18 @@ def test_an_emulated_lustre_is_the_storage(cifar: Path, tmp_path: Path) -> None:
     v = for_run(doc, str(tmp_path / "r"), 0.9)
     assert (v["status"], v["bottleneck"]) == ("starved", "storage"), v["line"]
     assert any("--stage-to" in a for a in v["advice"])
+
+
+def test_the_breakdown_is_per_worker(cifar: Path, tmp_path: Path) -> None:
+    """Each worker's batches, read and decode time, and busy part of the epoch, from the
+    clocks its batches carry; together they make the rank's totals."""
+    assert cli("train", "--loader", "hdf5", "--storage", cifar, "--compute-time", "0.01",
+               "--epochs", "1", "--max-steps", "12", "--workers", "2",
+               "--results", tmp_path) == 0
+    doc = results.load_result(results.find_results([tmp_path])[0])
+    lt = doc["epochs"][0]["ranks"][0]["loader"]
+    per = lt["per_worker"]
+    assert [w["worker"] for w in per] == [0, 1]  # batches come from every worker
+    assert sum(w["batches"] for w in per) == lt["batches"] == 12
+    assert sum(w["read_s"] for w in per) == pytest.approx(lt["read_s"])
+    assert all(0 < w["busy_fraction"] <= 1.0 for w in per)
