@@ -239,15 +239,29 @@ def _fault() -> dict[str, Any] | None:
             "step": int(kv.get("step", 0)), "action": kv.get("action", "raise")}
 
 
+def _launcher_pid() -> int:
+    """Tests: the process a terminal's Ctrl-C reaches: mpiexec (the parent of this rank's
+    hydra proxy, as each rank runs in a session of its own), else this process."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat") as f:
+            grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{grandparent}/comm") as f:
+            if f.read().strip().startswith("mpiexec"):
+                return grandparent
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
 def _maybe_fault(fault: dict[str, Any] | None, rank: int, epoch: int, step: int) -> None:
     """The injected fault, where it is due. step -1: between epochs (after the epoch's
     figures are recorded); action `sigint`/`sigterm` sends it to the process group."""
     if fault and (fault["rank"], fault["epoch"], fault["step"]) == (rank, epoch, step):
-        if fault["action"] in ("sigint", "sigterm"):  # as a terminal's Ctrl-C: the group
+        if fault["action"] in ("sigint", "sigterm"):
             import signal
 
-            os.killpg(os.getpgrp(),
-                      signal.SIGINT if fault["action"] == "sigint" else signal.SIGTERM)
+            os.kill(_launcher_pid(),
+                    signal.SIGINT if fault["action"] == "sigint" else signal.SIGTERM)
             time.sleep(1)  # the handler runs here
             return
         if fault["action"] == "kill":

@@ -263,10 +263,10 @@ def _signal_while_writing() -> None:
     from iobench.train import FAULT_ENV
 
     spec = os.environ.get(FAULT_ENV, "")
-    if "action=sigint-write" in spec:  # as a terminal's Ctrl-C: the whole process group
+    if "action=sigint-write" in spec:  # rank 0, the one writing (the others are done)
         import signal
 
-        os.killpg(os.getpgrp(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
