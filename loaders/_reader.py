@@ -214,9 +214,6 @@ class BatchReader(ABC):
         self.prefetch_block: int | None = None  # samples per block to prefetch whole
         # False (cold runs): the format library keeps no data cache of its own between reads
         self.library_cache = library_cache
-        if self.format != "files":  # a few containers: check them now (files: when read)
-            for path in self.paths:
-                refuse_irregular(path)
 
     def warm_up(self) -> None:  # noqa: B027 - optional hook
         """Import what reading needs, in the process that will read (no data is read)."""
