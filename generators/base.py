@@ -20,7 +20,7 @@ from iobench.datasets import DatasetSpec
 from iobench.errors import ConfigError, DatasetError
 from iobench.generators import synth
 from iobench.generators.synth import fill_samples, make_sample
-from iobench.manifest import FileEntry
+from iobench.manifest import FileEntry, bad_label
 
 BLOCK_BYTES = 64 << 20  # samples synthesised and written together (bytes)
 
@@ -84,16 +84,11 @@ class Writer(ABC):
     def check_labels(self, path: Path, labels: Any, first: int) -> None:
         """A DatasetError when a class label of the samples from `first` is outside
         0..num_classes-1 (a real model's loss would fail on it mid-run)."""
-        k = self.spec.num_classes
-        labels = np.asarray(labels)
-        if not k or labels.size == 0:
-            return
-        bad = (labels < 0) | (labels >= k)
-        if bad.any():
-            j = int(np.flatnonzero(bad.reshape(len(labels), -1).any(axis=1))[0])
+        j = bad_label(labels, self.spec.num_classes)
+        if j is not None:
             raise DatasetError(f"{path}: sample {first + j} has label {labels[j]}, outside "
-                               f"0..{k - 1} of {self.spec.name}; the file is damaged or was "
-                               "changed: regenerate it")
+                               f"0..{self.spec.num_classes - 1} of {self.spec.name}; the file "
+                               "is damaged or was changed: regenerate it")
 
     def layout(self, samples_per_file: int) -> dict[str, object]:
         """Format-specific layout details recorded in the manifest."""

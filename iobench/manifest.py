@@ -149,6 +149,18 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def bad_label(labels: Any, num_classes: int) -> int | None:
+    """The row of the first class label outside 0..num_classes-1, or None (also when the
+    dataset has no classes)."""
+    import numpy as np
+
+    labels = np.asarray(labels)
+    if not num_classes or labels.size == 0:
+        return None
+    bad = ((labels < 0) | (labels >= num_classes)).reshape(len(labels), -1).any(axis=1)
+    return int(np.argmax(bad)) if bad.any() else None
+
+
 def refuse_irregular(path: str | Path, fd: int | None = None) -> None:
     """A DatasetError when `path` (or the open `fd`) exists and is not a regular file: a
     FIFO would hang whatever reads it, a device or socket is not data iobench wrote."""

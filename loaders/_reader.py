@@ -22,7 +22,7 @@ import numpy as np
 
 from iobench import sampling
 from iobench.errors import DatasetError
-from iobench.manifest import FileEntry, Manifest, refuse_irregular
+from iobench.manifest import FileEntry, Manifest, bad_label, refuse_irregular
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]  # (shape, dtype) -> array to fill
 
@@ -300,16 +300,13 @@ class BatchReader(ABC):
     def _check_labels(self, sorted_idx: np.ndarray, labels: np.ndarray) -> None:
         """Class labels outside 0..num_classes-1 are a damaged file, named here: a model's
         loss would otherwise fail on them mid-run (two comparisons per batch)."""
-        k = self.manifest.num_classes
-        if not k or labels.ndim != 1 or not len(labels):
-            return
-        bad = (labels < 0) | (labels >= k)
-        if bad.any():
-            j = int(np.argmax(bad))
+        j = bad_label(labels, self.manifest.num_classes)
+        if j is not None:
             i = int(sorted_idx[j])
-            raise DatasetError(f"sample {i} in {self.label_file(i)} has label {labels[j]}, outside "
-                               f"0..{k - 1} of {self.manifest.dataset}; the file is damaged or "
-                               "was changed: regenerate or re-stage it")
+            raise DatasetError(f"sample {i} in {self.label_file(i)} has label {labels[j]}, "
+                               f"outside 0..{self.manifest.num_classes - 1} of "
+                               f"{self.manifest.dataset}; the file is damaged or was changed: "
+                               "regenerate or re-stage it")
 
     @abstractmethod
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
