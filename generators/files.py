@@ -33,8 +33,6 @@ LABELS = "labels.npy"
 class FilesWriter(Writer):
     format = "files"
 
-    compression_hint = "per-sample files are stored as JPEG/PNG/.npy; use --compression none"
-
     def sample_path(self, index: int, label: int | None = None) -> str:
         ext = self.spec.files_extension
         if self.spec.num_classes:

@@ -106,6 +106,14 @@ def loader_time(doc: Mapping[str, Any]) -> dict[str, Any] | None:
             "handoff_share": handoff / stall if stall > 0 else None}
 
 
+def _per_sample_files(fmt: str | None) -> bool:
+    """Whether format `fmt` stores one file per sample (False for unknown formats)."""
+    from iobench.formats import FORMATS
+
+    spec = FORMATS.get(fmt or "")
+    return spec is not None and spec.per_sample_files
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -195,9 +203,9 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         elif kind in SHARED_KINDS:
             advice.append("stage the dataset to node-local storage (iobench train --stage-to "
                           "DIR) and compare the two runs for the break-even")
-        if doc["dataset"].get("format") == "files":
-            advice.append("many small files: a record format (HDF5, LMDB) reads them in "
-                          "larger requests")
+        if _per_sample_files(doc["dataset"].get("format")):
+            advice.append("many small files: a record format (HDF5, LMDB, Zarr) reads them "
+                          "in larger requests")
         if 0 < workers < 4 and free_cores > 0:
             advice.append(f"more --workers keep more reads in flight ({free_cores} core(s) "
                           "free)")

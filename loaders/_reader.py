@@ -15,8 +15,9 @@ import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -41,6 +42,44 @@ class RawBatch(NamedTuple):
     labels: np.ndarray
     stored_bytes: np.ndarray
     offsets: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    """One data file opened for reading by one process and thread (HDF5, NetCDF).
+
+    handle: the library's open file, closed with the reader. data: its samples'
+      (or JPEG bytes') dataset or variable. labels, stored: per sample of the
+      file, its label and the bytes it takes in storage. base: file offset of
+      the data when stored contiguous and unfiltered (else None), `item` bytes
+      per sample there; offsets: [n + 1] JPEG byte offsets (JPEG datasets).
+      fd: a plain descriptor for prefetch advice and direct reads (None when
+      `base` is None).
+    """
+
+    handle: Any
+    data: Any
+    labels: np.ndarray
+    stored: np.ndarray
+    base: int | None
+    item: int
+    offsets: np.ndarray | None = None
+    fd: int | None = None
+
+
+class FileOpener(Protocol):
+    """A reader whose data files open as `OpenFile`s (what the batch helpers below need)."""
+
+    kind: str
+    starts: np.ndarray
+    counts: np.ndarray
+    label_shape: tuple[int, ...]
+    label_dtype: np.dtype
+    prefetch_block: int | None
+
+    def open_file(self, pos: int) -> OpenFile: ...
+
+    def file_of(self, sorted_idx: np.ndarray) -> np.ndarray: ...
 
 
 def contiguous_runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
@@ -328,21 +367,20 @@ class BatchReader(ABC):
 BLOCK_PREFETCH_MAX = 64 << 20  # bytes: larger blocks are prefetched sample by sample
 
 
-def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np.ndarray
-                 ) -> None:
-    """Prefetch every run of a batch at once, for readers whose open-file entries give
-    `fd` (None: not contiguous), `base` (file offset of the data), `item` (bytes per
-    sample) and, for JPEG, `offsets`.
+def advise_batch(reader: FileOpener, groups: list[tuple[int, int, int]],
+                 sorted_idx: np.ndarray) -> None:
+    """Prefetch every run of a batch at once (files whose `OpenFile.fd` is set: contiguous
+    data at a known offset).
 
     With `reader.prefetch_block = K` (set for `shuffle="block"`), whole blocks of K
     samples around each index are prefetched: the block shuffle reads each block
     completely within a few batches, so one large request replaces many small ones
     (blocks over BLOCK_PREFETCH_MAX bytes are not: their samples are large already).
     """
-    block = getattr(reader, "prefetch_block", None)
+    block = reader.prefetch_block
     for pos, s, e in groups:
-        f = reader._open(pos)
-        if f["fd"] is None:
+        f = reader.open_file(pos)
+        if f.fd is None:
             continue
         first, count = int(reader.starts[pos]), int(reader.counts[pos])
         local = sorted_idx[s:e] - first
@@ -359,16 +397,15 @@ def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np
             # themselves are large requests already
             ranges = _byte_ranges(f, reader.kind, ((int(local[a]), int(local[b - 1]) + 1)
                                                     for a, b in contiguous_runs(local)))
-        willneed(f["fd"], ranges)
+        willneed(f.fd, ranges)
 
 
-def file_groups(reader: Any, sorted_idx: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, dict[str, Any], np.ndarray]]]:
+def file_groups(reader: FileOpener, sorted_idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, OpenFile, np.ndarray]]]:
     """Split a sorted batch by data file and prefetch all of it at once.
 
-    For readers whose open-file entries hold `labels` and `stored` arrays (HDF5,
-    NetCDF). Returns the batch's labels, its stored bytes per sample, and per file
-    touched: (file position, start, stop, open entry, file-local sorted indices).
+    Returns the batch's labels, its stored bytes per sample, and per file
+    touched: (file position, start, stop, its `OpenFile`, file-local sorted indices).
     """
     labels = np.empty((len(sorted_idx), *reader.label_shape), dtype=reader.label_dtype)
     stored = np.empty(len(sorted_idx), dtype=np.int64)
@@ -376,25 +413,27 @@ def file_groups(reader: Any, sorted_idx: np.ndarray
     advise_batch(reader, groups, sorted_idx)
     out = []
     for pos, s, e in groups:
-        f = reader._open(pos)
+        f = reader.open_file(pos)
         local = sorted_idx[s:e] - reader.starts[pos]
-        labels[s:e] = f["labels"][local]
-        stored[s:e] = f["stored"][local]
+        labels[s:e] = f.labels[local]
+        stored[s:e] = f.stored[local]
         out.append((pos, s, e, f, local))
     return labels, stored, out
 
 
-def read_jpeg_runs(reader: Any, sorted_idx: np.ndarray,
-                   read_span: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+def read_jpeg_runs(reader: FileOpener, sorted_idx: np.ndarray,
+                   read_span: Callable[[int, OpenFile, int, int], np.ndarray]
+                   ) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """JPEG bytes of a sorted batch, one read per contiguous run of samples.
 
-    `read_span(pos, entry, lo, hi)` returns bytes [lo, hi) of the file's `jpeg`
+    `read_span(pos, file, lo, hi)` returns bytes [lo, hi) of the file's JPEG
     array; the samples are memoryview slices of it (no copy).
     """
     labels, stored, groups = file_groups(reader, sorted_idx)
     parts: list[Any] = []
     for pos, _s, _e, f, local in groups:
-        off = f["offsets"]
+        off = f.offsets
+        assert off is not None  # a JPEG file's OpenFile has them
         for a, b in contiguous_runs(local):
             lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
             mv = memoryview(read_span(pos, f, lo, hi))
@@ -403,16 +442,17 @@ def read_jpeg_runs(reader: Any, sorted_idx: np.ndarray,
     return parts, labels, stored
 
 
-def _byte_ranges(f: dict[str, Any], kind: str, spans: Any) -> list[tuple[int, int]]:
+def _byte_ranges(f: OpenFile, kind: str, spans: Any) -> list[tuple[int, int]]:
     """File byte ranges (offset, length) of file-local sample spans [lo, hi)."""
-    base, item = f["base"], f["item"]
-    if kind == "jpeg":
-        off = f["offsets"]
+    base, item = f.base, f.item
+    assert base is not None
+    if kind == "jpeg" and f.offsets is not None:
+        off = f.offsets
         return [(base + int(off[lo]), int(off[hi] - off[lo])) for lo, hi in spans]
     return [(base + lo * item, (hi - lo) * item) for lo, hi in spans]
 
 
-def split_by_file(reader: BatchReader, sorted_idx: np.ndarray
+def split_by_file(reader: BatchReader | FileOpener, sorted_idx: np.ndarray
                   ) -> list[tuple[int, int, int]]:
     """(file position, start, stop) slices of `sorted_idx` that fall in one data file each."""
     files = reader.file_of(sorted_idx)

@@ -19,10 +19,10 @@ import pytest
 from conftest import cli, run_cmd, run_mpi
 from iobench.datasets import DATASETS
 from iobench.generators import GenerateConfig, generate_dataset
-from iobench.generators.lmdb import HEADER, MAGIC, key
 from iobench.generators.synth import make_sample
 from iobench.generators.verify import verify_dataset
 from iobench.manifest import Manifest
+from iobench.records import HEADER, MAGIC, key
 
 TINY = {"cifar10": (40, 16), "imagenet": (5, 2), "cosmoflow": (3, 2)}
 

@@ -22,7 +22,8 @@ _COMPUTE_WORDS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from iobench.datasets import DATASETS, FORMATS
+    from iobench.datasets import DATASETS
+    from iobench.formats import FORMATS
     from iobench.models import MODELS
     from iobench.train import LOADER_NAMES
 
@@ -31,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="directory holding <dataset>-<format>/ (from `iobench generate`)")
     p.add_argument("--dataset", default="cifar10", choices=list(DATASETS),
                    help="which dataset under --storage (default: cifar10)")
-    p.add_argument("--format", default=None, choices=FORMATS,
+    p.add_argument("--format", default=None, choices=list(FORMATS),
                    help="on-disk format, for --loader dali (default: the one found)")
     p.add_argument("--model", default="auto", metavar="NAME",
                    help=f"auto (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
