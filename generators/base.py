@@ -8,7 +8,7 @@ import functools
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +256,45 @@ def jpeg_blobs(spec: DatasetSpec, seed: int, first: int, count: int) -> tuple[np
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum([len(b) for b in blobs], out=offsets[1:])
     return np.frombuffer(b"".join(blobs), dtype=np.uint8), offsets
+
+
+TASK_SAMPLES = 256  # one-file-per-sample formats: samples per unit of work (and resume record)
+
+
+def per_sample_tasks(num_samples: int, path_of: Callable[[int], str]) -> list[Task]:
+    """Tasks of TASK_SAMPLES one-sample files each, in sample order; `path_of(index)` names
+    a sample's file."""
+    return [Task(id=k, first=f, count=min(TASK_SAMPLES, num_samples - f),
+                 files=tuple(path_of(i) for i in range(f, min(f + TASK_SAMPLES, num_samples))))
+            for k, f in enumerate(range(0, num_samples, TASK_SAMPLES))]
+
+
+def write_sample_file(root: Path, rel: str, index: int, parts: Iterable[Any]) -> FileEntry:
+    """Write one sample's file from its buffers (temporary name, then rename), hashing the
+    buffers as they go out (no second read), and describe it."""
+    final = root / rel
+    final.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with atomic_file(final) as tmp, open(tmp, "wb") as f:
+        for part in parts:
+            f.write(part)
+            digest.update(part)
+            size += memoryview(part).nbytes
+    return FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(), first_sample=index,
+                     num_samples=1)
+
+
+def each_sample(spec: DatasetSpec, seed: int, first: int, count: int
+                ) -> Iterator[tuple[int, bytes | np.ndarray]]:
+    """(index, JPEG bytes or sample array) of samples [first, first + count); arrays come
+    from a reused block buffer: use each before asking for the next."""
+    if spec.sample_kind == "jpeg":
+        for i in range(first, first + count):
+            yield i, make_sample(spec, seed, i)[0]
+        return
+    for lo, block in sample_blocks(spec, seed, first, count):
+        for j, arr in enumerate(block):
+            yield first + lo + j, arr
 
 
 class ContainerWriter(Writer):

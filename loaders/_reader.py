@@ -204,6 +204,62 @@ def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None
                                "the file is truncated or was changed; regenerate or re-stage it")
 
 
+OPEN_AT_ONCE = 128  # one-file-per-sample readers: files open at a time (under the 1024 fd limit)
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def open_batch(paths: list[Path], flags: int,
+               fail: Callable[[Path, str, BaseException | None], DatasetError]) -> list[int]:
+    """Open a batch's one-sample files and start fetching them all (posix_fadvise
+    WILLNEED), so their I/O overlaps; `fail(path, what, err)` builds the error that names
+    a file that cannot be opened (all opened ones are closed first)."""
+    fds: list[int] = []
+    path = Path()
+    try:
+        for path in paths:
+            # O_NONBLOCK (in flags): a FIFO in the tree opens at once (and `fail` names it)
+            # instead of waiting for a writer forever
+            fd = os.open(path, flags)
+            fds.append(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except FileNotFoundError:
+        close_all(fds)
+        raise fail(path, "file is missing", None) from None
+    except OSError as e:
+        close_all(fds)
+        raise fail(path, "cannot open it", e) from None
+    return fds
+
+
+def read_each_file(reader: BatchReader, sorted_idx: np.ndarray, flags: int,
+                   read_one: Callable[[int, int, int], None]) -> None:
+    """`read_one(k, index, fd)` for each sample `index = sorted_idx[k]` of a one-file-per-
+    sample dataset, OPEN_AT_ONCE files opened (and prefetched together) at a time."""
+    if len(sorted_idx) and (sorted_idx[0] < 0 or sorted_idx[-1] >= reader.manifest.num_samples):
+        raise DatasetError(f"sample index out of range [0, {reader.manifest.num_samples})")
+    for c in range(0, len(sorted_idx), OPEN_AT_ONCE):
+        chunk = sorted_idx[c:c + OPEN_AT_ONCE].tolist()
+        fds = open_batch([reader.paths[i] for i in chunk], flags, reader.fail)
+        try:
+            for k, (i, fd) in enumerate(zip(chunk, fds, strict=True)):
+                read_one(c + k, i, fd)
+        finally:
+            close_all(fds)
+
+
+def check_one_file_per_sample(manifest: Manifest, files: tuple[FileEntry, ...],
+                              starts: np.ndarray) -> None:
+    """A DatasetError unless the manifest lists one data file per sample, in order."""
+    n = manifest.num_samples
+    if len(files) != n or not np.array_equal(starts, np.arange(n)):
+        raise DatasetError(f"manifest of {manifest.root} lists {len(files)} sample files "
+                           f"for {n} samples; expected one file per sample: regenerate it")
+
+
 class EpochOrder:
     """This rank's sample order per epoch, as `Loader.indices` (picklable, holds no loader)."""
 
@@ -359,6 +415,7 @@ class BatchReader(ABC):
 
     def fail(self, path: str | Path, what: str, err: BaseException | None = None) -> DatasetError:
         """A DatasetError naming `path`, for a file that cannot be read as expected."""
+        refuse_irregular(path)  # a FIFO, socket or device: say so rather than "damaged"
         detail = f" ({err})" if err is not None else ""
         return DatasetError(f"cannot read {path}: {what}{detail}; the file is damaged or not a "
                             f"{self.format} file written by iobench: regenerate or re-stage it")
