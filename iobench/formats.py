@@ -95,6 +95,8 @@ FORMATS: dict[str, FormatSpec] = {f.name: f for f in (
                f"{_L}.files:FilesReader", f"{_L}.files:FilesLoader",
                "pip install simplejpeg pillow", "Pillow, numpy", samples_per_file=1,
                dali="native"),
+    FormatSpec("npz", (".npz",), f"{_G}.npz:NPZWriter", f"{_L}.npz:NPZReader",
+               f"{_L}.npz:NPZLoader", "pip install numpy", "numpy", samples_per_file=1),
 )}
 
 DEFAULT_FORMAT = "hdf5"
