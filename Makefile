@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
-EXTRAS ?= dali,mpich,pfs,test
+EXTRAS ?= dali,mpich,pfs,test,zarr
 STAMP  := $(VENV)/.installed-$(shell echo $(EXTRAS) | tr ',' '-')
 # Let mpiexec find MPICH from the venv, and keep BLAS from oversubscribing.
 export PATH := $(abspath $(BIN)):$(PATH)

@@ -97,6 +97,9 @@ FORMATS: dict[str, FormatSpec] = {f.name: f for f in (
                dali="native"),
     FormatSpec("npz", (".npz",), f"{_G}.npz:NPZWriter", f"{_L}.npz:NPZReader",
                f"{_L}.npz:NPZLoader", "pip install numpy", "numpy", samples_per_file=1),
+    FormatSpec("zarr", (), f"{_G}.zarr:ZarrWriter", f"{_L}.zarr:ZarrReader",
+               f"{_L}.zarr:ZarrLoader", "pip install 'iobench[zarr]'", "zarr (v3)", chunked=True,
+               compressions=("none", "zstd", "gzip")),
 )}
 
 DEFAULT_FORMAT = "hdf5"
