@@ -250,7 +250,7 @@ def test_out_of_space_leaves_no_partial_file(tmp_path):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--dataset", "mnist"], "invalid choice: 'mnist'"),
-    (["--format", "zarr"], "invalid choice: 'zarr'"),
+    (["--format", "tfrecord"], "invalid choice: 'tfrecord'"),
     (["--samples", "-5"], "--samples -5 must be >= 1"),
     (["--samples-per-file", "0"], "--samples-per-file 0 must be >= 1"),
     (["--dataset", "imagenet", "--compression", "gzip"], "already compressed"),
