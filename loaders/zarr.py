@@ -71,7 +71,6 @@ class ZarrReader(BatchReader):
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
         self.data_name = "jpeg" if self.kind == "jpeg" else "samples"
-        self.per = int(self.counts[0])  # samples per shard (the last may hold fewer)
         self.item = (int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
                      if self.sample_shape is not None else 0)
 
@@ -92,7 +91,11 @@ class ZarrReader(BatchReader):
                 with _quiet():
                     g = zarr.open_group(LocalStore(self.manifest.root, read_only=True),
                                         mode="r")
-                    st.update(data=g[self.data_name], labels=g["labels"], label_of={},
+                    data = g[self.data_name]
+                    # samples per shard: the shard index has this many entries, the last
+                    # shard's included (whatever it holds)
+                    per = (data.shards or data.chunks)[0]
+                    st.update(data=data, labels=g["labels"], per=per, label_of={},
                               stored_of={})
             except (KeyError, ValueError, OSError) as e:
                 raise self.fail(self.manifest.root / "zarr.json", "zarr cannot open the group",
@@ -114,7 +117,8 @@ class ZarrReader(BatchReader):
         stored = st["stored_of"].get(pos)
         if stored is None:
             n = int(self.counts[pos])
-            size = self.per * _INDEX_ENTRY + _INDEX_CRC
+            per = st["per"]
+            size = per * _INDEX_ENTRY + _INDEX_CRC
             path = self.paths[pos]
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -126,7 +130,7 @@ class ZarrReader(BatchReader):
                 raise self.fail(path, "cannot read its shard index", e) from None
             if len(tail) != size:
                 raise self.fail(path, f"shard index is {len(tail)} bytes, expected {size}")
-            index = np.frombuffer(tail[:-_INDEX_CRC], dtype="<u8").reshape(self.per, 2)
+            index = np.frombuffer(tail[:-_INDEX_CRC], dtype="<u8").reshape(per, 2)
             stored = index[:n, 1].astype(np.int64)
             st["stored_of"][pos] = stored
         return stored

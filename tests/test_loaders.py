@@ -577,3 +577,23 @@ def test_lmdb_pages_can_be_evicted_between_epochs(tmp_path, workers):
             assert cache.resident_fraction(paths) > 0.5  # it was read through the cache
             cache.evict(paths)
             assert cache.resident_fraction(paths) < 0.05
+
+
+@pytest.mark.parametrize("samples", [20, 40])  # one short shard; two shards, the last short
+def test_zarr_compressed_payload_is_each_inner_chunk(tmp_path, samples):
+    """zstd-compressed inner chunks: payload counts each one's stored bytes (its zstd frame
+    and the 4-byte crc32c), computed here with numcodecs, whatever the shard holds."""
+    from numcodecs import Zstd
+
+    from iobench.generators import GenerateConfig, generate_dataset
+
+    m = generate_dataset(GenerateConfig(dataset="cifar10", format="zarr", storage=tmp_path,
+                                        samples=samples, samples_per_file=32, seed=SEED,
+                                        compression="zstd"))
+    want = {i: len(Zstd(level=3).encode(np.ascontiguousarray(truth("cifar10", i)[0]))) + 4
+            for i in range(samples)}
+    with make_loader("zarr", m.root, cfg(workers=0)) as ld:
+        batches = collect(ld, 0)
+        check_raw("cifar10", batches, ld.indices(0))
+        for b in batches:
+            assert b.payload_bytes == sum(want[i] for i in b.indices.tolist())
