@@ -95,6 +95,7 @@ FORMATS: dict[str, FormatSpec] = {f.name: f for f in (
                f"{_L}.files:FilesReader", f"{_L}.files:FilesLoader",
                "pip install simplejpeg pillow", "Pillow, numpy", samples_per_file=1,
                dali="native"),
+    # DALI's readers.numpy reads .npy, not .npz: DALI reads npz through NPZReader
     FormatSpec("npz", (".npz",), f"{_G}.npz:NPZWriter", f"{_L}.npz:NPZReader",
                f"{_L}.npz:NPZLoader", "pip install numpy", "numpy", samples_per_file=1),
     FormatSpec("zarr", (), f"{_G}.zarr:ZarrWriter", f"{_L}.zarr:ZarrReader",
