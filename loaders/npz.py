@@ -154,7 +154,7 @@ class NPZReader(BatchReader):
         if lay is None:  # the first file this process reads: learn the layout from it
             data = self._whole(i, fd)
             self._layout = self._layout_of(data)
-        elif lay is not None:
+        else:
             head, tail = bytearray(len(lay.head)), bytearray(len(lay.tail))
             try:
                 preadv_into(fd, [memoryview(head), memoryview(dest).cast("B"),

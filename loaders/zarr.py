@@ -9,8 +9,8 @@ concurrently; a batch of large samples (over SMALL_SAMPLE bytes, e.g. cosmoflow'
 16 MB) is one basic selection per run of consecutive samples, READ_THREADS at a
 time, each decoded straight into its rows. zarr reads an inner chunk with a
 partial read of its shard, located through the shard index. Labels are read once per shard
-and process, and so are the shard indexes that give a compressed sample's stored
-size. zarr-python's LocalStore keeps no chunk cache: nothing carries samples from
+and process, and so are the shard indexes, which give each sample's stored size
+and let a batch's chunks be prefetched together (`posix_fadvise(WILLNEED)`). zarr-python's LocalStore keeps no chunk cache: nothing carries samples from
 one cold epoch to the next. Reading runs on zarr's own I/O thread in each process
 (zarr resets it after a fork, so DataLoader workers each start their own).
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from iobench.errors import IobenchError
-from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file
+from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file, willneed
 from iobench.loaders._torch import TorchLoader
 from iobench.manifest import Manifest
 
@@ -96,7 +96,7 @@ class ZarrReader(BatchReader):
                     # shard's included (whatever it holds)
                     per = (data.shards or data.chunks)[0]
                     st.update(data=data, labels=g["labels"], per=per, label_of={},
-                              stored_of={})
+                              index_of={})
             except (KeyError, ValueError, OSError) as e:
                 raise self.fail(self.manifest.root / "zarr.json", "zarr cannot open the group",
                                 e) from None
@@ -111,15 +111,15 @@ class ZarrReader(BatchReader):
                 lambda: st["labels"][lo:lo + n], [pos]).astype(self.label_dtype, copy=False)
         return lab
 
-    def _shard_stored(self, pos: int) -> np.ndarray:
-        """Stored bytes of each sample of shard `pos`: its inner chunk's, from the index."""
+    def _shard_index(self, pos: int) -> np.ndarray:
+        """Shard `pos`'s index, [n, 2] (byte offset, stored bytes) of each sample's inner
+        chunk, read once per process (zarr's sharding format: the index at the shard's end,
+        little-endian uint64 pairs, then its crc32c)."""
         st = self._arrays()
-        stored = st["stored_of"].get(pos)
-        if stored is None:
-            n = int(self.counts[pos])
-            per = st["per"]
+        index = st["index_of"].get(pos)
+        if index is None:
+            per, path = st["per"], self.paths[pos]
             size = per * _INDEX_ENTRY + _INDEX_CRC
-            path = self.paths[pos]
             try:
                 fd = os.open(path, os.O_RDONLY)
                 try:
@@ -130,10 +130,9 @@ class ZarrReader(BatchReader):
                 raise self.fail(path, "cannot read its shard index", e) from None
             if len(tail) != size:
                 raise self.fail(path, f"shard index is {len(tail)} bytes, expected {size}")
-            index = np.frombuffer(tail[:-_INDEX_CRC], dtype="<u8").reshape(per, 2)
-            stored = index[:n, 1].astype(np.int64)
-            st["stored_of"][pos] = stored
-        return stored
+            entries = np.frombuffer(tail[:-_INDEX_CRC], dtype="<u8").reshape(per, 2)
+            index = st["index_of"][pos] = entries[:int(self.counts[pos])].astype(np.int64)
+        return index
 
     def _guard(self, read: Callable[[], Any], shards: list[int]) -> Any:
         """`read()`, with a failure inside zarr turned into an error naming the shard file."""
@@ -157,15 +156,26 @@ class ZarrReader(BatchReader):
                             RuntimeError(f"{type(e).__name__}: {e}")) from None
 
     def _meta(self, sorted_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """Labels and stored bytes of a sorted batch, and the shards it touches."""
+        """Labels and stored bytes of a sorted batch, and the shards it touches; the batch's
+        inner chunks are handed to the kernel to fetch (posix_fadvise WILLNEED) before zarr
+        reads them one by one, so a cold batch's I/O is in flight together."""
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
         stored = np.empty(len(sorted_idx), dtype=np.int64)
         shards = []
         for pos, s, e in split_by_file(self, sorted_idx):
             local = sorted_idx[s:e] - self.starts[pos]
             labels[s:e] = self._shard_labels(pos)[local]
-            if self.kind != "jpeg":
-                stored[s:e] = self._shard_stored(pos)[local]
+            index = self._shard_index(pos)[local]
+            stored[s:e] = index[:, 1]
+            try:
+                fd = os.open(self.paths[pos], os.O_RDONLY)
+                try:
+                    willneed(fd, list(zip(index[:, 0].tolist(), index[:, 1].tolist(),
+                                          strict=True)))
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                raise self.fail(self.paths[pos], "cannot open it", e) from None
             shards.append(pos)
         return labels, stored, shards
 
