@@ -15,9 +15,9 @@ from iobench.formats import FORMATS, format_table, parse_compression, parse_form
 REPO = Path(__file__).resolve().parent.parent
 # where a format's name may stand as a string: the registry, and its own writer and reader
 OWNERS = {"iobench/formats.py"} | {f"{d}/{n}.py" for n in FORMATS for d in ("generators", "loaders")}
-# strings that equal a format name but name something else: a library version key
+# strings that equal a format name but name a library (its version, for provenance)
 NOT_FORMATS = {("iobench/report.py", "hdf5"), ("iobench/report.py", "lmdb"),
-               ("iobench/sysinfo.py", "hdf5")}
+               ("iobench/sysinfo.py", "hdf5"), ("iobench/sysinfo.py", "zarr")}
 
 
 def _format_strings(path: Path) -> list[tuple[int, str]]:
