@@ -108,9 +108,18 @@ def _file_kind(p: Path) -> str:
 def user_manifest(path: str | Path, data_key: str | None = None,
                   label_key: str | None = None) -> Manifest:
     """A checked, in-memory manifest of the user's data at PATH (nothing is written there)."""
+    p = Path(path).resolve()
+    try:
+        return _build(p, data_key, label_key)
+    except IobenchError:
+        raise
+    except Exception as e:  # a library's own error on unreadable input: one line, not a trace
+        raise _fail(f"{p}: cannot read it ({type(e).__name__}: {e}); give {KINDS}") from None
+
+
+def _build(p: Path, data_key: str | None, label_key: str | None) -> Manifest:
     import iobench
 
-    p = Path(path).resolve()
     fmt = detect_format(p)
     if fmt == "files":
         if data_key or label_key:
@@ -163,9 +172,8 @@ def _doc(m: Manifest) -> dict[str, Any]:
     return d
 
 
-def describe(m: Manifest) -> str:
-    """One line on the user's data, for the console."""
-    d = m.extra.get("user_data") or {}
+def describe(d: dict[str, Any]) -> str:
+    """One line on the user's data (a manifest's `extra.user_data`), for the console."""
     if d.get("sample_kind") == "jpeg":
         what = "JPEG samples"
     else:
