@@ -189,7 +189,19 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
 
     evidence.append(f"AU {au:.2f} < {threshold:.2f}" + (f", stall {stall:.0%} of the epoch"
                                                           if stall is not None else ""))
-    if lt is None:
+    if lt is None and doc["config"].get("loader") == "dali":
+        # DALI reads and decodes inside its own executor: no clock of ours runs there, and
+        # its API reports memory, not time per operator, so there is nothing honest to split
+        bottleneck = "unknown"
+        fmt = doc["dataset"].get("format") or "hdf5"
+        evidence.append("DALI reads and decodes inside its own pipeline, which keeps no "
+                        "per-batch clocks iobench can read, so the stall cannot be split "
+                        "between storage and decoding")
+        advice.append("to find out, rerun with --no-decode --model none (storage alone: "
+                      "still starved means storage is the limit) and with --loader "
+                      f"{fmt} (the PyTorch loader, whose readers keep clocks), or compare "
+                      f"both with `iobench bench-read --loaders {fmt},dali`")
+    elif lt is None:
         bottleneck = "unknown"
         evidence.append("the loader kept no per-batch clocks, so the time cannot be split "
                         "between storage and decoding")

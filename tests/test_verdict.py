@@ -98,6 +98,23 @@ def test_a_slow_worker_is_named_as_imbalance() -> None:
         _doc(0.6, read_s=17.0), [0.1, 0.1, 0.151]))["evidence"])
 
 
+def test_dali_unknown_says_why_and_what_to_run() -> None:
+    doc = _doc(0.5, fmt="lmdb")
+    doc["config"]["loader"] = "dali"
+    doc["epochs"][0]["ranks"][0]["loader"] = None  # DALI's pipeline keeps no clocks of ours
+    v = verdict(doc)
+    assert (v["status"], v["bottleneck"]) == ("starved", "unknown")
+    assert v["line"].startswith("verdict: starved (cause unknown) - AU 0.50 < 0.90")
+    assert any("DALI reads and decodes inside its own pipeline" in e for e in v["evidence"])
+    [advice] = v["advice"]
+    for what in ("--no-decode --model none", "--loader lmdb",
+                 "iobench bench-read --loaders lmdb,dali"):
+        assert what in advice
+    # DALI that keeps up needs no cause
+    doc["summary"]["spread"]["au"]["median"] = 0.95
+    assert verdict(doc)["bottleneck"] == "none"
+
+
 def test_threshold_is_validated() -> None:
     assert parse_threshold(0.7) == 0.7
     for bad in (0.0, 1.5, float("nan")):
