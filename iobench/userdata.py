@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from iobench.errors import ConfigError, DatasetError, IobenchError
-from iobench.manifest import FileEntry, Manifest, check_manifest
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, check_manifest
 
 USER_DATASET = "user"  # the manifest's `dataset` for data iobench did not generate
 H5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -65,6 +65,9 @@ def detect_format(path: str | Path) -> str:
     if not p.exists():
         raise ConfigError(f"--data {p} does not exist; give {KINDS}")
     if p.is_dir():
+        if (p / MANIFEST_NAME).is_file():
+            raise ConfigError(f"--data {p} is a dataset iobench generated: read it with "
+                              f"--storage {p.parent} (--data is for your own data)")
         if (p / "data.mdb").is_file():
             return "lmdb"
         entries = _visible(p)

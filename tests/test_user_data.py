@@ -286,12 +286,20 @@ def _case_files(d: Path) -> dict[str, tuple[list[str], str]]:
         "a model on user data": ([str(_h5(d / "ok.h5", x=X, y=Y)), "--model", "cnn"],
                                  "--model none"),
         "--data with --storage": ([str(d / "ok.h5"), "--storage", str(d)], "--storage"),
+        "an iobench dataset": ([str(_generated(d))], "--storage"),
     }
+
+
+def _generated(d: Path) -> Path:
+    assert cli("generate", "--dataset", "cifar10", "--format", "hdf5", "--samples", "64",
+               "--storage", d / "gen") == 0
+    return d / "gen" / "cifar10-hdf5"
 
 
 def test_each_ambiguity_is_one_line_naming_its_fix(tmp_path: Path, capsys) -> None:
     cases = _case_files(tmp_path)
     before = snapshot(tmp_path)
+    capsys.readouterr()  # what making the cases printed
     for name, (args, fix) in cases.items():
         data, rest = args[0], args[1:]
         model = [] if "--model" in rest else ["--model", "none"]
