@@ -197,7 +197,8 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         evidence.append("DALI reads and decodes inside its own pipeline, which keeps no "
                         "per-batch clocks iobench can read, so the stall cannot be split "
                         "between storage and decoding")
-        advice.append("to find out, rerun with --no-decode --model none (storage alone: "
+        alone = "--no-decode" + ("" if doc["compute"].get("kind") == "none" else " --model none")
+        advice.append(f"to find out, rerun with {alone} (storage alone: "
                       "still starved means storage is the limit) and with --loader "
                       f"{fmt} (the PyTorch loader, whose readers keep clocks), or compare "
                       f"both with `iobench bench-read --loaders {fmt},dali`")

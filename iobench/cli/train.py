@@ -466,6 +466,6 @@ class _Output:
         if user:
             from iobench.userdata import describe
 
-            self.console.print(f"data: {describe(user)}", markup=False)
+            self.console.print(f"data: {describe(user)}", markup=False, soft_wrap=True)
         self.console.print(f"result: {path}")
         print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped
