@@ -312,6 +312,10 @@ def _arrays(p: Path, fmt: str, data_key: str | None, label_key: str | None) -> t
     top = 0
     for f in paths:
         arrays = _inspect(f, fmt)
+        if first is not None and not {data_key, label_key} <= set(arrays):
+            raise _fail(f"{p}: {f.name} lacks the arrays found in {first[0].name} "
+                        f"({data_key!r}, {label_key!r}; it holds {_listing(arrays)}): a "
+                        "folder's files must hold the same arrays; give --data one file")
         data_key, label_key = _choose(f, arrays, data_key, label_key)
         shape, dt = arrays[data_key]
         if first is None:

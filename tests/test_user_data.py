@@ -333,6 +333,10 @@ def test_detection_rules(tmp_path: Path) -> None:
     _h5(tmp_path / "f" / "b.h5", x=X[:, :3], y=Y)
     with pytest.raises(IobenchError, match="one kind of sample"):
         user_manifest(tmp_path / "f")
+    # ... and the same arrays, whatever the first file's were named
+    _h5(tmp_path / "f" / "b.h5", images=X, y=Y)
+    with pytest.raises(IobenchError, match="b.h5 lacks the arrays found in a.h5"):
+        user_manifest(tmp_path / "f")
 
 
 @pytest.mark.mpi
