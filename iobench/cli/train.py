@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label-key", default=None, metavar="NAME",
                    help="with --data: the 1-D integer array of class labels (HDF5/NetCDF), "
                         "or the LMDB key of the labels record (default: detected)")
-    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS),
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="which dataset under --storage (default: cifar10)")
     p.add_argument("--format", default=None, choices=FORMATS,
                    help="on-disk format, for --loader dali (default: the one found)")
@@ -124,9 +124,9 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.data is not None:
         from iobench.userdata import USER_DATASET, detect_format
 
-        if storage is not None:
-            raise ConfigError("give --storage (a dataset from `iobench generate`) or --data "
-                              "(your own), not both")
+        if storage is not None or dataset is not None:
+            raise ConfigError("give --storage/--dataset (a dataset from `iobench generate`) or "
+                              "--data (your own), not both")
         if args.stage_to:
             raise ConfigError("--stage-to copies datasets iobench generated; with --data, "
                               "copy your data to the faster tier and run again from there")
@@ -139,8 +139,12 @@ def build_config(args: argparse.Namespace) -> Any:
         raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
                           "(your own data) is required")
     elif loader is None:
-        raise ConfigError("--loader is required with --storage; choose one of: hdf5, netcdf, "
-                          "lmdb, files, dali")
+        from iobench.train import LOADER_NAMES
+
+        raise ConfigError("--loader is required with --storage; choose one of: "
+                          + ", ".join(LOADER_NAMES))
+    else:
+        dataset = dataset or "cifar10"
     if batch is None:
         batch = parse_dataset(dataset).default_batch_size
     return TrainConfig(loader=loader, storage=storage, dataset=dataset, data=args.data,
