@@ -13,6 +13,11 @@ in the page cache): pages a process maps cannot be evicted, and iobench
 evicts the dataset before every epoch.
 
 `payload_bytes`: the value bytes of each record (header, label, payload).
+
+The user's own environments (`--data`, iobench/userdata.py) are read by the
+same code with the manifest's layout: keys the indices in ASCII (zero-padded
+or not) or 8-byte big-endian, each value a `.npy` (payload after its header)
+or JPEG bytes, and the labels one more `.npy` record, read once per process.
 """
 
 from __future__ import annotations
