@@ -213,6 +213,9 @@ def test_train_and_bench_read_leave_the_data_untouched(user_data: tuple[str, Pat
     assert user["sample_dtype"] == "uint8"
     assert (doc["dataset"]["dataset"], doc["config"]["loader"]) == ("user", fmt)
     assert doc["cache"]["mode"] == "cold"
+    # the user's files were evicted before every epoch: epoch 2 did not start warm from
+    # epoch 1's reads ("warm" is what the measured residency says when eviction failed)
+    assert [e["cache"]["status"] != "warm" for e in doc["epochs"]] == [True, True]
     assert [e["summary"]["samples"] for e in doc["epochs"]] == [n, n]
     assert doc["epochs"][0]["ranks"][0]["loader"]["batches"] > 0  # the readers' clocks ran
 
