@@ -21,6 +21,7 @@ cifar10; for imagenet it uses DALI's own random operators).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -228,6 +229,13 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
     return out
 
 
+def pipeline(manifest: Any) -> str:
+    """The preprocessing a dataset's batches get (`to_batch`'s `dataset`): the generated
+    dataset's own, or for the user's data (`--data`) the one its layout names: "imagenet"
+    for JPEG samples, "raw" (delivered as stored) for arrays."""
+    return manifest.layout.get("preprocess", manifest.dataset)
+
+
 def warm_up(dataset: str, decode: bool) -> None:
     """Import the decoders `to_batch` will use for `dataset` (no data is touched)."""
     if dataset == "imagenet" and decode:
@@ -238,7 +246,7 @@ def warm_up(dataset: str, decode: bool) -> None:
 def delivers_raw(dataset: str, decode: bool, convert: str) -> bool:
     """Whether `to_batch` hands the stored samples on as they are (read them into the
     buffer that is delivered) or computes new ones from them."""
-    return not decode or (dataset == "cosmoflow" and convert == "device")
+    return not decode or dataset == "raw" or (dataset == "cosmoflow" and convert == "device")
 
 
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
@@ -266,7 +274,7 @@ def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch:
         c, (h, w) = raw.samples.shape[3], raw.samples.shape[1:3]
         x = cifar10(raw.samples, idx, seed, epoch,
                     out=None if convert == "loader" else alloc((n, c, h, w), np.uint8))
-    elif dataset == "cosmoflow":
+    elif dataset in ("cosmoflow", "raw"):  # raw: the user's arrays, as they are stored
         x = raw.samples
     else:
         from iobench.errors import ConfigError

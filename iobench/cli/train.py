@@ -26,10 +26,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from iobench.models import MODELS
     from iobench.train import LOADER_NAMES
 
-    p.add_argument("--loader", required=True, choices=LOADER_NAMES, help="reader to use")
-    p.add_argument("--storage", required=True, metavar="DIR",
+    p.add_argument("--loader", default=None, choices=LOADER_NAMES,
+                   help="reader to use (required with --storage; with --data: the format of "
+                        "the data)")
+    p.add_argument("--storage", default=None, metavar="DIR",
                    help="directory holding <dataset>-<format>/ (from `iobench generate`)")
-    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS),
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="your own data instead of --storage: an HDF5 or NetCDF-4 file or a "
+                        "folder of them, an LMDB environment, or an ImageFolder tree "
+                        "(class/xxx.jpg); read only, nothing is written there "
+                        "(docs/training.md, 'Your own data')")
+    p.add_argument("--data-key", default=None, metavar="NAME",
+                   help="with --data (HDF5/NetCDF): the array of samples, one row each "
+                        "(default: detected)")
+    p.add_argument("--label-key", default=None, metavar="NAME",
+                   help="with --data: the 1-D integer array of class labels (HDF5/NetCDF), "
+                        "or the LMDB key of the labels record (default: detected)")
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="which dataset under --storage (default: cifar10)")
     p.add_argument("--format", default=None, choices=FORMATS,
                    help="on-disk format, for --loader dali (default: the one found)")
@@ -107,10 +120,36 @@ def build_config(args: argparse.Namespace) -> Any:
     from iobench.train import TrainConfig
 
     batch = args.batch_size
+    loader, storage, dataset, model = args.loader, args.storage, args.dataset, args.model
+    if args.data is not None:
+        from iobench.userdata import USER_DATASET, detect_format
+
+        if storage is not None or dataset is not None:
+            raise ConfigError("give --storage/--dataset (a dataset from `iobench generate`) or "
+                              "--data (your own), not both")
+        if args.stage_to:
+            raise ConfigError("--stage-to copies datasets iobench generated; with --data, "
+                              "copy your data to the faster tier and run again from there")
+        loader = loader or detect_format(args.data)
+        storage, dataset = args.data, USER_DATASET
+        if model == "auto" and args.compute_time is None:
+            model = "none"  # no model fits data iobench knows nothing about: pure ingest
+        batch = batch or 64
+    elif storage is None:
+        raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
+                          "(your own data) is required")
+    elif loader is None:
+        from iobench.train import LOADER_NAMES
+
+        raise ConfigError("--loader is required with --storage; choose one of: "
+                          + ", ".join(LOADER_NAMES))
+    else:
+        dataset = dataset or "cifar10"
     if batch is None:
-        batch = parse_dataset(args.dataset).default_batch_size
-    return TrainConfig(loader=args.loader, storage=args.storage, dataset=args.dataset,
-                       format=args.format, model=args.model, compute_time_s=args.compute_time,
+        batch = parse_dataset(dataset).default_batch_size
+    return TrainConfig(loader=loader, storage=storage, dataset=dataset, data=args.data,
+                       data_key=args.data_key, label_key=args.label_key,
+                       format=args.format, model=model, compute_time_s=args.compute_time,
                        epochs=args.epochs, batch_size=batch, workers=args.workers,
                        worker_type=args.worker_type, shuffle=args.shuffle, seed=args.seed,
                        max_steps=args.max_steps, decode=not args.no_decode,
@@ -218,7 +257,8 @@ def _main(args: argparse.Namespace, world: Any) -> int:
                 few_steps.append(
                     f"an epoch has only {steps} step(s) per rank ({m.num_samples} samples, "
                     f"{w} rank(s), batch {c.batch_size}): too few for per-step figures; use a "
-                    "smaller --batch-size or generate more --samples")
+                    "smaller --batch-size" + ("" if config.data else " or generate more "
+                                              "--samples"))
                 if world.is_root:
                     out.console.print(f"[bold yellow]warning: {few_steps[0]}[/]")
             return loader
@@ -333,7 +373,8 @@ class _Output:
                    "emulated": f"emulated accelerator, {c.compute_time_s} s per step",
                    "none": "none (pure ingest" + (", no decode)" if not c.decode else ")")
                    }[c.compute_kind]
-        self.console.print(f"[bold]iobench train[/] {c.dataset} via {c.loader} from {c.storage}: "
+        what = "your data" if c.data else c.dataset
+        self.console.print(f"[bold]iobench train[/] {what} via {c.loader} from {c.storage}: "
                            f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
                            f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
         import torch
@@ -425,5 +466,10 @@ class _Output:
             self.console.print(spread_line(doc), markup=False)
         self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}; steps: "
                            f"{doc['compute']['steps']}")
+        user = doc["provenance"].get("user_data")
+        if user:
+            from iobench.userdata import describe
+
+            self.console.print(f"data: {describe(user)}", markup=False, soft_wrap=True)
         self.console.print(f"result: {path}")
         print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped
