@@ -400,7 +400,7 @@ def _lmdb(p: Path, label_key: str | None) -> tuple[Any, ...]:
         raise _fail(f"{p}: record {index[0]!r} is neither .npy nor JPEG bytes (first bytes "
                     f"{first[:8]!r}); iobench reads LMDB values that are one or the other "
                     "(docs/training.md)")
-    layout = {"record": record, "npy_header": header, "key": scheme, "key_width": width,
+    layout = {"values": record, "npy_header": header, "key": scheme, "key_width": width,
               "label_key": lk.decode("latin-1"),
               "preprocess": "imagenet" if record == "jpeg" else "raw"}
     files = [FileEntry(path=data.name, bytes=data.stat().st_size, sha256="", first_sample=0,

@@ -147,7 +147,7 @@ class LMDBReader(BatchReader):
         # iobench's records (header, label, payload), or the user's data (`--data`): values
         # that are .npy or JPEG bytes, labels in one more record (iobench/userdata.py)
         lay = manifest.layout
-        self.record: str = lay.get("record", "iobench")
+        self.record: str = lay.get("values", "iobench")
         self.npy_header: int = lay.get("npy_header", 0)
         self.key_width: int | None = lay.get("key_width") if lay.get("key") == "ascii" else None
 
