@@ -52,23 +52,29 @@ def header(work: Path) -> dict[str, Any]:
 
 
 def generate(storage: Path, dataset: str, fmt: str, samples: int, samples_per_file: int,
-             jobs: int = 1, ranks: int = 1, seed: int = 0) -> dict[str, float]:
+             jobs: int = 1, ranks: int = 1, seed: int = 0,
+             pythonpath: str | None = None) -> dict[str, float]:
     """Run `iobench generate` into a fresh `storage`; its own timing and the process wall time.
 
     `seconds` is what the command reports (from the first task to the last file
     fsynced, manifest statistics apart); `wall_s` includes interpreter start-up.
+    `pythonpath`: run an older iobench importable from there (a tree with
+    iobench/loaders and iobench/generators linked in), for before/after side by side.
     """
     shutil.rmtree(storage, ignore_errors=True)
     argv = [sys.executable, "-m", "iobench", "generate", "--dataset", dataset, "--format", fmt,
             "--samples", str(samples), "--samples-per-file", str(samples_per_file),
-            "--seed", str(seed), "--storage", str(storage)]
+            "--seed", str(seed), "--storage", str(storage.resolve())]
     if ranks > 1:
         argv = [venv_bin("mpiexec"), "-n", str(ranks), *argv]
     else:
         argv += ["--jobs", str(jobs)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     t0 = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    # not from a checkout: `python -m` puts the working directory first on sys.path
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=storage.parent)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"generate failed ({' '.join(argv)}):\n{r.stderr}")
