@@ -43,6 +43,7 @@ def main() -> int:
     total = max(DATASETS[d].sample_nbytes * n for d, n in sizes.items())
     runs = [(d, f) for d in sizes for f in a.formats.split(",") if sizes[d] > 0]
     rows: dict[str, list[float]] = {"fio": []}
+    cpu: dict[str, list[float]] = {}
     versions = [("", None)] + ([(" before", a.before)] if a.before else [])
     for d, f in runs:
         for tag, _ in versions:
@@ -56,6 +57,7 @@ def main() -> int:
             for tag, pp in versions:
                 g = generate(a.work / "gen", d, f, sizes[d], SPF[d], jobs=a.jobs, pythonpath=pp)
                 rows[f"{d}-{f}{tag}"].append(g["MBps"])
+                cpu.setdefault(f"{d}-{f}{tag}", []).append(g["MB_per_cpu_s"])
         print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rows.items())
               + f" MB/s  (load {loadavg():.2f})")
     print(f"\nfio: {fio_cmd}")
@@ -65,10 +67,15 @@ def main() -> int:
         ratio = "" if k == "fio" else fmt([g / f for g, f in zip(v, rows["fio"], strict=True)],
                                           ".2f")
         print(f"| {k} | {fmt(v)} | {ratio} |")
+    print("\n| what | MB per CPU-second (generate and its workers, user + system) |")
+    print("|---|---:|")
+    for k, v in cpu.items():
+        print(f"| {k} | {fmt(v)} |")
     print("\nmedian ratios: " + ", ".join(
         f"{k} {median(v) / median(rows['fio']):.2f}" for k, v in rows.items() if k != "fio"))
     info["load_1min_end"] = loadavg()
-    save(a.json, {"info": info, "rates_MBps": rows, "samples": sizes, "jobs": a.jobs,
+    save(a.json, {"info": info, "rates_MBps": rows, "MB_per_cpu_s": cpu, "samples": sizes,
+                  "jobs": a.jobs,
                   "fio_command": fio_cmd})
     return 0
 
