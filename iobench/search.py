@@ -71,6 +71,7 @@ class SearchConfig:
     launcher: tuple[str, ...] = ("mpiexec", "-n", "{ranks}")
     point_timeout_s: float = 1800.0
     train_args: tuple[str, ...] = ()  # passed on to every `iobench train`
+    slowdown: float = 1.0  # emulated compute this many times slower: demand / slowdown
     hosts: int = 0  # for the dataset-size rule only
     host_memory_gb: float = 0.0
 
@@ -89,6 +90,8 @@ class SearchConfig:
         if not self.launcher or not any("{ranks}" in a for a in self.launcher):
             raise ConfigError(f"--launcher {shlex.join(self.launcher)!r} must contain {{ranks}}, "
                               "e.g. 'srun -n {ranks}' or 'mpiexec -n {ranks}'")
+        if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
+            raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
         if not self.point_timeout_s > 0:
             raise ConfigError(f"--point-timeout {self.point_timeout_s} must be > 0 seconds")
         del run
@@ -103,8 +106,13 @@ class SearchConfig:
 
     @property
     def compute_s(self) -> float:
-        """The emulated step time: the workload's, scaled by batch / the workload's batch."""
-        return self.run.compute_s * self.batch / self.run.batch
+        """The emulated step time: the workload's, x batch / the workload's batch, x slowdown."""
+        return self.run.compute_s * self.batch / self.run.batch * self.slowdown
+
+    @property
+    def demand_Bps(self) -> float:
+        """Bytes per second one emulated accelerator reads at AU 1 in this search."""
+        return self.run.demand_Bps / self.slowdown
 
     @property
     def au_threshold(self) -> float:
@@ -263,7 +271,8 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
         "workload": {"name": w.name, "accelerator": cfg.accelerator, "batch": cfg.batch,
                      "compute_time_s": cfg.compute_s, "workload_batch": run.batch,
                      "workload_compute_time_s": run.compute_s,
-                     "sample_bytes": w.sample_bytes, "demand_MBps": run.demand_Bps / 1e6,
+                     "sample_bytes": w.sample_bytes, "demand_MBps": cfg.demand_Bps / 1e6,
+                     "workload_demand_MBps": run.demand_Bps / 1e6, "slowdown": cfg.slowdown,
                      "note": w.note},
         "dataset": {"root": str(root), "dataset": manifest.dataset, "format": manifest.format,
                     "num_samples": manifest.num_samples, "total_bytes": manifest.total_bytes,
@@ -271,6 +280,11 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
         "threshold": cfg.au_threshold, "max_accelerators": 0, "points": [],
         "warnings": [],
     }
+    if cfg.slowdown != 1:
+        doc["warnings"].append(
+            f"SLOWED DOWN: compute {cfg.slowdown:g}x the workload's, so each accelerator "
+            f"asks for {cfg.demand_Bps / 1e6:.1f} MB/s instead of {run.demand_Bps / 1e6:.1f}: "
+            f"the count answers for a tier {cfg.slowdown:g}x faster than this one")
     if cfg.batch != run.batch:
         doc["warnings"].append(
             f"scaled: batch {cfg.batch} and {cfg.compute_s:.6g} s per step instead of "

@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="scale the batch to B and the compute time with it, so each "
                         "accelerator's demand (MB/s) is the workload's (default: the "
                         "workload's batch); for short tests")
+    p.add_argument("--slowdown", type=float, default=1.0, metavar="K",
+                   help="emulate compute K times slower, so each accelerator asks for 1/K of "
+                        "the workload's MB/s: the answer is then the one for a tier K times "
+                        "faster (for checks on a busy machine; default 1)")
     p.add_argument("--au-threshold", type=float, default=None, metavar="FRACTION",
                    help="pass at this AU or above (default: the workload's: 0.90, cosmoflow "
                         "0.70, retinanet 0.85)")
@@ -65,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
                        epochs=args.epochs, batch_size=args.batch_size,
                        threshold=args.au_threshold, workers=args.workers,
                        launcher=tuple(shlex.split(args.launcher)),
-                       point_timeout_s=args.point_timeout, train_args=tuple(args.train_arg),
+                       point_timeout_s=args.point_timeout, slowdown=args.slowdown, train_args=tuple(args.train_arg),
                        hosts=args.hosts, host_memory_gb=args.host_memory_gb)
     writable_dir(cfg.results, "results")
     with interrupts():
