@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from conftest import cli, mpiexec_path
 from iobench.metrics import EpochClock, rank_figures
 from iobench.search import answer, next_point, physics_estimate
 from iobench.workloads import WORKLOADS, resolve
-from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 MB = 1_000_000
 
@@ -223,3 +223,11 @@ def test_search_answers_the_bandwidth_physics(pfs, tmp_path: Path,  # noqa: F811
         assert expected - 1 <= got <= expected, (workload, acc, curve)
         # the cap is shared: no point read faster than it (5% for the emulator's pacing)
         assert all(p["read_MBps"] <= bandwidth * 1.05 for p in doc["points"]), curve
+
+
+def test_sweep_takes_the_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = Path(__file__).resolve().parents[1] / "scripts" / "sweeps" / "laptop.yaml"
+    assert cli("sweep", sweep, "--dry-run", "--results", tmp_path, "--workload", "cosmoflow",
+               "--accelerator", "h100") == 0
+    runs = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("run")]
+    assert runs and all("cosmoflow-mlperf-files files" in ln and " b1 " in ln for ln in runs)
