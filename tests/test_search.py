@@ -124,6 +124,23 @@ def test_cosmoflow_samples_are_mlperf_sized(cosmo_storage: Path) -> None:
     assert len(sizes) == 1 and abs(sizes.pop() / 2_828_486 - 1) < 0.10
 
 
+def test_train_with_a_workload_runs_its_preset(cosmo_storage: Path, tmp_path: Path) -> None:
+    """--workload cosmoflow --accelerator h100: batch 1, 0.0035 s per step, no decoding, AU
+    threshold 0.70, and a warning that 24 samples are under MLPerf's 500."""
+    res = tmp_path / "res"
+    assert cli("train", "--workload", "cosmoflow", "--accelerator", "h100", "--storage",
+               cosmo_storage, "--epochs", "1", "--results", res) == 0
+    [path] = res.glob("*.json")
+    doc = json.loads(path.read_text())
+    c = doc["config"]
+    assert (c["dataset"], c["loader"], c["batch_size"], c["compute_time_s"], c["decode"]) == \
+        ("cosmoflow-mlperf", "files", 1, 0.0035, False)
+    assert doc["summary"]["verdict"]["threshold"] == 0.70
+    assert any("MLPerf Storage asks for 500" in w for w in doc["warnings"])
+    s = doc["epochs"][0]["summary"]
+    assert s["au_mlperf_mean"] >= s["au_mean"]
+
+
 @needs_mpi
 def test_search_on_local_disk_writes_a_search_result(cosmo_storage: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
