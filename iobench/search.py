@@ -166,7 +166,10 @@ def train_command(cfg: SearchConfig, n: int, results: Path) -> list[str]:
     w = cfg.run.workload
     launcher = [a.replace("{ranks}", str(n)) for a in cfg.launcher]
     launcher[0] = _executable(launcher[0])
-    return [*launcher, sys.executable, "-m", "iobench", "train",
+    # -P: not the current directory first on sys.path, where another iobench checkout
+    # (a source tree one runs from) would be imported instead of this one
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return [*launcher, sys.executable, *safe, "-m", "iobench", "train",
             "--loader", w.loader, "--storage", cfg.storage, "--dataset", str(w.dataset),
             "--compute-time", repr(cfg.compute_s), "--batch-size", str(cfg.batch),
             "--no-decode", "--epochs", str(cfg.epochs), "--repeat", str(cfg.repeat),

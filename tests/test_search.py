@@ -143,10 +143,17 @@ def test_train_with_a_workload_runs_its_preset(cosmo_storage: Path, tmp_path: Pa
 
 @needs_mpi
 def test_search_on_local_disk_writes_a_search_result(cosmo_storage: Path, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Threshold 0.01: every point passes, so the search doubles to the cap (1, 2) and stops;
-    every point is a real run with --repeat 2; the report plots it."""
+    every point is a real run with --repeat 2; the report plots it. Run from a directory
+    holding another `iobench` package (a checkout): the points still run this one."""
     res = tmp_path / "res"
+    decoy = tmp_path / "checkout" / "iobench"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")
+    (decoy / "__main__.py").write_text("raise SystemExit('the decoy iobench ran')\n")
+    monkeypatch.chdir(decoy.parent)
     assert cli("search", "--workload", "cosmoflow", "--accelerator", "h100", "--storage",
                cosmo_storage, "--results", res, "--max-accelerators", "2", "--repeat", "2",
                "--au-threshold", "0.01") == 0
