@@ -297,8 +297,8 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     if cfg.batch != run.batch:
         doc["warnings"].append(
             f"scaled: batch {cfg.batch} and {cfg.compute_s:.6g} s per step instead of "
-            f"{run.batch} and {run.compute_s} s; each accelerator's demand "
-            f"({run.demand_Bps / 1e6:.1f} MB/s) is the workload's")
+            f"{run.batch} and {run.compute_s} s: scaling the batch alone keeps each "
+            f"accelerator's demand ({run.demand_Bps / 1e6:.1f} MB/s, the workload's)")
     passed: dict[int, bool] = {}
     child = _Run()
     t0 = time.time()
