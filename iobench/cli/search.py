@@ -72,7 +72,10 @@ def main(args: argparse.Namespace) -> int:
                        point_timeout_s=args.point_timeout, slowdown=args.slowdown, train_args=tuple(args.train_arg),
                        hosts=args.hosts, host_memory_gb=args.host_memory_gb)
     writable_dir(cfg.results, "results")
-    with interrupts():
+    # no exit deadline after a signal: stopping the running point's ranks (which write
+    # their partial result) may take longer than a rank's grace, and the search result
+    # must be written after it
+    with interrupts(grace_s=None):
         try:
             doc = run_search(cfg, log=lambda m: print(m, flush=True))
         except Interrupted as e:
