@@ -156,4 +156,8 @@ def check_runnable(w: Workload) -> None:
         raise ConfigError(f"--workload {w.name}: the format {w.format!r} is not registered "
                           f"(formats: {', '.join(FORMATS)}); {w.missing or 'install it'}")
     if w.dataset is None:
+        if w.mlperf_format == w.format:  # its format is there now: only the table lacks it
+            raise ConfigError(f"--workload {w.name}: the {w.format!r} format is registered but "
+                              f"WORKLOADS[{w.name!r}].dataset in iobench/workloads.py names no "
+                              "dataset yet; set it to the dataset that format writes")
         raise ConfigError(f"--workload {w.name} cannot run yet: {w.missing}")
