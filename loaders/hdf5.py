@@ -107,7 +107,7 @@ class HDF5Reader(BatchReader):
             raise self.fail(path, "HDF5 cannot open it", e) from None
         offsets = None
         try:
-            labels = h["labels"][...]
+            labels = h[self.label_key][...]
             if labels.shape != (n, *self.label_shape):
                 raise self.fail(path, f"labels have shape {labels.shape}, expected "
                                       f"{(n, *self.label_shape)}")
@@ -118,7 +118,7 @@ class HDF5Reader(BatchReader):
                     raise self.fail(path, "JPEG offsets do not match the jpeg dataset")
                 stored, item = np.diff(offsets), 1
             else:
-                ds = h["samples"]
+                ds = h[self.data_key]
                 if ds.shape != (n, *self.sample_shape) or ds.dtype != self.sample_dtype:
                     raise self.fail(path, f"samples are {ds.dtype}{list(ds.shape)}, expected "
                                           f"{self.sample_dtype}{[n, *self.sample_shape]}")
