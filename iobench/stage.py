@@ -592,6 +592,7 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
 
     per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
+                                "node_name": world.node_name,
                                 "files": len(mine), "seconds": rank_s, **asdict(counters),
                                 "os_read_bytes": io.read_bytes if io is not None else None,
                                 "os_rchar": io.rchar if io is not None else None})
@@ -603,7 +604,7 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
             "os_read_bytes": None if None in reads else sum(reads),
             "copied_files": total["copied_files"],
             "source_cache": _source_cache(evicted, cfg.warm_source),
-            "per_rank": [{k: r[k] for k in ("rank", "node", "seconds", "copied_bytes",
+            "per_rank": [{k: r[k] for k in ("rank", "node", "node_name", "seconds", "copied_bytes",
                                             "os_read_bytes")} for r in per_rank],
             "per_rank_full": per_rank, "counters": total}
 
@@ -623,7 +624,7 @@ def _remove_files(paths: list[Path]) -> BaseException | None:
 def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
     """The `source_cache` record of one repetition, from its eviction report."""
     worst = rep.resident_fraction
-    over = [n["node"] for n in rep.per_node
+    over = [n["name"] for n in rep.per_node
             if n["resident_fraction"] is not None and n["resident_fraction"] > rep.warn_above]
     if warm:
         warning = None if rep.status == "cold" else (
@@ -649,7 +650,8 @@ def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
         "method": rep.method,  # "none" with --warm-source: residency measured only
         "resident_fraction_at_start": worst,  # worst node; None when a node cannot tell
         "status": rep.status, "warn_above": rep.warn_above, "storage_kind": rep.storage_kind,
-        "per_node": [{"node": n["node"], "host": n["host"], "files": n["files"],
+        "per_node": [{"node": n["node"], "name": n["name"], "host": n["host"],
+                      "files": n["files"],
                       "total_bytes": n["total_bytes"], "resident_bytes": n["resident_bytes"],
                       "unknown_files": n["unknown_files"],
                       "resident_fraction_at_start": n["resident_fraction"]}

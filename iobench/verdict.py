@@ -19,6 +19,11 @@ in each batch: reading, decoding, and how busy the workers were):
 
 A run that keeps up is compute-bound (`none`), and the verdict says how much
 faster an accelerator the loader could still feed.
+
+On several nodes the verdict also names stragglers (`stragglers`): nodes whose
+stall, summed over the run's epochs, is over 1.5x the median node's
+(`STRAGGLER_FACTOR`) and at least 1 % of the run's wall time above it, so that
+noise on a run with almost no stall names nobody.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ BUSY_SATURATED = 0.75  # readers busy at least this fraction of the epoch: they 
 READ_DOMINANT = 0.5  # fraction of busy time spent reading that makes storage the suspect
 LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
 SHARED_KINDS = ("parallel", "network", "fuse", "fuse-network", "other")
+STRAGGLER_FACTOR = 1.5  # a node stalled over this many times the median node is a straggler
+STRAGGLER_MIN_SHARE = 0.01  # ... and by at least this fraction of the run's wall time
 
 
 def parse_threshold(value: float) -> float:
@@ -106,6 +113,44 @@ def loader_time(doc: Mapping[str, Any]) -> dict[str, Any] | None:
             "handoff_share": handoff / stall if stall > 0 else None}
 
 
+def node_stalls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each node's stall (its slowest rank's) summed over the run's epochs, from
+    `epochs[i].per_node` (v3 results; empty for older ones or one node)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for ep in doc["epochs"]:
+        for n in ep.get("per_node") or []:
+            d = nodes.setdefault(n["node"], {"node": n["node"], "name": n["name"],
+                                             "stall_s": 0.0, "wall_s": 0.0, "samples": 0})
+            d["stall_s"] += n["stall_s"]
+            d["wall_s"] += n["wall_s"]
+            d["samples"] += n["samples"]
+    return [nodes[k] for k in sorted(nodes)] if len(nodes) > 1 else []
+
+
+def stragglers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Nodes whose total stall is over `STRAGGLER_FACTOR` x the median node's (and at least
+    `STRAGGLER_MIN_SHARE` of the run's wall time above it), slowest first; each with
+    `name`, `stall_s`, `median_stall_s` and `factor` (None when the median is 0)."""
+    nodes = node_stalls(doc)
+    if not nodes:
+        return []
+    median = statistics.median(n["stall_s"] for n in nodes)
+    wall = sum(e["summary"]["wall_s"] for e in doc["epochs"])
+    out = [{"node": n["node"], "name": n["name"], "stall_s": n["stall_s"],
+            "median_stall_s": median, "factor": n["stall_s"] / median if median > 0 else None}
+           for n in nodes if n["stall_s"] > STRAGGLER_FACTOR * median
+           and n["stall_s"] - median >= STRAGGLER_MIN_SHARE * wall]
+    return sorted(out, key=lambda s: -s["stall_s"])
+
+
+def straggler_words(slow: Sequence[Mapping[str, Any]]) -> str:
+    """`straggler node(s): n2 (stall 3.1 s, 2.4x the median node's 1.3 s)`."""
+    return "straggler node(s): " + ", ".join(
+        f"{s['name']} (stall {s['stall_s']:.3g} s, "
+        + (f"{s['factor']:.1f}x" if s["factor"] is not None else "vs")
+        + f" the median node's {s['median_stall_s']:.3g} s)" for s in slow)
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -140,8 +185,11 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
     ranks_per_node = (doc.get("world") or {}).get("local_size") or 1
     free_cores = cores - ranks_per_node * (workers + 1)
 
+    slow = stragglers(doc)
     if au >= threshold:
         evidence.append(f"AU {au:.2f} >= {threshold:.2f}")
+        if slow:
+            evidence.append(straggler_words(slow))
         if lt:
             evidence.append(f"the readers were busy {lt['busy_fraction']:.0%} of the epoch")
         advice.append("compute-bound: to find where ingest stops keeping up, rerun with a "
@@ -150,10 +198,14 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
                 "type") == "cpu":
             advice.append("the model trained on the CPU; emulate your GPU's step with "
                           "--compute-time SECONDS to ask whether the storage feeds it")
-        return _done("keeps up", au, threshold, "none", evidence, advice)
+        return _done("keeps up", au, threshold, "none", evidence, advice, slow)
 
     evidence.append(f"AU {au:.2f} < {threshold:.2f}" + (f", stall {stall:.0%} of the epoch"
                                                           if stall is not None else ""))
+    if slow:
+        evidence.append(straggler_words(slow))
+        advice.append(f"the slowest node sets the pace: look at {slow[0]['name']} first (its "
+                      "storage mount, network link, or other jobs sharing it)")
     if lt is None:
         bottleneck = "unknown"
         evidence.append("the loader kept no per-batch clocks, so the time cannot be split "
@@ -217,7 +269,7 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         else:
             advice.append("more --workers (or prefetch) keep batches in flight"
                           + (f" ({free_cores} core(s) free)" if free_cores > 0 else ""))
-    return _done("starved", au, threshold, bottleneck, evidence, advice)
+    return _done("starved", au, threshold, bottleneck, evidence, advice, slow)
 
 
 _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (decoding)",
@@ -225,11 +277,13 @@ _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (de
 
 
 def _done(status: str, au: float | None, threshold: float, bottleneck: str,
-          evidence: list[str], advice: list[str]) -> dict[str, Any]:
+          evidence: list[str], advice: list[str],
+          slow: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     head = "keeps up" if status == "keeps up" else _STATUS_WORDS.get(bottleneck, status)
     line = f"verdict: {head} - " + "; ".join(evidence + advice)
     return {"status": status, "au": au, "threshold": threshold, "bottleneck": bottleneck,
-            "evidence": evidence, "advice": advice, "line": line}
+            "evidence": evidence, "advice": advice, "line": line,
+            "stragglers": [dict(s) for s in slow]}
 
 
 def for_run(doc: dict[str, Any], results_dir: str, threshold: float) -> dict[str, Any]:
