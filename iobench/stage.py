@@ -51,7 +51,8 @@ from iobench.spread import spread
 from iobench.world import World
 
 SCHEMA = "iobench.stage"
-SCHEMA_VERSION = 2  # v2: source_cache, os_read_bytes, repeats/repetitions/spread
+# v2: source_cache, os_read_bytes, repeats/repetitions/spread; v3: per_node, slowest_node
+SCHEMA_VERSION = 3
 MODES = ("replicate", "shard")
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
@@ -503,6 +504,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                "stage_MBps": spread(r["stage_MBps"] for r in reps)}
     os_reads = [r["os_read_bytes"] for r in reps]
     source_cache = _merge_source_cache([r["source_cache"] for r in reps])
+    per_node = node_stage_figures(first["per_rank_full"])
     doc: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "kind": "stage",
@@ -533,10 +535,27 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
                                  "recopied_files", "removed_partials")},
         "per_rank": first["per_rank_full"],
+        "per_node": per_node,
+        "slowest_node": max(per_node, key=lambda n: n["seconds"])["name"],
         "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
         "provenance": provenance() if world.rank == 0 else None,
     }
     return doc
+
+
+def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One repetition's copy per node: its ranks, `seconds` (its slowest rank's),
+    `copied_bytes` and `MBps` (bytes over those seconds), by node index."""
+    out = []
+    for node in sorted({r["node"] for r in per_rank}):
+        mine = [r for r in per_rank if r["node"] == node]
+        seconds = max(r["seconds"] for r in mine)
+        nbytes = sum(r["copied_bytes"] for r in mine)
+        out.append({"node": node, "name": mine[0].get("node_name") or mine[0]["host"],
+                    "host": mine[0]["host"], "ranks": [r["rank"] for r in mine],
+                    "seconds": seconds, "copied_bytes": nbytes,
+                    "MBps": nbytes / seconds / 1e6 if seconds > 0 else None})
+    return out
 
 
 def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Path,
@@ -774,7 +793,7 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
                                    "os_read_bytes_note", "source_cache", "mode",
                                    "shuffle_scope", "from", "to", "copied_files",
                                    "skipped_files", "skipped_bytes", "verified", "dataset_bytes",
-                                   "warnings")}
+                                   "per_node", "slowest_node", "warnings")}
     # needs an epoch time from the source tier, i.e. another run: `iobench report` pairs them
     staging["break_even_epochs"] = None
     staged_storage = str(Path(doc["to"]["root"]).parent)
