@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from iobench.sysinfo import job_identity
+from iobench.world import node_name
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "slurm" / "local-cluster.sh"
@@ -68,6 +72,32 @@ def _job_output(cwd: Path, job_id: str) -> str:
     return out.read_text()
 
 
+def test_job_identity_from_each_schedulers_environment(tmp_path: Path) -> None:
+    assert job_identity({}) is None
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "ingest", "SLURM_JOB_NODELIST": "c[1-3]",
+             "SLURM_JOB_NUM_NODES": "3", "SLURM_TASKS_PER_NODE": "4(x3)",
+             "SLURM_JOB_PARTITION": "gpu", "SLURMD_NODENAME": "c2"}
+    assert job_identity(slurm) == {"scheduler": "slurm", "id": "42", "name": "ingest",
+                                   "nodelist": "c[1-3]", "nodes": 3, "tasks_per_node": 4,
+                                   "partition": "gpu"}
+    # uneven tasks per node: no single number to give
+    assert job_identity({**slurm, "SLURM_TASKS_PER_NODE": "4(x2),2"})["tasks_per_node"] is None
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x1001\nx1001\nx1002\nx1002\n")
+    assert job_identity({"PBS_JOBID": "7.pbs01", "PBS_JOBNAME": "ingest", "PBS_QUEUE": "prod",
+                         "PBS_NODEFILE": str(nodefile), "PALS_LOCAL_SIZE": "2"}) == {
+        "scheduler": "pbs", "id": "7.pbs01", "name": "ingest", "nodelist": "x1001,x1002",
+        "nodes": 2, "tasks_per_node": 2, "partition": "prod"}
+    flux = job_identity({"FLUX_JOB_ID": "f3Bx", "FLUX_JOB_NNODES": "2", "FLUX_JOB_SIZE": "8"})
+    assert (flux["scheduler"], flux["nodes"], flux["tasks_per_node"]) == ("flux", 2, 4)
+    assert job_identity({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}) == {
+        "scheduler": "pmi", "id": None, "name": None, "nodelist": None, "nodes": None,
+        "tasks_per_node": 2, "partition": None}
+    # a node is the scheduler's name for it where there is one, else the host name
+    assert node_name({"SLURMD_NODENAME": "n2"}, "vm") == "n2"
+    assert node_name({}, "vm") == "vm"
+
+
 @pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_templates_parse_and_refuse_a_job_without_arguments(template: Path) -> None:
     assert subprocess.run(["bash", "-n", str(template)]).returncode == 0
@@ -78,18 +108,26 @@ def test_templates_parse_and_refuse_a_job_without_arguments(template: Path) -> N
     assert "IOBENCH_ARGS is empty" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
-def test_two_node_job_generates_then_trains_from_both_tiers(slurm: dict[str, str],
+@pytest.fixture(scope="module")
+def pfs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cifar10 HDF5 dataset (512 samples, 2 files) written by a 2-node generate job into a
+    directory both nodes see (the 'parallel filesystem')."""
+    top = tmp_path_factory.mktemp("slurm-pfs")
+    storage = top / "pfs"
+    gen_args = f"--dataset cifar10 --format hdf5 --storage {storage} --samples 512"
+    job_id, r = _sbatch(slurm, "generate.sbatch", "-N", "2", "--ntasks-per-node", "1",
+                        "-D", str(top), f"--export=ALL,IOBENCH_ARGS={gen_args}")
+    assert r.returncode == 0, (r.stderr, _job_output(top, job_id))
+    assert "2 ranks" in _job_output(top, job_id)
+    assert (storage / "cifar10-hdf5" / "iobench.json").is_file()
+    return storage
+
+
+def test_two_node_job_generates_then_trains_from_both_tiers(slurm: dict[str, str], pfs: Path,
                                                             tmp_path: Path) -> None:
-    pfs, results, local = tmp_path / "pfs", tmp_path / "results", tmp_path / "local"
+    results, local = tmp_path / "results", tmp_path / "local"
     local.mkdir()
     env = {**slurm, "TMPDIR": str(local)}
-    gen_args = f"--dataset cifar10 --format hdf5 --storage {pfs} --samples 512"
-    gen_id, r = _sbatch(env, "generate.sbatch", "-N", "2", "--ntasks-per-node", "1",
-                        "-D", str(tmp_path), f"--export=ALL,IOBENCH_ARGS={gen_args}")
-    assert r.returncode == 0, (r.stderr, _job_output(tmp_path, gen_id))
-    assert "2 ranks" in _job_output(tmp_path, gen_id)
-    assert (pfs / "cifar10-hdf5" / "iobench.json").is_file()
-
     env["IOBENCH_ARGS"] = (f"--loader hdf5 --storage {pfs} --model none --epochs 1 "
                            f"--workers 0 --batch-size 32 --results {results}")
     job_id, r = _sbatch(env, "stage-train.sbatch", "-N", "2", "--ntasks-per-node", "1",
@@ -125,3 +163,56 @@ def test_two_node_job_generates_then_trains_from_both_tiers(slurm: dict[str, str
     assert all(n["copied_bytes"] == staging["dataset_bytes"] for n in staging["per_node"])
     assert staging["slowest_node"] in ("n1", "n2")
     assert [n["name"] for n in staging["source_cache"]["per_node"]] == ["n1", "n2"]
+
+
+# posix_fadvise that does nothing on node n2 (and works elsewhere): a node whose eviction
+# is silently disabled, as an LD_PRELOAD shim or a filesystem that ignores the advice does
+_NOOP_FADVISE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+static int off(void) { const char *n = getenv("SLURMD_NODENAME"); return n && !strcmp(n, "n2"); }
+int posix_fadvise(int fd, off_t o, off_t l, int a) {
+    if (off()) return 0;
+    int (*real)(int, off_t, off_t, int) = dlsym(RTLD_NEXT, "posix_fadvise");
+    return real(fd, o, l, a);
+}
+int posix_fadvise64(int fd, off_t o, off_t l, int a) { return posix_fadvise(fd, o, l, a); }
+"""
+
+
+def test_a_node_that_cannot_evict_marks_the_epoch_warm_and_is_named(
+        slurm: dict[str, str], pfs: Path, tmp_path: Path) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fadvise shim")
+    (tmp_path / "shim.c").write_text(_NOOP_FADVISE)
+    shim = tmp_path / "noop_fadvise.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"],
+                   check=True, timeout=60)
+    results = tmp_path / "results"
+    # each node trains from its own copy ({node}): n1's eviction cannot reach n2's files
+    env = {**slurm, "LD_PRELOAD": str(shim),
+           "IOBENCH_ARGS": f"--loader hdf5 --storage {pfs} --model none --epochs 1 --workers 0 "
+                           f"--batch-size 32 --results {results} "
+                           f"--stage-to {tmp_path / 'local' / '{node}'}"}
+    job_id, r = _sbatch(env, "train.sbatch", "-N", "2", "--ntasks-per-node", "2",
+                        "-D", str(tmp_path))
+    out = _job_output(tmp_path, job_id)
+    assert r.returncode == 0, (r.stderr, out)
+    (doc,) = [json.loads(p.read_text()) for p in results.glob("*.json")]
+    assert doc["world"]["size"] == 4 and doc["world"]["local_size"] == 2
+    assert doc["provenance"]["job"]["tasks_per_node"] == 2
+    (epoch,) = doc["epochs"]
+    assert [(n["name"], n["ranks"]) for n in epoch["per_node"]] == [("n1", [0, 1]),
+                                                                   ("n2", [2, 3])]
+    n1, n2 = epoch["per_node"]
+    assert n1["cache"] is None and n1["cache_resident_fraction_at_start"] <= 0.1
+    assert n2["cache"] == "warm" and n2["cache_resident_fraction_at_start"] > 0.5
+    assert epoch["cache"]["status"] == "warm"
+    assert "COLD CACHE FAILED on node(s) n2 (" in epoch["cache"]["warning"]
+    assert "n1" not in epoch["cache"]["warning"].split(":")[0]
+    assert any("COLD CACHE FAILED on node(s) n2" in w for w in doc["warnings"])
+    assert "COLD CACHE FAILED on node(s) n2" in out
