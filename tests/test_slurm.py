@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cli
 from iobench.sysinfo import job_identity
 from iobench.world import node_name
 
@@ -123,8 +124,9 @@ def pfs(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path
     return storage
 
 
-def test_two_node_job_generates_then_trains_from_both_tiers(slurm: dict[str, str], pfs: Path,
-                                                            tmp_path: Path) -> None:
+def test_two_node_job_generates_then_trains_from_both_tiers(
+        slurm: dict[str, str], pfs: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     results, local = tmp_path / "results", tmp_path / "local"
     local.mkdir()
     env = {**slurm, "TMPDIR": str(local)}
@@ -163,6 +165,11 @@ def test_two_node_job_generates_then_trains_from_both_tiers(slurm: dict[str, str
     assert all(n["copied_bytes"] == staging["dataset_bytes"] for n in staging["per_node"])
     assert staging["slowest_node"] in ("n1", "n2")
     assert [n["name"] for n in staging["source_cache"]["per_node"]] == ["n1", "n2"]
+    # compare shows each run's spread over its nodes, naming the slowest and fastest
+    capsys.readouterr()
+    assert cli("compare", results) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "per node (2, " in ln]
+    assert len(lines) == 2 and all("(n1)" in ln and "(n2)" in ln for ln in lines), lines
 
 
 # posix_fadvise that does nothing on node n2 (and works elsewhere): a node whose eviction
