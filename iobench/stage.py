@@ -475,6 +475,9 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         error = e
     _gather_ok(world, error)
     assert manifest is not None and src_root is not None and dest_root is not None
+    from iobench.preflight import check_same_dataset
+
+    check_same_dataset(world, manifest)  # every node copies the same version, or none does
 
     reps: list[dict[str, Any]] = []
     copied: list[Path] = []

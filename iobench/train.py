@@ -369,7 +369,10 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     except IobenchError as e:
         err = e
     _agree(world, err)
-    node_memory = {n: m for n, m in world.allgather((world.node, sysinfo.memory_bytes()))}
+    from iobench.preflight import check_same_dataset
+
+    check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
+    node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
     run = _Run(config, manifest, mount, world, device, progress, counters,
                live if world.is_root else None, int(live_interval_s * 1e9))
