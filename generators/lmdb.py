@@ -46,6 +46,12 @@ def key(index: int) -> bytes:
     return int(index).to_bytes(8, "big")
 
 
+def keys(first: int, count: int) -> list[bytes]:
+    """LMDB keys of samples [first, first + count), built together (no call per key)."""
+    raw = np.arange(first, first + count, dtype=">u8").tobytes()
+    return [raw[k:k + 8] for k in range(0, 8 * count, 8)]
+
+
 def encode_record(label: np.ndarray, payload: bytes | np.ndarray) -> bytes:
     lb = np.ascontiguousarray(label).tobytes()
     pb = payload if isinstance(payload, bytes) else np.ascontiguousarray(payload).tobytes()
@@ -85,8 +91,8 @@ class LMDBWriter(ContainerWriter):
             try:
                 for lo, recs in groups:
                     with env.begin(write=True) as txn:
-                        items = ((key(task.first + lo + j), r) for j, r in enumerate(recs))
-                        done, _ = txn.cursor().putmulti(items, append=True)
+                        done, _ = txn.cursor().putmulti(zip(keys(task.first + lo, len(recs)),
+                                                            recs, strict=True), append=True)
                     if done != len(recs):
                         raise lmdb.Error(f"stored {done} of {len(recs)} records")
                     start_writeback(wf.tmp)

@@ -65,7 +65,7 @@ import numpy as np
 from iobench.datasets import DatasetSpec
 
 SYNTHESIS_VERSION = 2
-DATASET_IDS: dict[str, int] = {"imagenet": 1, "cifar10": 2, "cosmoflow": 3}
+DATASET_IDS: dict[str, int] = {"imagenet": 1, "cifar10": 2, "cosmoflow": 3, "cosmoflow-mlperf": 4}
 _LABELS, _PIXELS, _TABLES = 1, 2, 3  # random streams of a dataset
 LABEL_BLOCK = 4096  # labels drawn together
 CIFAR_BLOCK = 1024  # cifar10 samples synthesised together (divides LABEL_BLOCK)
@@ -154,7 +154,7 @@ def fill_samples(spec: DatasetSpec, seed: int, first: int, out: np.ndarray) -> N
                          f"got {out.shape} {out.dtype}")
     if spec.name == "cifar10":
         _cifar10_fill(spec, seed, first, out)
-    elif spec.name == "cosmoflow":
+    elif spec.name in ("cosmoflow", "cosmoflow-mlperf"):
         labels = labels_array(spec, seed, first, len(out))
         for i in range(len(out)):
             _cosmoflow(sample_rng(spec, seed, first + i), labels[i], out[i])
@@ -260,15 +260,14 @@ def _cifar10_fill(spec: DatasetSpec, seed: int, first: int, out: np.ndarray) -> 
 
 # ---------------------------------------------------------------- cosmoflow
 
-_COSMO_N = 128
+_COSMO_N = 128  # cosmoflow's box; cosmoflow-mlperf's is its sample shape's (71)
 _COSMO_LEVELS = 1 << 14  # delta quantised to sigma8 / 1024 over +-8 sigma8
 _COSMO_STEP = 1024.0
 
 
-@functools.lru_cache(maxsize=1)
-def _cosmo_tables() -> tuple[np.ndarray, np.ndarray]:
-    """log|k| on the rfftn grid of a 128^3 box (k=0 set to 0), and 256 unit phases."""
-    n = _COSMO_N
+@functools.lru_cache(maxsize=2)
+def _cosmo_tables(n: int = _COSMO_N) -> tuple[np.ndarray, np.ndarray]:
+    """log|k| on the rfftn grid of an n^3 box (k=0 set to 0), and 256 unit phases."""
     f = np.fft.fftfreq(n) * n
     fr = np.fft.rfftfreq(n) * n
     k2 = f[:, None, None] ** 2 + f[None, :, None] ** 2 + fr[None, None, :] ** 2
@@ -281,11 +280,10 @@ def _cosmo_tables() -> tuple[np.ndarray, np.ndarray]:
 _SCRATCH = threading.local()  # per-thread work buffers: page faults cost as much as work
 
 
-def _cosmo_scratch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _cosmo_scratch(n: int = _COSMO_N) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(modes complex64 [n, n, n/2+1], delta float32 [n, n, n], index intp [n^3])."""
     bufs = getattr(_SCRATCH, "cosmo", None)
-    if bufs is None:
-        n = _COSMO_N
+    if bufs is None or bufs[1].shape[0] != n:
         bufs = (np.empty((n, n, n // 2 + 1), dtype=np.complex64),
                 np.empty((n, n, n), dtype=np.float32), np.empty(n ** 3, dtype=np.intp))
         _SCRATCH.cosmo = bufs
@@ -293,14 +291,14 @@ def _cosmo_scratch() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _cosmoflow(rng: np.random.Generator, params: np.ndarray, out: np.ndarray) -> None:
-    """One volume into `out` (int16 [128, 128, 128, 4])."""
-    n = _COSMO_N
+    """One volume into `out` (int16 [n, n, n, 4]; n = 128 for cosmoflow)."""
+    n = out.shape[0]
     sigma8 = 0.6 + 0.4 * float(params[0])
     slope = -2.6 + 1.2 * float(params[1])
     growth = 0.5 + 0.5 * float(params[2])
     nbar = 20.0 + 40.0 * float(params[3])
-    logk, phases = _cosmo_tables()
-    modes, delta, index = _cosmo_scratch()
+    logk, phases = _cosmo_tables(n)
+    modes, delta, index = _cosmo_scratch(n)
     phases.take(rng.integers(0, 256, logk.shape, dtype=np.uint8), out=modes)
     amp = np.multiply(logk, np.float32(slope / 2.0))
     np.exp(amp, out=amp)

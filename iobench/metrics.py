@@ -97,6 +97,7 @@ def rank_figures(clock: EpochClock) -> dict[str, Any]:
         "first_batch_s": clock.wait_ns[0] / 1e9 if clock.wait_ns else None,
         "stall_fraction": stall / wall if wall > 0 else None,
         "au": compute / wall if wall > 0 else None,
+        "au_mlperf": au_mlperf(clock),
         "wait_p50_s": _pct(waits, 50),
         "wait_p95_s": _pct(waits, 95),
         "wait_p99_s": _pct(waits, 99),
@@ -104,6 +105,19 @@ def rank_figures(clock: EpochClock) -> dict[str, Any]:
         "rank_samples_per_s": clock.samples / wall if wall > 0 else None,
         "rank_read_MBps": clock.batch_bytes / MB / wall if wall > 0 else None,
     }
+
+
+def au_mlperf(clock: EpochClock) -> float | None:
+    """AU without the first step's I/O, as MLPerf Storage counts it (docs/metrics.md).
+
+    sum(compute_s) / (wall_s - first_batch_s): the wait for the first batch
+    (worker start-up, first opens) leaves the wall; every step's compute stays.
+    None with no step, or when nothing is left of the wall.
+    """
+    if clock.start_ns is None or not clock.compute_ns:
+        return None
+    wall = clock.end_ns - clock.start_ns - clock.wait_ns[0]
+    return sum(clock.compute_ns) / wall if wall > 0 else None
 
 
 def _opt_sum(values: list[int | None]) -> int | None:
@@ -124,6 +138,7 @@ def epoch_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     nbytes = sum(r["batch_bytes"] for r in ranks)
     fracs = [r["stall_fraction"] for r in ranks if r["stall_fraction"] is not None]
     aus = [r["au"] for r in ranks if r["au"] is not None]
+    aus_ml = [r["au_mlperf"] for r in ranks if r.get("au_mlperf") is not None]
     firsts = [r["first_batch_s"] for r in ranks if r["first_batch_s"] is not None]
     waits_max = [r["wait_max_s"] for r in ranks if r["wait_max_s"] is not None]
     return {
@@ -139,6 +154,8 @@ def epoch_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "stall_fraction_max": max(fracs) if fracs else None,
         "au_mean": float(np.mean(aus)) if aus else None,
         "au_min": min(aus) if aus else None,
+        "au_mlperf_mean": float(np.mean(aus_ml)) if aus_ml else None,
+        "au_mlperf_min": min(aus_ml) if aus_ml else None,
         "first_batch_s_max": max(firsts) if firsts else None,
         "wait_max_s": max(waits_max) if waits_max else None,
         "samples_per_s": samples / wall if wall > 0 else None,

@@ -50,17 +50,18 @@ class Collection:
     stages: list[dict[str, Any]] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
     sweeps: list[dict[str, Any]] = field(default_factory=list)
+    searches: list[dict[str, Any]] = field(default_factory=list)  # complete `iobench search`es
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def load_directory(results_dir: str | Path) -> Collection:
     """Read every iobench document in `results_dir` (not recursive); damaged files are listed
     in `skipped`, never fatal. An empty or missing directory is an error."""
-    from iobench import probe, results, stage, sweep
+    from iobench import probe, results, search, stage, sweep
     from iobench.results import ResultError, validate
 
     # the newest version each writer writes is what this reader reads
-    known = {m.SCHEMA: m.SCHEMA_VERSION for m in (results, stage, probe, sweep)}
+    known = {m.SCHEMA: m.SCHEMA_VERSION for m in (results, stage, probe, sweep, search)}
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
@@ -96,13 +97,24 @@ def load_directory(results_dir: str | Path) -> Collection:
             if _has(doc, p.name, col, ("stage_s", "stage_bytes", "stage_MBps", "mode", "from",
                                        "to", "dataset", "created")):
                 col.stages.append(doc)
+        elif schema == "iobench.search":
+            try:
+                search.validate(doc, p.name)
+            except ResultError as e:
+                col.skipped.append((p.name, str(e)))
+                continue
+            if doc["status"] != "complete":  # its answer covers only some points
+                col.skipped.append((p.name, f"{doc['status']} search, left out: "
+                                            f"{doc.get('status_reason') or 'no reason given'}"))
+                continue
+            col.searches.append(doc)
         elif schema == "iobench.probe":
             if _has(doc, p.name, col, ("label", "storage", "summary", "engine", "direct",
                                        "created")):
                 col.probes.append(doc)
         else:
             col.sweeps.append(doc)
-    if not (col.runs or col.stages or col.probes or col.sweeps):
+    if not (col.runs or col.stages or col.probes or col.sweeps or col.searches):
         raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
                                    "probe results); run `iobench train`, `stage`, `probe` or "
                                    "`sweep` with --results pointing there")
@@ -376,7 +388,33 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
         ax.set_title("Storage limits (probe) next to what the loaders reached")
         ax.legend(fontsize=7)
         save(fig, "limits")
+    if col.searches:
+        save(search_figure(plt, col.searches), "search")
     return pngs
+
+
+def search_figure(plt: Any, searches: Sequence[dict[str, Any]]) -> Any:
+    """AU against accelerator count per `iobench search`, with each threshold as a line."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for d in sorted(searches, key=lambda d: d["created"]):
+        pts = sorted(d["points"], key=lambda p: p["accelerators"])
+        w = d["workload"]
+        xs = [p["accelerators"] for p in pts]
+        ys = [p["au"] for p in pts]
+        lo = [p["au"] - p.get("au_min", p["au"]) for p in pts]
+        hi = [p.get("au_max", p["au"]) - p["au"] for p in pts]
+        line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3,
+                           label=f"{w['name']}/{w['accelerator']} on "
+                                 f"{Path(d['config']['storage']).name}: "
+                                 f"{d['max_accelerators']} max")
+        ax.axhline(d["threshold"], color=line[0].get_color(), linestyle="--", linewidth=1)
+    ax.set_xlabel("emulated accelerators (ranks)")
+    ax.set_ylabel("AU without the first step's I/O (median over repeats)")
+    ax.set_title("iobench search: AU against accelerators (dashed: each threshold)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7, loc="best")
+    return fig
 
 
 # ------------------------------------------------------------------------------ render
@@ -520,6 +558,22 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                             "only part of the data: no break-even (n/a). Time to solution: "
                             "epochs x epoch time in place, against stage_s + epochs x epoch "
                             "time from the copy (epoch wall time, eviction excluded)."))
+    if col.searches:
+        srs = []
+        for d in sorted(col.searches, key=lambda d: d["created"]):
+            w = d["workload"]
+            curve = ", ".join(f"{p['accelerators']}: {_f(p['au'])}" for p in
+                              sorted(d["points"], key=lambda p: p["accelerators"]))
+            srs.append([f"{w['name']}/{w['accelerator']}", d["config"]["storage"],
+                        str(d["max_accelerators"]), f"{d['threshold']:.2f}", curve,
+                        _f(w["demand_MBps"], ".1f"), str(d["config"]["repeat"])])
+        tables.append(Table("Accelerators the storage keeps busy (iobench search)",
+                            ["workload", "storage", "max accelerators", "AU threshold",
+                             "AU per accelerator count", "demand MB/s per accelerator",
+                             "repeats"], srs,
+                            "Every point is a cold run of N ranks with synchronised steps; AU "
+                            "excludes the first step's I/O (au_mlperf) and is the median over "
+                            "repeats. Interrupted searches are left out."))
     failed = [r for s in col.sweeps for r in s.get("runs", []) if r.get("status") == "failed"]
     if failed:
         tables.append(Table("Failed sweep runs", ["run", "error"],
@@ -534,7 +588,8 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
 
 
 PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughput by workers",
-               "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier"}
+               "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier",
+               "search": "AU against emulated accelerators (iobench search)"}
 _CSS = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
         "margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:3px 7px;font-size:0.85em}"
         "th{background:#eee}td.n{text-align:right}td.bad{color:#b00;font-weight:bold}"

@@ -17,7 +17,7 @@ MB = 1_000_000
 
 # The headline figures of a training run whose spread over repetitions is reported.
 HEADLINE: tuple[str, ...] = ("epoch_wall_s", "stall_s", "stall_fraction", "au", "samples_per_s",
-                             "read_MBps")
+                             "read_MBps", "au_mlperf")
 
 
 def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
@@ -101,6 +101,7 @@ def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, An
             "stall_s": _mean([s["stall_s_max"] for s in sums]),
             "stall_fraction": _mean([s["stall_fraction_max"] for s in sums]),
             "au": _mean([s["au_mean"] for s in sums]),
+            "au_mlperf": _mean([s.get("au_mlperf_mean") for s in sums]),
             "samples_per_s": sum(s["samples"] for s in sums) / wall if wall > 0 else None,
             "read_MBps": sum(s["batch_bytes"] for s in sums) / MB / wall if wall > 0 else None,
         })

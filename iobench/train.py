@@ -43,6 +43,7 @@ from iobench.models import build_model, count_parameters, parse_model, resolve_m
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
+from iobench.userdata import USER_DATASET, shared_manifest
 from iobench.watchdog import Interrupted, Watchdog
 from iobench.world import World
 
@@ -86,12 +87,28 @@ class TrainConfig:
     server_cache_gb: float | None = None  # storage servers' cache (GPFS pagepool, OSS RAM)
     au_threshold: float = 0.90  # the verdict: AU at or above this keeps up (MLPerf Storage)
     evict_cmd: str | None = None  # the site's command that empties server caches, per node
+    # the user's own data instead of a generated dataset (iobench/userdata.py); then
+    # `dataset` is "user" and `storage` the same path
+    data: str | None = None
+    data_key: str | None = None  # its sample array (HDF5/NetCDF), else detected
+    label_key: str | None = None  # its labels array or LMDB record, else detected
 
     def __post_init__(self) -> None:
         if self.loader not in LOADER_NAMES:
             raise ConfigError(f"unknown loader {self.loader!r}; choose one of: "
                               f"{', '.join(LOADER_NAMES)}")
-        parse_dataset(self.dataset)
+        if self.data is None:
+            parse_dataset(self.dataset)
+            if self.data_key or self.label_key:
+                raise ConfigError("--data-key/--label-key name arrays of your own data: add "
+                                  "--data PATH, or drop them")
+        elif self.dataset != USER_DATASET:
+            raise ConfigError(f"--data reads your own data; dataset {self.dataset!r} is for "
+                              "--storage: drop one of them")
+        elif self.compute_time_s is None and self.model != "none":
+            raise ConfigError(f"--model {self.model}: iobench's models train on its generated "
+                              "datasets only; with --data use --model none (pure ingest) or "
+                              "--compute-time SECONDS (an emulated accelerator)")
         if self.format is not None:
             if self.format not in FORMATS:
                 raise ConfigError(f"unknown format {self.format!r}; choose one of: "
@@ -100,7 +117,7 @@ class TrainConfig:
                 raise ConfigError(f"--format {self.format} does not fit --loader {self.loader} "
                                   f"(it reads {self.loader} datasets); --format is for "
                                   "--loader dali only")
-        if self.model not in ("auto", "none"):
+        if self.model not in ("auto", "none") and self.data is None:
             resolve_model(self.model, self.dataset)
         if self.compute_time_s is not None:
             if not (self.compute_time_s >= 0 and math.isfinite(self.compute_time_s)):
@@ -174,7 +191,11 @@ class TrainConfig:
 
 
 def resolve_dataset(config: TrainConfig) -> Path:
-    """The dataset root `STORAGE/<dataset>-<format>`; a clear error naming `iobench generate`."""
+    """The dataset root `STORAGE/<dataset>-<format>`; a clear error naming `iobench generate`.
+    With `--data`, the user's folder (or the folder of the user's file)."""
+    if config.data is not None:
+        p = Path(config.data).resolve()
+        return p if p.is_dir() else p.parent
     storage = Path(config.storage)
     if not storage.is_dir():
         raise DatasetNotFoundError(f"--storage {storage} is not a directory; give the directory "
@@ -359,8 +380,15 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     device = torch.device(f"cuda:{world.local_rank}" if use_cuda else "cpu")
     err: IobenchError | None = None
     try:
-        root = resolve_dataset(config)
-        manifest = Manifest.load(root)
+        if config.data is not None:  # built in memory (rank 0's, sent to all): never written
+            manifest = shared_manifest(world, config.data, config.data_key, config.label_key)
+            if manifest.format != config.loader:
+                raise ConfigError(f"--data {config.data} is {manifest.format} data; read it "
+                                  f"with --loader {manifest.format}")
+            root = manifest.root
+        else:
+            root = resolve_dataset(config)
+            manifest = Manifest.load(root)
         if manifest.dataset != config.dataset:
             raise ConfigError(f"{root} holds {manifest.dataset!r}, not {config.dataset!r}")
         mount = sysinfo.mount_of(root)
@@ -772,7 +800,9 @@ class _Run:
                       "os_read_bytes_note": self.io_note},
             "loader": {"name": config.loader, "startup": self.startups},
             "dataset": self.manifest.identity(),
-            "provenance": sysinfo.provenance(self.manifest.root),
+            "provenance": {**sysinfo.provenance(self.manifest.root),
+                           **({"user_data": self.manifest.extra["user_data"]}
+                              if "user_data" in self.manifest.extra else {})},
             "epochs": self.epochs,
             "summary": _run_summary(self.epochs, time.perf_counter() - self.t_run,
                                     config.repeat),

@@ -17,6 +17,11 @@ in each batch: reading, decoding, and how busy the workers were):
   too few workers in flight, or batches cost more to hand over than to make;
 - `unknown`: the loader kept no clocks (no evidence to blame anything).
 
+Whatever the class, a starved run's evidence names a worker much slower than
+its rank's others (`worker_imbalance`: busy time per batch over 1.5x the
+median), since batches are handed over in order and one slow worker holds
+up the step.
+
 A run that keeps up is compute-bound (`none`), and the verdict says how much
 faster an accelerator the loader could still feed.
 
@@ -41,6 +46,7 @@ LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared
 SHARED_KINDS = ("parallel", "network", "fuse", "fuse-network", "other")
 STRAGGLER_FACTOR = 1.5  # a node stalled over this many times the median node is a straggler
 STRAGGLER_MIN_SHARE = 0.01  # ... and by at least this fraction of the run's wall time
+IMBALANCE = 1.5  # a worker taking this many times its rank's median time per batch is slow
 
 
 def parse_threshold(value: float) -> float:
@@ -151,6 +157,35 @@ def straggler_words(slow: Sequence[Mapping[str, Any]]) -> str:
         + f" the median node's {s['median_stall_s']:.3g} s)" for s in slow)
 
 
+def worker_imbalance(doc: Mapping[str, Any], factor: float = IMBALANCE) -> list[dict[str, Any]]:
+    """The workers much slower than their rank's others: busy time per batch (reading +
+    decoding, summed over the epochs) above `factor` x the median of that rank's workers.
+
+    Per batch, so a worker that made fewer batches (the end of an epoch) is not taken
+    for a slow one. Needs two or more workers on a rank; slowest first.
+    """
+    per: dict[int, dict[int, list[float]]] = {}  # rank -> worker -> [busy_s, batches]
+    for ep in doc["epochs"]:
+        for i, r in enumerate(ep["ranks"]):
+            for w in (r.get("loader") or {}).get("per_worker") or []:
+                if w["worker"] < 0 or not w["batches"]:
+                    continue
+                acc = per.setdefault(r.get("rank", i), {}).setdefault(w["worker"], [0.0, 0])
+                acc[0] += w["read_s"] + w["decode_s"]
+                acc[1] += w["batches"]
+    out = []
+    for rank, workers in sorted(per.items()):
+        if len(workers) < 2:
+            continue
+        times = {w: busy / n for w, (busy, n) in workers.items()}
+        med = statistics.median(times.values())
+        for w, t in times.items():
+            if med > 0 and t > factor * med:
+                out.append({"rank": rank, "worker": w, "per_batch_s": t,
+                            "median_per_batch_s": med, "ratio": t / med})
+    return sorted(out, key=lambda d: -d["ratio"])
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
@@ -206,7 +241,20 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         evidence.append(straggler_words(slow))
         advice.append(f"the slowest node sets the pace: look at {slow[0]['name']} first (its "
                       "storage mount, network link, or other jobs sharing it)")
-    if lt is None:
+    if lt is None and doc["config"].get("loader") == "dali":
+        # DALI reads and decodes inside its own executor: no clock of ours runs there, and
+        # its API reports memory, not time per operator, so there is nothing honest to split
+        bottleneck = "unknown"
+        fmt = doc["dataset"].get("format") or "hdf5"
+        evidence.append("DALI reads and decodes inside its own pipeline, which keeps no "
+                        "per-batch clocks iobench can read, so the stall cannot be split "
+                        "between storage and decoding")
+        alone = "--no-decode" + ("" if doc["compute"].get("kind") == "none" else " --model none")
+        advice.append(f"to find out, rerun with {alone} (storage alone: "
+                      "still starved means storage is the limit) and with --loader "
+                      f"{fmt} (the PyTorch loader, whose readers keep clocks), or compare "
+                      f"both with `iobench bench-read --loaders {fmt},dali`")
+    elif lt is None:
         bottleneck = "unknown"
         evidence.append("the loader kept no per-batch clocks, so the time cannot be split "
                         "between storage and decoding")
@@ -269,6 +317,18 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         else:
             advice.append("more --workers (or prefetch) keep batches in flight"
                           + (f" ({free_cores} core(s) free)" if free_cores > 0 else ""))
+    slow_workers = worker_imbalance(doc)
+    if slow_workers:
+        s = slow_workers[0]
+        more = (f" (and {len(slow_workers) - 1} more)" if len(slow_workers) > 1
+                else "")
+        evidence.append(f"imbalance: worker {s['worker']} of rank {s['rank']} took "
+                        f"{s['ratio']:.1f}x its rank's median time per batch "
+                        f"({s['per_batch_s'] * 1e3:.0f} ms vs "
+                        f"{s['median_per_batch_s'] * 1e3:.0f} ms){more}")
+        advice.append("batches are handed over in order, so a slow worker holds up the "
+                      "rest: look at what it reads (files on a slower disk or server, larger "
+                      "samples) or at what else runs on its core")
     return _done("starved", au, threshold, bottleneck, evidence, advice, slow)
 
 

@@ -126,9 +126,12 @@ class Watchdog:
 
 
 @contextlib.contextmanager
-def interrupts(on_signal: Callable[[int], None] | None = None) -> Iterator[None]:
+def interrupts(on_signal: Callable[[int], None] | None = None,
+               grace_s: float | None = GRACE_S) -> Iterator[None]:
     """While inside, SIGINT and SIGTERM raise `Interrupted` in the main thread (after
-    `on_signal(signum)`); the previous handlers are restored on the way out."""
+    `on_signal(signum)`); the previous handlers are restored on the way out. `grace_s`
+    after the signal the process exits whatever it is doing; None: no such deadline (a
+    single process that waits on nothing but its own children, as `iobench search`)."""
     def handler(signum: int, frame: Any) -> None:
         # one interrupt is enough: mpiexec forwards the signal the ranks may have had
         # already, and a second one must not break the way out of the first
@@ -136,7 +139,8 @@ def interrupts(on_signal: Callable[[int], None] | None = None) -> Iterator[None]
             signal.signal(s, signal.SIG_IGN)
         code = EXIT_CODES.get(signum, 128 + signum)
         # whatever blocks on the way out (a collective whose peer is gone), the rank ends
-        threading.Timer(GRACE_S, lambda: os._exit(code)).start()
+        if grace_s is not None:
+            threading.Timer(grace_s, lambda: os._exit(code)).start()
         if on_signal is not None:
             on_signal(signum)
         raise Interrupted(signum)

@@ -21,10 +21,12 @@ cifar10; for imagenet it uses DALI's own random operators).
 from __future__ import annotations
 
 import math
+import threading
+from typing import Any
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from iobench.errors import DatasetError
 from iobench.loaders._reader import Alloc, RawBatch
@@ -69,29 +71,76 @@ def uniform(seed: int, epoch: int, indices: np.ndarray, stream: int) -> np.ndarr
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def uniforms(seed: int, epoch: int, indices: np.ndarray, streams: tuple[int, ...]) -> np.ndarray:
+    """`uniform` of several streams at once, float64 [len(streams), B]: the same values
+    in one pass (for a batch of 64, numpy's per-call overhead is the cost, not the work)."""
+    base = seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + 0x5EED
+    with np.errstate(over="ignore"):
+        keys = _mix(np.array([(base + s * 0x8CB92BA72F3D8DD7) & 0xFFFFFFFFFFFFFFFF
+                              for s in streams], dtype=np.uint64))
+        x = _mix(np.asarray(indices, dtype=np.int64).astype(np.uint64)[None, :] ^ keys[:, None])
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 def cifar_params(seed: int, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Crop offsets (row, col in [0, 2*pad]) and flip flags of each sample, int64 [B] each."""
     span = 2 * CIFAR_PAD + 1
-    oy = np.floor(uniform(seed, epoch, indices, 1) * span).astype(np.int64)
-    ox = np.floor(uniform(seed, epoch, indices, 2) * span).astype(np.int64)
-    flip = (uniform(seed, epoch, indices, 3) < 0.5).astype(np.int64)
+    u = uniforms(seed, epoch, indices, (1, 2, 3))
+    oy = np.floor(u[0] * span).astype(np.int64)
+    ox = np.floor(u[1] * span).astype(np.int64)
+    flip = (u[2] < 0.5).astype(np.int64)
     return oy, ox, flip
+
+
+_PADDED = threading.local()  # per thread: thread workers run `cifar10` side by side
+
+
+def _cifar_padded(b: int, c: int, h: int, w: int, dtype: np.dtype
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """A reused zero-bordered buffer [B, 2, C, h + 2p, w + 2p] (plane 0: the samples, 1:
+    the flipped ones mirrored left to right) and its crop windows [B, 2, 2p+1, 2p+1, C, h, w].
+
+    Only the interior is ever written, so the border stays zero from batch to batch;
+    the windows view is built once (building it costs more than a batch's gather).
+    """
+    key = (b, c, h, w, np.dtype(dtype))
+    got = getattr(_PADDED, "bufs", None)
+    if got is None or got[0] != key:
+        p = CIFAR_PAD
+        pad = np.zeros((b, 2, c, h + 2 * p, w + 2 * p), dtype=dtype)
+        s = pad.strides
+        win = as_strided(pad, (b, 2, 2 * p + 1, 2 * p + 1, c, h, w),
+                         (s[0], s[1], s[3], s[4], s[2], s[3], s[4]), writeable=False)
+        got = _PADDED.bufs = (key, pad, win)
+    return got[1], got[2]
 
 
 def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int,
             out: np.ndarray | None = None) -> np.ndarray:
-    """Pad-4-and-crop and flip a uint8 [B, 32, 32, 3] batch -> uint8 [B, 3, 32, 32] (into `out`)."""
+    """Pad-4-and-crop and flip a uint8 [B, 32, 32, 3] batch -> uint8 [B, 3, 32, 32] (into `out`).
+
+    The batch goes channels first into a reused zero-bordered buffer; the flipped
+    samples' rows are mirrored into its second plane (as 8-byte words reversed and
+    byte-swapped when a padded row is whole words: numpy's reversed byte copy is
+    slow), and one gather takes every sample's crop from the plane it needs.
+    """
     b, h, w, c = samples.shape
     p = CIFAR_PAD
-    padded = np.zeros((b, c, h + 2 * p, w + 2 * p), dtype=samples.dtype)
-    padded[:, :, p:p + h, p:p + w] = samples.transpose(0, 3, 1, 2)
+    pad, windows = _cifar_padded(b, c, h, w, samples.dtype)
+    pad[:, 0, :, p:p + h, p:p + w] = samples.transpose(0, 3, 1, 2)
     oy, ox, flip = cifar_params(seed, epoch, indices)
-    windows = sliding_window_view(padded, (h, w), axis=(2, 3))  # [B, C, 2p+1, 2p+1, h, w]
+    f = np.flatnonzero(flip)
+    if len(f):
+        rows = pad[f, 0, :, p:p + h]  # [F, C, h, w + 2p]
+        if rows.shape[-1] * rows.itemsize % 8 == 0:
+            rows = rows.view(np.uint64)[..., ::-1].byteswap().view(pad.dtype)
+        else:
+            rows = rows[..., ::-1]
+        pad[f, 1, :, p:p + h] = rows
     if out is None:
         out = np.empty((b, c, h, w), dtype=samples.dtype)
-    out[...] = windows[np.arange(b), :, oy, ox]  # one gather for the batch
-    f = flip.astype(bool)
-    out[f] = out[f][..., ::-1]
+    # a mirrored crop at column ox is the mirrored plane's crop at column 2p - ox
+    out[...] = windows[np.arange(b), flip, oy, np.where(flip, 2 * p - ox, ox)]
     return out
 
 
@@ -228,6 +277,13 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
     return out
 
 
+def pipeline(manifest: Any) -> str:
+    """The preprocessing a dataset's batches get (`to_batch`'s `dataset`): the generated
+    dataset's own, or for the user's data (`--data`) the one its layout names: "imagenet"
+    for JPEG samples, "raw" (delivered as stored) for arrays."""
+    return manifest.layout.get("preprocess", manifest.dataset)
+
+
 def warm_up(dataset: str, decode: bool) -> None:
     """Import the decoders `to_batch` will use for `dataset` (no data is touched)."""
     if dataset == "imagenet" and decode:
@@ -238,7 +294,7 @@ def warm_up(dataset: str, decode: bool) -> None:
 def delivers_raw(dataset: str, decode: bool, convert: str) -> bool:
     """Whether `to_batch` hands the stored samples on as they are (read them into the
     buffer that is delivered) or computes new ones from them."""
-    return not decode or (dataset == "cosmoflow" and convert == "device")
+    return not decode or dataset == "raw" or (dataset == "cosmoflow" and convert == "device")
 
 
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
@@ -266,7 +322,7 @@ def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch:
         c, (h, w) = raw.samples.shape[3], raw.samples.shape[1:3]
         x = cifar10(raw.samples, idx, seed, epoch,
                     out=None if convert == "loader" else alloc((n, c, h, w), np.uint8))
-    elif dataset == "cosmoflow":
+    elif dataset in ("cosmoflow", "raw"):  # raw: the user's arrays, as they are stored
         x = raw.samples
     else:
         from iobench.errors import ConfigError

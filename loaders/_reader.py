@@ -204,6 +204,10 @@ class BatchReader(ABC):
         self.sample_dtype = np.dtype(manifest.sample["dtype"])
         self.label_shape: tuple[int, ...] = tuple(manifest.label["shape"])
         self.label_dtype = np.dtype(manifest.label["dtype"])
+        # the arrays' names in container formats (HDF5, NetCDF): iobench's own, or those
+        # of the user's data (`--data`, iobench/userdata.py)
+        self.data_key: str = manifest.layout.get("data_key", "samples")
+        self.label_key: str = manifest.layout.get("label_key", "labels")
         data = manifest.data_files
         self.files: tuple[FileEntry, ...] = data
         self.paths: list[Path] = [manifest.path_of(f) for f in data]

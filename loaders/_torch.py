@@ -225,7 +225,7 @@ class TorchLoader(Loader):
             if config.workers > 0 and not threads else None
         local = LocalPool(config.workers * config.prefetch + 2 if threads else in_flight,
                           pin=pin) if self.slots is None else None
-        self.fetcher = BatchFetcher(self.reader, m.dataset, config.seed, config.decode,
+        self.fetcher = BatchFetcher(self.reader, _preprocess.pipeline(m), config.seed, config.decode,
                                     config.convert, self.slots, local)
         self.sampler = EpochBatches(EpochOrder(self), config.batch_size)
         self._dl: DataLoader | None = None
@@ -252,12 +252,12 @@ class TorchLoader(Loader):
         c = self.config
         if c.workers > 0 and c.worker_type == "thread":
             self.reader.warm_up()
-            _preprocess.warm_up(self.manifest.dataset, c.decode)
+            _preprocess.warm_up(_preprocess.pipeline(self.manifest), c.decode)
             return
         if c.workers == 0 or not c.persistent_workers:
             # in-process reading (or workers that restart every epoch): import here
             self.reader.warm_up()
-            _preprocess.warm_up(self.manifest.dataset, c.decode)
+            _preprocess.warm_up(_preprocess.pipeline(self.manifest), c.decode)
             return
         self.sampler.warm_up = c.workers
         try:

@@ -37,6 +37,7 @@ from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig
 from iobench.loaders.naive import BASELINES
 from iobench.manifest import Manifest
 from iobench.spread import fmt_spread, spread
+from iobench.userdata import USER_DATASET, shared_manifest
 from iobench.world import World
 
 SCHEMA = "iobench.bench_read"
@@ -82,9 +83,18 @@ class BenchReadConfig:
     max_batches: int | None = None  # per epoch, to bound a run on a huge dataset
     repeat: int = 1  # cold repetitions of the whole grid, interleaved
     evict_cmd: str | None = None  # the site's command emptying server caches, before each epoch
+    # the user's own data instead of a generated dataset (iobench/userdata.py); then
+    # `dataset` is "user"
+    data: str | None = None
+    data_key: str | None = None
+    label_key: str | None = None
 
     def __post_init__(self) -> None:
-        parse_dataset(self.dataset)
+        if self.data is None:
+            parse_dataset(self.dataset)
+        elif self.dataset != USER_DATASET:
+            raise ConfigError(f"--data reads your own data; dataset {self.dataset!r} is for "
+                              "--storage: drop one of them")
         parse_format(self.format)
         if not self.loaders:
             raise ConfigError("loaders=() is empty; name at least one of "
@@ -119,6 +129,9 @@ class BenchReadConfig:
 
     @property
     def root(self) -> Path:
+        if self.data is not None:
+            p = Path(self.data).resolve()
+            return p if p.is_dir() else p.parent
         return Path(self.storage) / dataset_dirname(self.dataset, self.format)
 
 
@@ -257,6 +270,8 @@ def naive_manifest(cfg: BenchReadConfig, manifest: Manifest) -> Manifest | None:
     """The HDF5 copy of the dataset the naive baselines read, if there is one."""
     if manifest.format == "hdf5":
         return manifest
+    if cfg.data is not None:  # the user's data has no HDF5 copy
+        return None
     root = Path(cfg.storage) / dataset_dirname(cfg.dataset, "hdf5")
     try:
         return Manifest.load(root)
@@ -348,7 +363,8 @@ def run(cfg: BenchReadConfig, world: World,
     starts, so drift on a shared machine hits every cell alike; each ratio
     to a baseline is taken within one repetition (paired), then summarised.
     """
-    manifest = Manifest.load(cfg.root)
+    manifest = (shared_manifest(world, cfg.data, cfg.data_key, cfg.label_key)
+                if cfg.data is not None else Manifest.load(cfg.root))
     if manifest.dataset != cfg.dataset or manifest.format != cfg.format:
         raise ConfigError(f"{cfg.root} holds {manifest.dataset}/{manifest.format}, not "
                           f"{cfg.dataset}/{cfg.format}")
@@ -381,8 +397,8 @@ def run(cfg: BenchReadConfig, world: World,
         row["vs_dd"] = _ratio(row["read_MBps"], ddm)
         rows.append(row)
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "config": asdict(cfg),
-            "dataset": manifest.identity(), "world": {"size": world.size,
-                                                      "nodes": world.num_nodes},
+            "dataset": manifest.identity(), "user_data": manifest.extra.get("user_data"),
+            "world": {"size": world.size, "nodes": world.num_nodes},
             "baselines": dict(zip(RATIOS, BASELINES, strict=True)),
             "dd": dd, "naive_dataset": str(nm.root) if nm is not None else None, "rows": rows}
 

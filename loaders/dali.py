@@ -186,7 +186,9 @@ class DaliLoader(Loader):
         self.jpeg = m.sample["kind"] == "jpeg"
         self.ext = m.data_files[0].path.rsplit(".", 1)[-1].lower()
         if m.dataset not in SAMPLE_LAYOUTS:
-            raise ConfigError(f"the dali loader has no pipeline for dataset {m.dataset!r}")
+            hint = (f" (your own data, --data): use --loader {m.format}" if m.dataset == "user"
+                    else "")
+            raise ConfigError(f"the dali loader has no pipeline for dataset {m.dataset!r}{hint}")
         self._pipe: Any = None
         self._next_epoch: int | None = None  # the epoch the live pipeline will deliver next
 

@@ -46,12 +46,16 @@ class FilesReader(BatchReader):
             raise DatasetError(f"manifest of {manifest.root} lists {len(self.files)} sample files "
                                f"for {n} samples; expected one file per sample: regenerate it")
         self.sizes = np.array([f.bytes for f in self.files], dtype=np.int64)
+        # an ImageFolder tree (the user's data, `--data`): a sample's class is the position
+        # of its top folder among `classes`, so nothing needs writing beside the images
+        self.classes: list[str] | None = manifest.layout.get("classes")
         labels = [f for f in manifest.files if f.role == "labels"]
-        if not labels:
+        if not labels and self.classes is None:
             raise DatasetError(f"manifest of {manifest.root} lists no labels file (role "
                                "'labels'); regenerate the dataset")
-        self.labels_entry = labels[0]
-        refuse_irregular(manifest.path_of(self.labels_entry))
+        self.labels_entry = labels[0] if labels else None
+        if self.labels_entry is not None:
+            refuse_irregular(manifest.path_of(self.labels_entry))
         self.ext = self.files[0].path.rsplit(".", 1)[-1].lower()
         # beyond CONTAINMENT_FILES the manifest checked directories, not each file's real
         # path: then a symbolic link is refused when opened
@@ -59,6 +63,8 @@ class FilesReader(BatchReader):
             os.O_NOFOLLOW if len(self.files) > CONTAINMENT_FILES else 0)
 
     def label_file(self, index: int) -> str:
+        if self.labels_entry is None:
+            return self.where(index)
         return str(self.manifest.path_of(self.labels_entry))
 
     def fail(self, path: str | Path, what: str, err: BaseException | None = None
@@ -73,6 +79,10 @@ class FilesReader(BatchReader):
     def labels(self) -> np.ndarray:
         """All labels, [N, *label_shape], read once per process."""
         st = self._state()
+        if "labels" not in st and self.labels_entry is None:
+            pos = {c: i for i, c in enumerate(self.classes or ())}
+            st["labels"] = np.array([pos[f.path.split("/", 1)[0]] for f in self.files],
+                                    dtype=self.label_dtype)
         if "labels" not in st:
             path = self.manifest.path_of(self.labels_entry)
             try:

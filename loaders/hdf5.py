@@ -104,7 +104,7 @@ class HDF5Reader(BatchReader):
         except (OSError, ValueError) as e:
             raise self.fail(path, "HDF5 cannot open it", e) from None
         try:
-            labels = h["labels"][...]
+            labels = h[self.label_key][...]
             if labels.shape != (n, *self.label_shape):
                 raise self.fail(path, f"labels have shape {labels.shape}, expected "
                                       f"{(n, *self.label_shape)}")
@@ -117,7 +117,7 @@ class HDF5Reader(BatchReader):
                 entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets),
                              base=jpeg.id.get_offset(), item=1)
             else:
-                ds = h["samples"]
+                ds = h[self.data_key]
                 if ds.shape != (n, *self.sample_shape) or ds.dtype != self.sample_dtype:
                     raise self.fail(path, f"samples are {ds.dtype}{list(ds.shape)}, expected "
                                           f"{self.sample_dtype}{[n, *self.sample_shape]}")

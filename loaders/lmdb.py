@@ -13,6 +13,11 @@ in the page cache): pages a process maps cannot be evicted, and iobench
 evicts the dataset before every epoch.
 
 `payload_bytes`: the value bytes of each record (header, label, payload).
+
+The user's own environments (`--data`, iobench/userdata.py) are read by the
+same code with the manifest's layout: keys the indices in ASCII (zero-padded
+or not) or 8-byte big-endian, each value a `.npy` (payload after its header)
+or JPEG bytes, and the labels one more `.npy` record, read once per process.
 """
 
 from __future__ import annotations
@@ -120,7 +125,11 @@ os.register_at_fork(before=_ENVS.before_fork, after_in_parent=_ENVS.after_fork_p
                     after_in_child=_ENVS.after_fork_child)
 
 
-def _keys(idx: np.ndarray) -> list[bytes]:
+def _keys(idx: np.ndarray, width: int | None = None) -> list[bytes]:
+    """The keys of sample indices: 8-byte big-endian (width None), else ASCII decimal
+    zero-padded to `width` digits (0: not padded), as the user's data may have them."""
+    if width is not None:
+        return [b"%0*d" % (width, i) for i in idx.tolist()]
     kb = np.ascontiguousarray(idx, dtype=">u8").tobytes()
     return [kb[i:i + 8] for i in range(0, len(kb), 8)]
 
@@ -135,6 +144,12 @@ class LMDBReader(BatchReader):
         self.label_nbytes = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
         self.sample_nbytes = (int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
                               if self.sample_shape is not None else None)
+        # iobench's records (header, label, payload), or the user's data (`--data`): values
+        # that are .npy or JPEG bytes, labels in one more record (iobench/userdata.py)
+        lay = manifest.layout
+        self.record: str = lay.get("values", "iobench")
+        self.npy_header: int = lay.get("npy_header", 0)
+        self.key_width: int | None = lay.get("key_width") if lay.get("key") == "ascii" else None
 
     def warm_up(self) -> None:
         import lmdb  # noqa: F401
@@ -173,10 +188,11 @@ class LMDBReader(BatchReader):
         env = _ENVS.begin(path, self)
         try:
             with env.begin(buffers=True) as txn:
-                items = txn.cursor().getmulti(_keys(local_idx))
+                keys = _keys(local_idx, self.key_width)
+                items = txn.cursor().getmulti(keys)
                 if len(items) != len(local_idx):
                     found = {bytes(k) for k, _ in items}
-                    missing = [int(i) for i, k in zip(local_idx, _keys(local_idx), strict=True)
+                    missing = [int(i) for i, k in zip(local_idx, keys, strict=True)
                                if k not in found]
                     raise self.fail(path, f"samples {missing[:5]} are missing")
                 # readahead is off (random access): ask for every value's pages at once,
@@ -189,6 +205,46 @@ class LMDBReader(BatchReader):
             raise self.fail(path, "LMDB read failed", e) from None
         finally:
             _ENVS.end(path)
+
+    def _labels(self) -> np.ndarray | None:
+        """The user's labels record, read once per process (None: labels are in each record)."""
+        if self.record == "iobench":
+            return None
+        st = self._state()
+        if "labels" not in st:
+            import io
+
+            import lmdb
+
+            path, key = self.paths[0], self.manifest.layout["label_key"].encode("latin-1")
+            self._hold(0)
+            env = _ENVS.begin(path, self)
+            try:
+                with env.begin() as txn:
+                    value = txn.get(key)
+                lab = np.load(io.BytesIO(value or b""), allow_pickle=False)
+            except (lmdb.Error, ValueError, OSError) as e:
+                raise self.fail(path, f"cannot load the labels record {key!r}", e) from None
+            finally:
+                _ENVS.end(path)
+            if lab.shape != (self.manifest.num_samples,):
+                raise self.fail(path, f"labels record {key!r} has shape {lab.shape}, expected "
+                                      f"({self.manifest.num_samples},)")
+            st["labels"] = lab.astype(self.label_dtype, copy=False)
+        return st["labels"]
+
+    def _record(self, path: Any, idx: int, value: Any) -> tuple[int, int]:
+        """(offset, length) of the payload in one record, checked."""
+        if self.record == "iobench":
+            nlabel, npayload = self._header(path, idx, value)
+            return HEADER.size + nlabel, npayload
+        if self.record == "npy":
+            if bytes(value[:6]) != b"\x93NUMPY" or len(value) != self.npy_header + \
+                    (self.sample_nbytes or 0):
+                raise self.fail(path, f"record {idx} is not a .npy of {self.sample_dtype}"
+                                      f"{list(self.sample_shape or ())} ({len(value)} bytes)")
+            return self.npy_header, len(value) - self.npy_header
+        return 0, len(value)  # JPEG: the whole value
 
     def _header(self, path: Any, idx: int, value: Any) -> tuple[int, int]:
         if len(value) < HEADER.size:
@@ -206,22 +262,25 @@ class LMDBReader(BatchReader):
         lab_bytes = labels.reshape(len(sorted_idx), -1).view(np.uint8)
         out_bytes = out.reshape(len(out), -1).view(np.uint8)
         stored = np.empty(len(sorted_idx), dtype=np.int64)
-        hl = HEADER.size + self.label_nbytes
+        table = self._labels()
         for pos, s, e in split_by_file(self, sorted_idx):
             path, dest = self.paths[pos], order[s:e].tolist()
 
             def put(k: int, value: Any, s: int = s, dest: list[int] = dest, path: Any = path
                     ) -> None:
-                _, npayload = self._header(path, int(sorted_idx[s + k]), value)
+                off, npayload = self._record(path, int(sorted_idx[s + k]), value)
                 if npayload != self.sample_nbytes:
                     raise self.fail(path, f"record {int(sorted_idx[s + k])} holds {npayload} "
                                           f"payload bytes, expected {self.sample_nbytes}")
-                lab_bytes[s + k] = np.frombuffer(value, np.uint8, self.label_nbytes,
-                                                 HEADER.size)
-                out_bytes[dest[k]] = np.frombuffer(value, np.uint8, npayload, hl)
+                if table is None:
+                    lab_bytes[s + k] = np.frombuffer(value, np.uint8, self.label_nbytes,
+                                                     HEADER.size)
+                out_bytes[dest[k]] = np.frombuffer(value, np.uint8, npayload, off)
                 stored[s + k] = len(value)
 
             self._get(pos, sorted_idx[s:e], put)
+        if table is not None:
+            labels[...] = table[sorted_idx]
         return labels, stored
 
     def _read_sorted_bytes(self, sorted_idx: np.ndarray
@@ -230,18 +289,21 @@ class LMDBReader(BatchReader):
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
         lab_bytes = labels.reshape(len(sorted_idx), -1).view(np.uint8)
         stored = np.empty(len(sorted_idx), dtype=np.int64)
-        hl = HEADER.size + self.label_nbytes
+        table = self._labels()
         for pos, s, e in split_by_file(self, sorted_idx):
             path = self.paths[pos]
 
             def put(k: int, value: Any, s: int = s, path: Any = path) -> None:
-                self._header(path, int(sorted_idx[s + k]), value)
-                lab_bytes[s + k] = np.frombuffer(value, np.uint8, self.label_nbytes,
-                                                 HEADER.size)
-                parts[s + k] = bytes(value[hl:])  # the buffer dies with the transaction
+                off, _ = self._record(path, int(sorted_idx[s + k]), value)
+                if table is None:
+                    lab_bytes[s + k] = np.frombuffer(value, np.uint8, self.label_nbytes,
+                                                     HEADER.size)
+                parts[s + k] = bytes(value[off:])  # the buffer dies with the transaction
                 stored[s + k] = len(value)
 
             self._get(pos, sorted_idx[s:e], put)
+        if table is not None:
+            labels[...] = table[sorted_idx]
         return parts, labels, stored
 
 

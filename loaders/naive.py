@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from iobench.errors import DatasetError
-from iobench.loaders._preprocess import to_batch
+from iobench.loaders._preprocess import pipeline, to_batch
 from iobench.loaders._reader import RawBatch
 from iobench.loaders.base import Batch
 from iobench.manifest import Manifest
@@ -52,7 +52,10 @@ class NaiveH5Dataset(Dataset):
         self.paths = [str(manifest.path_of(f)) for f in manifest.data_files]
         self.starts = [f.first_sample for f in manifest.data_files]
         self.n = manifest.num_samples
-        self.dataset, self.decode, self.seed = manifest.dataset, decode, seed
+        self.dataset, self.decode, self.seed = pipeline(manifest), decode, seed
+        # array names: iobench's, or those of the user's own HDF5 (`--data`)
+        self.data_key = manifest.layout.get("data_key", "samples")
+        self.label_key = manifest.layout.get("label_key", "labels")
         self.jpeg = manifest.sample["kind"] == "jpeg"
         self.open_per_sample = open_per_sample
         self.epoch = 0
@@ -110,7 +113,7 @@ class NaiveH5Dataset(Dataset):
         if self.jpeg:
             lo, hi = f["offsets"][local:local + 2]
             return f["jpeg"][lo:hi], f["labels"][local], np.array([0, hi - lo], dtype=np.int64)
-        return f["samples"][local], f["labels"][local], None
+        return f[self.data_key][local], f[self.label_key][local], None
 
 
 def _collate(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[Any, torch.Tensor, int]:

@@ -63,7 +63,7 @@ class NetCDFReader(BatchReader):
             try:
                 ds.set_auto_maskandscale(False)
                 v = ds.variables
-                labels = np.asarray(v["labels"][...])
+                labels = np.asarray(v[self.label_key][...])
                 if labels.shape != (n, *self.label_shape):
                     raise self.fail(path, f"labels have shape {labels.shape}, expected "
                                           f"{(n, *self.label_shape)}")
@@ -78,7 +78,7 @@ class NetCDFReader(BatchReader):
                                  base=self._h5_layout(pos, "jpeg", n)[0])
                     data_var = jpeg
                 else:
-                    var = v["samples"]
+                    var = v[self.data_key]
                     if var.shape != (n, *self.sample_shape) or var.dtype != self.sample_dtype:
                         raise self.fail(path, f"samples are {var.dtype}{list(var.shape)}, "
                                               f"expected {self.sample_dtype}"
@@ -87,7 +87,7 @@ class NetCDFReader(BatchReader):
                     compressed = any(filters.get(k) for k in
                                      ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle"))
                     raw = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
-                    base, stored = self._h5_layout(pos, "samples", n)
+                    base, stored = self._h5_layout(pos, self.data_key, n)
                     if not compressed:
                         stored = np.full(n, raw, dtype=np.int64)
                     entry.update(samples=var, stored=stored, base=base, item=raw)
@@ -129,7 +129,7 @@ class NetCDFReader(BatchReader):
         try:
             with h5py.File(self.paths[pos], "r", locking=False) as h:
                 ds = h[name]
-                return ds.id.get_offset(), (stored_sizes(ds, n) if name == "samples"
+                return ds.id.get_offset(), (stored_sizes(ds, n) if name == self.data_key
                                             else np.zeros(n, dtype=np.int64))
         except (OSError, KeyError) as e:
             raise self.fail(self.paths[pos], "cannot read its HDF5 layout", e) from None

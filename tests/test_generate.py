@@ -19,7 +19,7 @@ import pytest
 from conftest import cli, run_cmd, run_mpi
 from iobench.datasets import DATASETS
 from iobench.generators import GenerateConfig, generate_dataset
-from iobench.generators.lmdb import HEADER, MAGIC, key
+from iobench.generators.lmdb import HEADER, MAGIC, key, keys
 from iobench.generators.synth import make_sample
 from iobench.generators.verify import verify_dataset
 from iobench.manifest import Manifest
@@ -393,3 +393,9 @@ def test_a_container_that_cannot_be_built_in_memory_is_refused(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "in memory per file" in r.stderr or "free" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_lmdb_keys_built_together_equal_one_by_one():
+    """The writer's batch of keys is `key` of each index, big-endian, in order."""
+    for first, count in ((0, 0), (0, 3), (255, 2), (2**40 - 1, 3), (2**63 - 2, 2)):
+        assert keys(first, count) == [key(i) for i in range(first, first + count)]

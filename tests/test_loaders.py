@@ -609,3 +609,31 @@ def test_lmdb_pages_can_be_evicted_between_epochs(tmp_path, workers):
             assert cache.resident_fraction(paths) > 0.5  # it was read through the cache
             cache.evict(paths)
             assert cache.resident_fraction(paths) < 0.05
+
+
+def test_uniforms_are_uniform_stream_by_stream():
+    """The several-streams-at-once draw equals the one-stream one, value for value."""
+    idx = np.array([0, 1, 7, 2**40, 2**62 + 5], dtype=np.int64)
+    for seed, epoch in ((0, 0), (11, 2), (2**40, 3)):
+        both = pp.uniforms(seed, epoch, idx, (1, 2, 3, 17))
+        for row, stream in zip(both, (1, 2, 3, 17), strict=True):
+            np.testing.assert_array_equal(row, pp.uniform(seed, epoch, idx, stream))
+
+
+@pytest.mark.parametrize(("batch", "side"), [(64, 32), (5, 32), (3, 12)])
+def test_cifar10_batch_path_equals_sample_by_sample(batch, side):
+    """The batch path (reused padded buffer, word-swapped mirror, one gather) gives each
+    sample's pad / crop / flip exactly; side 12 (a padded row of 20 bytes) takes the
+    plain reversed copy. Run twice: the reused buffer's border must stay zero."""
+    rng = np.random.default_rng(batch)
+    for epoch in range(2):
+        x = rng.integers(0, 256, (batch, side, side, 3), dtype=np.uint8)
+        idx = rng.integers(0, 10**6, batch)
+        got = pp.cifar10(x, idx, 5, epoch)
+        oy, ox, flip = pp.cifar_params(5, epoch, idx)
+        assert set(flip.tolist()) == {0, 1} or batch < 8
+        for k in range(batch):
+            padded = np.pad(x[k], ((4, 4), (4, 4), (0, 0)))
+            crop = padded[oy[k]:oy[k] + side, ox[k]:ox[k] + side]
+            crop = crop[:, ::-1] if flip[k] else crop
+            np.testing.assert_array_equal(got[k], crop.transpose(2, 0, 1))

@@ -69,6 +69,52 @@ def test_each_class_from_the_clocks() -> None:
     assert verdict(_doc(0.85, read_s=1.0), threshold=0.8)["status"] == "keeps up"
 
 
+def _with_workers(doc: dict, per_batch_s: list[float], batches: int = 10) -> dict:
+    doc["epochs"][0]["ranks"][0]["loader"]["per_worker"] = [
+        {"worker": w, "batches": batches, "read_s": t * batches * 0.8,
+         "decode_s": t * batches * 0.2, "busy_fraction": 0.5}
+        for w, t in enumerate(per_batch_s)]
+    return doc
+
+
+def test_a_slow_worker_is_named_as_imbalance() -> None:
+    slow = verdict(_with_workers(_doc(0.6, read_s=17.0, decode_s=1.0),
+                                 [0.05, 0.05, 0.05, 0.2]))
+    assert slow["bottleneck"] == "storage"  # the class still comes from the clocks
+    [ev] = [e for e in slow["evidence"] if e.startswith("imbalance")]
+    assert "worker 3 of rank 0 took 4.0x its rank's median time per batch" in ev
+    assert "(200 ms vs 50 ms)" in ev
+    assert any("slow worker" in a for a in slow["advice"])
+    assert "imbalance: worker 3" in slow["line"]
+    # a worker that made more batches at the same time per batch is busier, not slower
+    even = _with_workers(_doc(0.6, read_s=17.0, decode_s=1.0), [0.05, 0.05, 0.05, 0.05])
+    even["epochs"][0]["ranks"][0]["loader"]["per_worker"][0].update(
+        batches=30, read_s=0.05 * 30, decode_s=0.0)
+    assert not any(e.startswith("imbalance") for e in verdict(even)["evidence"])
+    # 1.5x is the line: just under it is no imbalance, over it is
+    assert not any("imbalance" in e for e in verdict(_with_workers(
+        _doc(0.6, read_s=17.0), [0.1, 0.1, 0.149]))["evidence"])
+    assert any("imbalance" in e for e in verdict(_with_workers(
+        _doc(0.6, read_s=17.0), [0.1, 0.1, 0.151]))["evidence"])
+
+
+def test_dali_unknown_says_why_and_what_to_run() -> None:
+    doc = _doc(0.5, fmt="lmdb")
+    doc["config"]["loader"] = "dali"
+    doc["epochs"][0]["ranks"][0]["loader"] = None  # DALI's pipeline keeps no clocks of ours
+    v = verdict(doc)
+    assert (v["status"], v["bottleneck"]) == ("starved", "unknown")
+    assert v["line"].startswith("verdict: starved (cause unknown) - AU 0.50 < 0.90")
+    assert any("DALI reads and decodes inside its own pipeline" in e for e in v["evidence"])
+    [advice] = v["advice"]
+    for what in ("--no-decode --model none", "--loader lmdb",
+                 "iobench bench-read --loaders lmdb,dali"):
+        assert what in advice
+    # DALI that keeps up needs no cause
+    doc["summary"]["spread"]["au"]["median"] = 0.95
+    assert verdict(doc)["bottleneck"] == "none"
+
+
 def test_threshold_is_validated() -> None:
     assert parse_threshold(0.7) == 0.7
     for bad in (0.0, 1.5, float("nan")):

@@ -31,6 +31,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("iobench.cli.report", "self-contained HTML/Markdown report of a results directory"),
     "sweep": ("iobench.cli.sweep", "run a matrix of runs from a YAML file, then write the report"),
     "emulate-pfs": ("iobench.cli.emulate_pfs", "mount an emulated parallel filesystem (FUSE) over a directory"),
+    "datasize": ("iobench.cli.datasize", "the dataset MLPerf Storage requires for a workload on N accelerators"),
+    "search": ("iobench.cli.search", "largest accelerator count a storage keeps at AU >= threshold"),
 }
 
 

@@ -31,8 +31,17 @@ def _names(s: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage", required=True, metavar="DIR",
+    p.add_argument("--storage", default=None, metavar="DIR",
                    help="storage root holding <dataset>-<format>/ (as written by `generate`)")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="your own data instead of --storage: an HDF5 or NetCDF-4 file or a "
+                        "folder of them, an LMDB environment, or an ImageFolder tree; read "
+                        "only (docs/training.md, 'Your own data')")
+    p.add_argument("--data-key", default=None, metavar="NAME",
+                   help="with --data (HDF5/NetCDF): the array of samples (default: detected)")
+    p.add_argument("--label-key", default=None, metavar="NAME",
+                   help="with --data: the labels array, or the LMDB labels record's key "
+                        "(default: detected)")
     p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="dataset name (default: the one dataset under --storage)")
     p.add_argument("--format", default=None, choices=FORMATS,
@@ -86,11 +95,31 @@ def main(args: argparse.Namespace) -> int:
         from iobench.outputs import writable_dir
 
         writable_dir(args.results, "--results")  # before measuring anything
-    dataset, fmt, root = locate(args.storage, args.dataset, args.format)
-    if root == Path(args.storage):  # --storage named the dataset directory itself
-        args.storage = str(root.parent)
-    args.dataset, args.format = dataset, fmt
-    loaders = _names(args.loaders) if args.loaders else _default_loaders(args.format)
+    if args.data is not None:
+        from iobench.userdata import USER_DATASET, detect_format
+
+        if args.storage is not None or args.dataset is not None:
+            raise ConfigError("give --storage/--dataset (a dataset from `iobench generate`) "
+                              "or --data (your own), not both")
+        fmt = detect_format(args.data)
+        if args.format not in (None, fmt):
+            raise ConfigError(f"--data {args.data} is {fmt} data, not {args.format}: drop "
+                              "--format")
+        args.storage, args.dataset, args.format = args.data, USER_DATASET, fmt
+        default = (fmt,)  # DALI has no pipeline for data iobench knows nothing about
+    elif args.storage is None:
+        raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
+                          "(your own data) is required")
+    elif args.data_key or args.label_key:
+        raise ConfigError("--data-key/--label-key name arrays of your own data: add --data "
+                          "PATH, or drop them")
+    else:
+        dataset, fmt, root = locate(args.storage, args.dataset, args.format)
+        if root == Path(args.storage):  # --storage named the dataset directory itself
+            args.storage = str(root.parent)
+        args.dataset, args.format = dataset, fmt
+        default = _default_loaders(args.format)
+    loaders = _names(args.loaders) if args.loaders else default
     cfg = bench.BenchReadConfig(
         storage=args.storage, dataset=args.dataset, format=args.format, loaders=loaders,
         workers=_ints(args.workers), shuffles=_names(args.shuffle),
@@ -98,7 +127,8 @@ def main(args: argparse.Namespace) -> int:
         decode=not args.no_decode, warm_cache=args.warm_cache, block_size=args.block_size,
         shuffle_window=args.shuffle_window, seed=args.seed, naive=not args.no_naive,
         dd=not args.no_dd, dd_max_files=args.dd_max_files, device=args.device,
-        max_batches=args.max_batches, repeat=args.repeat, evict_cmd=args.evict_cmd)
+        max_batches=args.max_batches, repeat=args.repeat, evict_cmd=args.evict_cmd,
+        data=args.data, data_key=args.data_key, label_key=args.label_key)
     world = get_world()
     verbose = world.rank == 0
 
@@ -112,6 +142,9 @@ def main(args: argparse.Namespace) -> int:
     from iobench import sysinfo
 
     doc["provenance"] = sysinfo.provenance(args.storage)
+    user = doc.pop("user_data", None)
+    if user is not None:  # what was read: the user's own data, as detected
+        doc["provenance"]["user_data"] = user
     print(bench.markdown_table(doc))
     if args.results:
         from iobench.jsonio import write_json_atomic

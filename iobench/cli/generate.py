@@ -15,9 +15,11 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS),
+    from iobench.cli._workload import add_workload_arguments
+
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="what to imitate (default: cifar10)")
-    p.add_argument("--format", default="hdf5", choices=list(FORMATS),
+    p.add_argument("--format", default=None, choices=list(FORMATS),
                    help="on-disk format (default: hdf5)")
     p.add_argument("--storage", default="./iobench-data",
                    help="directory to write <dataset>-<format>/ into (default: ./iobench-data)")
@@ -33,12 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker processes when not under mpiexec (default: 1)")
     p.add_argument("--force", action="store_true",
                    help="replace a different dataset already at the target")
+    add_workload_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
     from iobench.generators import GenerateConfig, GenerateStats
     from iobench.world import get_world
 
+    _apply_workload(args)
     cfg = GenerateConfig(dataset=args.dataset, format=args.format, storage=args.storage,
                          samples=args.samples, samples_per_file=args.samples_per_file,
                          compression=args.compression, seed=args.seed, jobs=args.jobs,
@@ -48,6 +52,22 @@ def main(args: argparse.Namespace) -> int:
     world = get_world()
     with interrupts():  # SIGINT/SIGTERM: the pool stopped in order, one line, 130/143
         return _run(cfg, world, GenerateStats())
+
+
+def _apply_workload(args: argparse.Namespace) -> None:
+    """`--workload W --accelerator A`: W's dataset, format and samples per file."""
+    from iobench.cli._workload import clash, workload_of
+
+    run = workload_of(args)
+    if run is None:
+        args.dataset = args.dataset or "cifar10"
+        args.format = args.format or "hdf5"
+        return
+    w = run.workload
+    clash("--dataset", args.dataset, w.dataset, w.name)
+    clash("--format", args.format, w.format, w.name)
+    clash("--samples-per-file", args.samples_per_file, w.samples_per_file, w.name)
+    args.dataset, args.format, args.samples_per_file = w.dataset, w.format, w.samples_per_file
 
 
 def _run(cfg: GenerateConfig, world: World, stats: GenerateStats) -> int:

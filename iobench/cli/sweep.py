@@ -8,6 +8,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,6 +21,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the runs (and which are already done) without running them")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
+    from iobench.cli._workload import add_workload_arguments
+
+    add_workload_arguments(p)
+
+
+def _apply_workload(cfg: Any, args: argparse.Namespace) -> Any:
+    """`--workload W --accelerator A`: every run reads W's dataset, format and batch with W's
+    emulated compute and AU threshold; the file's tiers, workers, shuffle, epochs and ranks
+    stay (samples too, when the file names the same dataset)."""
+    from iobench.cli._workload import workload_of
+    from iobench.sweep import DatasetCfg
+
+    run = workload_of(args)
+    if run is None:
+        return cfg
+    w = run.workload
+    samples = next((d.samples for d in cfg.datasets if d.name == w.dataset), None)
+    return replace(cfg, datasets=(DatasetCfg(str(w.dataset), samples, w.samples_per_file),),
+                   formats=(w.format,), loaders=(w.loader,), batch_size=(run.batch,),
+                   compute_time=run.compute_s, decode=False,
+                   train_args=(*cfg.train_args, "--au-threshold", str(w.au_threshold)))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -31,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("run `iobench sweep` as one process; it launches each run itself "
                           "(under mpiexec when the sweep file sets ranks > 1)")
     cfg = load_sweep(args.sweep)
+    cfg = _apply_workload(cfg, args)
     if args.results:
         cfg = replace(cfg, results=args.results)
     if args.report:  # given on the command line: relative to the current directory

@@ -22,14 +22,28 @@ _COMPUTE_WORDS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from iobench.cli._workload import add_workload_arguments
     from iobench.datasets import DATASETS, FORMATS
     from iobench.models import MODELS
     from iobench.train import LOADER_NAMES
 
-    p.add_argument("--loader", required=True, choices=LOADER_NAMES, help="reader to use")
-    p.add_argument("--storage", required=True, metavar="DIR",
+    p.add_argument("--loader", default=None, choices=LOADER_NAMES,
+                   help="reader to use (required with --storage unless --workload sets it; "
+                        "with --data: the format of the data)")
+    p.add_argument("--storage", default=None, metavar="DIR",
                    help="directory holding <dataset>-<format>/ (from `iobench generate`)")
-    p.add_argument("--dataset", default="cifar10", choices=list(DATASETS),
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="your own data instead of --storage: an HDF5 or NetCDF-4 file or a "
+                        "folder of them, an LMDB environment, or an ImageFolder tree "
+                        "(class/xxx.jpg); read only, nothing is written there "
+                        "(docs/training.md, 'Your own data')")
+    p.add_argument("--data-key", default=None, metavar="NAME",
+                   help="with --data (HDF5/NetCDF): the array of samples, one row each "
+                        "(default: detected)")
+    p.add_argument("--label-key", default=None, metavar="NAME",
+                   help="with --data: the 1-D integer array of class labels (HDF5/NetCDF), "
+                        "or the LMDB key of the labels record (default: detected)")
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="which dataset under --storage (default: cifar10)")
     p.add_argument("--format", default=None, choices=FORMATS,
                    help="on-disk format, for --loader dali (default: the one found)")
@@ -38,8 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(pure ingest), or one of: {', '.join(MODELS)}")
     p.add_argument("--compute-time", type=float, default=None, metavar="SECONDS",
                    help="emulate an accelerator that computes SECONDS per step (no model)")
-    p.add_argument("--epochs", type=int, default=3,
-                   help="epochs per repetition, each from a cold cache (default 3)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs per repetition, each from a cold cache (default 3; with "
+                        "--workload, the workload's: 5, retinanet 8)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="samples per step per rank (default: per dataset, "
                    + ", ".join(f"{d.name} {d.default_batch_size}" for d in DATASETS.values())
@@ -83,9 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="size of the storage servers' caches (GPFS pagepool, Lustre OSS "
                         "memory); a dataset under 5x this (default: 5x the nodes' RAM) on a "
                         "shared tier is flagged, since clients cannot evict server caches")
-    p.add_argument("--au-threshold", type=float, default=0.90, metavar="FRACTION",
+    p.add_argument("--au-threshold", type=float, default=None, metavar="FRACTION",
                    help="the verdict: accelerator utilisation at or above this keeps up "
-                        "(default 0.90, MLPerf Storage's)")
+                        "(default 0.90, MLPerf Storage's; with --workload, the workload's)")
     p.add_argument("--evict-cmd", default=None, metavar="CMD",
                    help="shell command that empties what no client can (a shared filesystem's "
                         "server caches, a remount), run by each node's local rank 0 before "
@@ -100,17 +115,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-source", action="store_true",
                    help="with --stage-to: do not evict the source before copying (stage_s may "
                         "then time a copy from memory; the result says so)")
+    add_workload_arguments(p)
 
 
 def build_config(args: argparse.Namespace) -> Any:
     from iobench.datasets import parse_dataset
     from iobench.train import TrainConfig
 
+    _apply_workload(args)
     batch = args.batch_size
+    loader, storage, dataset, model = args.loader, args.storage, args.dataset, args.model
+    if args.data is not None:
+        from iobench.userdata import USER_DATASET, detect_format
+
+        if storage is not None or dataset is not None:
+            raise ConfigError("give --storage/--dataset (a dataset from `iobench generate`) or "
+                              "--data (your own), not both")
+        if args.stage_to:
+            raise ConfigError("--stage-to copies datasets iobench generated; with --data, "
+                              "copy your data to the faster tier and run again from there")
+        loader = loader or detect_format(args.data)
+        storage, dataset = args.data, USER_DATASET
+        if model == "auto" and args.compute_time is None:
+            model = "none"  # no model fits data iobench knows nothing about: pure ingest
+        batch = batch or 64
+    elif storage is None:
+        raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
+                          "(your own data) is required")
+    elif loader is None:
+        from iobench.train import LOADER_NAMES
+
+        raise ConfigError("--loader is required with --storage; choose one of: "
+                          + ", ".join(LOADER_NAMES))
+    else:
+        dataset = dataset or "cifar10"
     if batch is None:
-        batch = parse_dataset(args.dataset).default_batch_size
-    return TrainConfig(loader=args.loader, storage=args.storage, dataset=args.dataset,
-                       format=args.format, model=args.model, compute_time_s=args.compute_time,
+        batch = parse_dataset(dataset).default_batch_size
+    return TrainConfig(loader=loader, storage=storage, dataset=dataset, data=args.data,
+                       data_key=args.data_key, label_key=args.label_key,
+                       format=args.format, model=model, compute_time_s=args.compute_time,
                        epochs=args.epochs, batch_size=batch, workers=args.workers,
                        worker_type=args.worker_type, shuffle=args.shuffle, seed=args.seed,
                        max_steps=args.max_steps, decode=not args.no_decode,
@@ -120,6 +163,33 @@ def build_config(args: argparse.Namespace) -> Any:
                        results=args.results, repeat=args.repeat,
                        step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
                        au_threshold=args.au_threshold, evict_cmd=args.evict_cmd)
+
+
+def _apply_workload(args: argparse.Namespace) -> None:
+    """`--workload W --accelerator A`: W's dataset, loader, batch, compute time (no model, no
+    decoding, as MLPerf Storage emulates it), epochs and AU threshold."""
+    from iobench.cli._workload import clash, workload_of
+
+    run = workload_of(args)
+    if run is None:
+        args.epochs = 3 if args.epochs is None else args.epochs
+        args.au_threshold = 0.90 if args.au_threshold is None else args.au_threshold
+        return
+    w = run.workload
+    if args.data is not None:
+        raise ConfigError(f"--workload {w.name} reads the dataset iobench generates for it "
+                          "(--storage DIR), --data reads your own: give one of them")
+    clash("--dataset", args.dataset, w.dataset, w.name)
+    clash("--batch-size", args.batch_size, run.batch, w.name)
+    clash("--compute-time", args.compute_time, run.compute_s, w.name)
+    if args.model not in ("auto", "none"):
+        raise ConfigError(f"--model {args.model} runs a real model and --workload {w.name} "
+                          "emulates its compute: drop one of them")
+    args.loader = args.loader or w.loader
+    args.dataset, args.batch_size, args.compute_time = w.dataset, run.batch, run.compute_s
+    args.no_decode = True
+    args.epochs = w.epochs if args.epochs is None else args.epochs
+    args.au_threshold = w.au_threshold if args.au_threshold is None else args.au_threshold
 
 
 def main(args: argparse.Namespace) -> int:
@@ -208,19 +278,22 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         if tier is not None and world.is_root:
             out.console.print(f"[bold yellow]{tier['note']}[/] (profile "
                               f"{tier['profile'].get('name')}, backing {tier['backing']})")
-        few_steps: list[str] = []
+        few_steps: list[str] = _datasize_warning(args, config, world)
+        if few_steps and world.is_root:
+            out.console.print(f"[bold yellow]warning: {few_steps[0]}[/]")
 
         def factory(m: Any, c: Any, r: int, w: int) -> Any:
             loader = make_loader(config.loader, m, replace(c, scope=scope) if staging else c,
                                  r, w)
             steps = loader.steps_per_epoch()
-            if steps < MIN_STEPS and not few_steps:
+            if steps < MIN_STEPS and not any("step(s) per rank" in w for w in few_steps):
                 few_steps.append(
                     f"an epoch has only {steps} step(s) per rank ({m.num_samples} samples, "
                     f"{w} rank(s), batch {c.batch_size}): too few for per-step figures; use a "
-                    "smaller --batch-size or generate more --samples")
+                    "smaller --batch-size" + ("" if config.data else " or generate more "
+                                              "--samples"))
                 if world.is_root:
-                    out.console.print(f"[bold yellow]warning: {few_steps[0]}[/]")
+                    out.console.print(f"[bold yellow]warning: {few_steps[-1]}[/]")
             return loader
 
         doc = train.run(config, factory, world, progress=out.epoch, started=out.start,
@@ -255,6 +328,28 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         return 0
     finally:
         distributed.destroy_process_group()
+
+
+def _datasize_warning(args: argparse.Namespace, config: Any, world: Any) -> list[str]:
+    """With --workload: a warning when the dataset is under MLPerf's size for this many
+    accelerators (`iobench datasize`), else nothing."""
+    from iobench.cli._workload import workload_of
+    from iobench.manifest import Manifest
+    from iobench.train import resolve_dataset
+
+    run = workload_of(args)
+    if run is None:
+        return []
+    try:
+        have = Manifest.load(resolve_dataset(config)).num_samples
+    except IobenchError:
+        return []  # train.run reports a missing dataset on every rank
+    need = run.required_samples(world.size)
+    if have >= need:
+        return []
+    return [f"the dataset holds {have:,} samples and MLPerf Storage asks for {need:,} for "
+            f"{world.size} x {run.accelerator} ({run.workload.name}; iobench datasize): a "
+            "smaller dataset is cached more easily by the storage"]
 
 
 def _signal_while_writing() -> None:
@@ -333,7 +428,8 @@ class _Output:
                    "emulated": f"emulated accelerator, {c.compute_time_s} s per step",
                    "none": "none (pure ingest" + (", no decode)" if not c.decode else ")")
                    }[c.compute_kind]
-        self.console.print(f"[bold]iobench train[/] {c.dataset} via {c.loader} from {c.storage}: "
+        what = "your data" if c.data else c.dataset
+        self.console.print(f"[bold]iobench train[/] {what} via {c.loader} from {c.storage}: "
                            f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
                            f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
         import torch
@@ -425,5 +521,10 @@ class _Output:
             self.console.print(spread_line(doc), markup=False)
         self.console.print(f"compute: {words}; cache: {doc['cache']['mode']}; steps: "
                            f"{doc['compute']['steps']}")
+        user = doc["provenance"].get("user_data")
+        if user:
+            from iobench.userdata import describe
+
+            self.console.print(f"data: {describe(user)}", markup=False, soft_wrap=True)
         self.console.print(f"result: {path}")
         print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped

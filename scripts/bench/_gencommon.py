@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -52,24 +53,35 @@ def header(work: Path) -> dict[str, Any]:
 
 
 def generate(storage: Path, dataset: str, fmt: str, samples: int, samples_per_file: int,
-             jobs: int = 1, ranks: int = 1, seed: int = 0) -> dict[str, float]:
+             jobs: int = 1, ranks: int = 1, seed: int = 0,
+             pythonpath: str | None = None) -> dict[str, float]:
     """Run `iobench generate` into a fresh `storage`; its own timing and the process wall time.
 
     `seconds` is what the command reports (from the first task to the last file
-    fsynced, manifest statistics apart); `wall_s` includes interpreter start-up.
+    fsynced, manifest statistics apart); `wall_s` includes interpreter start-up;
+    `cpu_s` is the CPU time (user + system) of the command and its workers, start-up
+    included, which other jobs on a shared machine disturb less than the wall clock.
+    `pythonpath`: run an older iobench importable from there (a tree with
+    iobench/loaders and iobench/generators linked in), for before/after side by side.
     """
     shutil.rmtree(storage, ignore_errors=True)
     argv = [sys.executable, "-m", "iobench", "generate", "--dataset", dataset, "--format", fmt,
             "--samples", str(samples), "--samples-per-file", str(samples_per_file),
-            "--seed", str(seed), "--storage", str(storage)]
+            "--seed", str(seed), "--storage", str(storage.resolve())]
     if ranks > 1:
         argv = [venv_bin("mpiexec"), "-n", str(ranks), *argv]
     else:
         argv += ["--jobs", str(jobs)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     t0 = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # not from a checkout: `python -m` puts the working directory first on sys.path
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=storage.parent)
     wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its workers
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if r.returncode != 0:
         raise SystemExit(f"generate failed ({' '.join(argv)}):\n{r.stderr}")
     m = WROTE.search(r.stderr)
@@ -77,7 +89,7 @@ def generate(storage: Path, dataset: str, fmt: str, samples: int, samples_per_fi
         raise SystemExit(f"cannot parse the generate output:\n{r.stderr}")
     mb, files, secs = float(m.group(1)), int(m.group(2)), float(m.group(3))
     return {"MB": mb, "files": files, "seconds": secs, "wall_s": wall, "MBps": mb / secs,
-            "samples_per_s": samples / secs}
+            "samples_per_s": samples / secs, "cpu_s": cpu, "MB_per_cpu_s": mb / cpu}
 
 
 def fio_write(directory: Path, total_bytes: int, jobs: int) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """ImageNet-like generation rate against JPEG-encoding the same images alone, side by side.
 
     .venv/bin/python scripts/bench/gen_encode.py [--work DIR] [--samples 1000] [--jobs 2]
-                                                 [--repeat 3] [--json OUT]
+                                                 [--repeat 3] [--json OUT] [--before DIR]
 
 Each repetition runs, interleaved, with `--jobs` processes each:
   generate     `iobench generate --dataset imagenet --format hdf5` (synthesis, encode,
@@ -14,7 +14,8 @@ Each repetition runs, interleaved, with `--jobs` processes each:
                the encoder alone on the generator's own Y, Cb, Cr planes
                (`synth.imagenet_planes`, when the generator has it).
 Prints medians [min-max] and generate / encode ratios (goal: >= 0.5 against the fastest
-encoder), and the JPEG size distribution of the generated images.
+encoder), and the JPEG size distribution of the generated images. `--before DIR` also
+runs `generate` with an older iobench (importable from DIR) right after the current one.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--before", metavar="DIR", help="also run an older iobench's generate")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     info = header(a.work)
@@ -145,13 +147,18 @@ def main() -> int:
     print(f"JPEG quality {synth.JPEG_QUALITY}, subsampling "
           f"{getattr(synth, 'JPEG_SUBSAMPLING', '420')}, synthesis version "
           f"{getattr(synth, 'SYNTHESIS_VERSION', 1)}, {a.samples} images, {a.jobs} processes")
-    rows: dict[str, list[float]] = {k: [] for k in ("generate", "synth", "encode-PIL",
-                                                     "encode-simplejpeg", "encode-planes")}
+    rows: dict[str, list[float]] = {k: [] for k in ("generate", "generate-before", "synth",
+                                                     "encode-PIL", "encode-simplejpeg",
+                                                     "encode-planes")}
     stats: dict[str, Any] = {}
     for r in range(a.repeat):
         g = generate(a.work / "gen", "imagenet", "hdf5", a.samples, a.samples_per_file,
                      jobs=a.jobs)
         rows["generate"].append(g["samples_per_s"])
+        if a.before:
+            g0 = generate(a.work / "gen-before", "imagenet", "hdf5", a.samples,
+                          a.samples_per_file, jobs=a.jobs, pythonpath=a.before)
+            rows["generate-before"].append(g0["samples_per_s"])
         if not _IMAGES:
             import simplejpeg
 
@@ -179,9 +186,10 @@ def main() -> int:
     encoders = [k for k in ("encode-PIL", "encode-simplejpeg", "encode-planes") if rows[k]]
     fastest = max(encoders, key=lambda k: median(rows[k]))
     print()
-    for k in encoders:
-        ratios = [g / e for g, e in zip(rows["generate"], rows[k], strict=True)]
-        print(f"generate / {k}: {fmt(ratios, '.2f')} (per repetition, side by side)")
+    for gen in ("generate", "generate-before"):
+        for k in encoders if rows[gen] else ():
+            ratios = [g / e for g, e in zip(rows[gen], rows[k], strict=True)]
+            print(f"{gen} / {k}: {fmt(ratios, '.2f')} (per repetition, side by side)")
     print(f"headline: generate / fastest encoder ({fastest}) = "
           f"{median(rows['generate']) / median(rows[fastest]):.2f} (medians)")
     print()

@@ -17,6 +17,10 @@ repetitions, ratios are computed within each repetition, then their median):
             (loaders/_preprocess.imagenet) vs DALI's CPU pipeline (decoders.image +
             random_resized_crop + crop_mirror_normalize, 1 thread). images/s per core
             from CPU time. Target: iobench >= 0.8 x raw decode.
+  cpu       the loader's own CPU cost per sample, no workers (read + decode in one process),
+            warm, decoded vs --no-decode, per dataset under STORAGE, from CPU time (so
+            less sensitive to other jobs on a shared machine than `pipeline`'s wall
+            clock). `--before DIR` as for `pipeline`.
   convert   cosmoflow through 2 worker processes, warm: the stored int16 delivered
             (convert=device, the conversion left to the device) vs float32 converted in
             the workers (convert=loader), and the conversion's own rate per core
@@ -104,6 +108,58 @@ def cmd_pipeline(a: argparse.Namespace) -> None:
               f"{spread(r['raw'])} | {spread(r['ratio'])} |")
     print(f"\nmedian [min-max] of {a.repeat} interleaved repetitions; ratios within each. "
           "Target (issue 20): decoded >= 0.8 x no-decode (imagenet: the `jpeg` limit).")
+
+
+BATCH = {"cosmoflow": 1, "cifar10": 64, "imagenet": 64}  # the datasets' default batches
+
+
+def _cpu_one(storage: str, dataset: str, epochs: int) -> None:
+    """(subprocess) samples per CPU-second, decoded and not, no workers: prints JSON."""
+    from iobench.loaders import LoaderConfig, make_loader
+
+    out = {}
+    for decode in (True, False):
+        c = LoaderConfig(batch_size=BATCH[dataset], workers=0, library_cache=True,
+                         decode=decode)
+        with make_loader("hdf5", Path(storage) / f"{dataset}-hdf5", c) as ld:
+            ld.start()
+            sum(len(b.indices) for b in ld.epoch(0))  # warm-up: page cache, first use
+            t0 = time.process_time()
+            n = sum(len(b.indices) for e in range(1, epochs + 1) for b in ld.epoch(e))
+            out["dec" if decode else "raw"] = n / (time.process_time() - t0)
+    print(json.dumps(out))
+
+
+def cmd_cpu(a: argparse.Namespace) -> None:
+    header("loader CPU cost per sample, no workers, warm: decoded vs --no-decode")
+    versions = [("after", None)] + ([("before", a.before)] if a.before else [])
+    found = [d for d in DATASETS if (Path(a.storage) / f"{d}-hdf5").is_dir()]
+    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for _ in range(a.repeat):
+        for ds in found:
+            for ver, pp in versions:
+                env = dict(os.environ)
+                if pp:
+                    env["PYTHONPATH"] = pp
+                with tempfile.TemporaryDirectory() as cwd:  # not a checkout (sys.path)
+                    p = subprocess.run([sys.executable, str(Path(__file__).resolve()),
+                                        "_cpu1", "--storage", a.storage, "--dataset", ds],
+                                       env=env, capture_output=True, text=True, cwd=cwd)
+                if p.returncode != 0:
+                    raise SystemExit(f"failed: {p.stderr[-2000:]}")
+                got = json.loads(p.stdout.strip().splitlines()[-1])
+                r = rows.setdefault((ds, ver), {"dec": [], "raw": [], "ratio": []})
+                r["dec"].append(got["dec"])
+                r["raw"].append(got["raw"])
+                r["ratio"].append(got["dec"] / got["raw"])
+    print("| dataset | iobench | batch | decoded samples per CPU-s | --no-decode samples per "
+          "CPU-s | decoded / no-decode |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (ds, ver), r in rows.items():
+        print(f"| {ds} | {ver} | {BATCH[ds]} | {spread(r['dec'])} | {spread(r['raw'])} | "
+              f"{spread(r['ratio'])} |")
+    print(f"\nmedian [min-max] of {a.repeat} interleaved repetitions; ratios within each; "
+          "CPU time of the one process (user + system), 3 epochs after a warm-up epoch.")
 
 
 def fio_read(files: list[str], jobs: int) -> float:
@@ -294,18 +350,23 @@ def cmd_convert(a: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("pipeline", "cold-fio", "jpeg", "convert"):
+    for name in ("pipeline", "cold-fio", "jpeg", "convert", "cpu", "_cpu1"):
         s = sub.add_parser(name)
         s.add_argument("--storage", required=True, help="directory holding <dataset>-hdf5/")
         s.add_argument("--repeat", type=int, default=3)
-        if name == "pipeline":
+        if name == "_cpu1":
+            s.add_argument("--dataset", required=True)
+            s.add_argument("--epochs", type=int, default=3)
+        if name in ("pipeline", "cpu"):
             s.add_argument("--before", default=None, metavar="DIR",
                            help="also run an older iobench importable from DIR")
         if name == "jpeg":
             s.add_argument("--images", type=int, default=256)
     a = p.parse_args()
+    if a.cmd == "_cpu1":
+        return _cpu_one(a.storage, a.dataset, a.epochs)
     {"pipeline": cmd_pipeline, "cold-fio": cmd_cold_fio, "jpeg": cmd_jpeg,
-     "convert": cmd_convert}[a.cmd](a)
+     "convert": cmd_convert, "cpu": cmd_cpu}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,403 @@
+"""`iobench search`: the largest number of emulated accelerators a storage keeps at AU >= threshold.
+
+Every point is a real cold `iobench train` run of N ranks (one emulated
+accelerator each, steps synchronised, `--repeat` honoured), launched by the
+launcher (`mpiexec -n {ranks}` by default) from this process. N doubles
+from 1 while the AU holds, then bisects between the last pass and the first
+failure, never above `max_accelerators`. A point passes when the median over
+repetitions of `au_mlperf` (AU without the first step's I/O, as MLPerf
+counts it) is at or above the threshold. The result is an `iobench.search`
+document (docs/results-schema.md), written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iobench.errors import ConfigError, IobenchError
+from iobench.jsonio import write_json_atomic
+from iobench.schema import (
+    Bool,
+    Count,
+    Enum,
+    List,
+    Map,
+    NonNeg,
+    Num,
+    Opt,
+    SchemaError,
+    Str,
+    check,
+)
+from iobench.watchdog import Interrupted
+from iobench.workloads import WorkloadRun, resolve
+
+SCHEMA = "iobench.search"
+SCHEMA_VERSION = 1
+
+
+class SearchError(IobenchError):
+    """A point of the search could not be measured (its run failed)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """What `iobench search` runs. `batch_size` None: the workload's; another batch scales the
+    compute time with it, so each accelerator's demand (bytes per second) is the workload's."""
+
+    workload: str
+    accelerator: str
+    storage: str
+    results: str = "iobench-results"
+    max_accelerators: int = 64
+    repeat: int = 1
+    epochs: int = 1
+    batch_size: int | None = None
+    threshold: float | None = None  # None: the workload's
+    workers: int = 2
+    launcher: tuple[str, ...] = ("mpiexec", "-n", "{ranks}")
+    point_timeout_s: float = 1800.0
+    train_args: tuple[str, ...] = ()  # passed on to every `iobench train`
+    slowdown: float = 1.0  # emulated compute this many times slower: demand / slowdown
+    hosts: int = 0  # for the dataset-size rule only
+    host_memory_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        run = resolve(self.workload, self.accelerator)
+        if self.max_accelerators < 1:
+            raise ConfigError(f"--max-accelerators {self.max_accelerators} must be >= 1")
+        if self.repeat < 1:
+            raise ConfigError(f"--repeat {self.repeat} must be >= 1")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs {self.epochs} must be >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"--batch-size {self.batch_size} must be >= 1")
+        if self.threshold is not None and not 0 < self.threshold <= 1:
+            raise ConfigError(f"--au-threshold {self.threshold} must be in (0, 1]")
+        if not self.launcher or not any("{ranks}" in a for a in self.launcher):
+            raise ConfigError(f"--launcher {shlex.join(self.launcher)!r} must contain {{ranks}}, "
+                              "e.g. 'srun -n {ranks}' or 'mpiexec -n {ranks}'")
+        if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
+            raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
+        if not self.point_timeout_s > 0:
+            raise ConfigError(f"--point-timeout {self.point_timeout_s} must be > 0 seconds")
+        del run
+
+    @property
+    def run(self) -> WorkloadRun:
+        return resolve(self.workload, self.accelerator)
+
+    @property
+    def batch(self) -> int:
+        return self.batch_size or self.run.batch
+
+    @property
+    def compute_s(self) -> float:
+        """The emulated step time: the workload's, x batch / the workload's batch, x slowdown."""
+        return self.run.compute_s * self.batch / self.run.batch * self.slowdown
+
+    @property
+    def demand_Bps(self) -> float:
+        """Bytes per second one emulated accelerator reads at AU 1 in this search."""
+        return self.run.demand_Bps / self.slowdown
+
+    @property
+    def au_threshold(self) -> float:
+        return self.threshold if self.threshold is not None else self.run.workload.au_threshold
+
+
+def next_point(passed: dict[int, bool], limit: int) -> int | None:
+    """The next accelerator count to measure, or None when the answer is known.
+
+    Doubling from 1 while every point passes (the last step capped at
+    `limit`), then bisection between the largest pass and the smallest
+    failure above it.
+    """
+    good = max((n for n, ok in passed.items() if ok), default=0)
+    bad = min((n for n, ok in passed.items() if not ok and n > good), default=None)
+    if bad is None:
+        if good >= limit:
+            return None
+        return min(limit, 2 * good) if good else 1
+    if bad - good <= 1:
+        return None
+    return (good + bad) // 2
+
+
+def answer(passed: dict[int, bool]) -> int:
+    """The largest count that passed with every smaller measured count passing too."""
+    good = 0
+    for n in sorted(passed):
+        if not passed[n]:
+            break
+        good = n
+    return good
+
+
+def _executable(name: str) -> str:
+    import shutil
+
+    found = shutil.which(name)
+    if found is None and os.sep not in name:
+        beside = Path(sys.executable).parent / name
+        if beside.exists() and os.access(beside, os.X_OK):
+            found = str(beside)
+    if found is None:
+        raise ConfigError(f"launcher {name!r} is not an executable on PATH; install MPI "
+                          "(the mpich extra) or name one with --launcher 'srun -n {ranks}'")
+    return found
+
+
+def train_command(cfg: SearchConfig, n: int, results: Path) -> list[str]:
+    """The `iobench train` command line of one point: N ranks under the launcher."""
+    w = cfg.run.workload
+    launcher = [a.replace("{ranks}", str(n)) for a in cfg.launcher]
+    launcher[0] = _executable(launcher[0])
+    # -P: not the current directory first on sys.path, where another iobench checkout
+    # (a source tree one runs from) would be imported instead of this one
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return [*launcher, sys.executable, *safe, "-m", "iobench", "train",
+            "--loader", w.loader, "--storage", cfg.storage, "--dataset", str(w.dataset),
+            "--compute-time", repr(cfg.compute_s), "--batch-size", str(cfg.batch),
+            "--no-decode", "--epochs", str(cfg.epochs), "--repeat", str(cfg.repeat),
+            "--workers", str(cfg.workers), "--au-threshold", str(cfg.au_threshold),
+            "--results", str(results), *cfg.train_args]
+
+
+@dataclass
+class _Run:
+    """One child run (its process group), stoppable from a signal handler."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    stopped: list[int] = field(default_factory=list)
+
+    def stop(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.stopped.append(signum)
+            with contextlib.suppress(ProcessLookupError):  # mpiexec, ranks, their workers
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float, child: _Run) -> int:
+    """Run `cmd` into `log` in its own process group; on timeout or interrupt end the group."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        child.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                      start_new_session=True, env=env)
+        try:
+            return child.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+            child.proc.wait()
+            return 124
+        except BaseException:  # an interrupt: let the ranks write what they have, then end
+            child.stop(signal.SIGTERM)
+            try:
+                child.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait()
+            raise
+        finally:
+            child.proc = None
+
+
+def _error_line(log: Path) -> str:
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    errs = [ln for ln in lines if "error:" in ln]
+    return (errs[-1] if errs else lines[-1] if lines else "no output")[:400]
+
+
+def point_from_result(doc: dict[str, Any], n: int, threshold: float) -> dict[str, Any]:
+    """One search point from a training result: the medians over repetitions (au is
+    `au_mlperf`), the AU's range, and whether it passed."""
+    from iobench.spread import run_spread
+
+    sp = run_spread(doc["epochs"])
+    au = sp.get("au_mlperf")
+    if au is None:
+        raise SearchError(f"the run of {n} accelerator(s) ({doc['run_id']}) measured no AU")
+
+    def med(key: str) -> float | None:
+        s = sp.get(key)
+        return s["median"] if s else None
+
+    steps = [r for e in doc["epochs"] for r in e["ranks"] if r.get("compute_mean_s")]
+    asked = doc["config"].get("compute_time_s")
+    measured = (sum(r["compute_s"] for r in steps) / sum(r["steps"] for r in steps)
+                if steps else None)
+    return {"accelerators": n, "au": au["median"], "au_min": au["min"], "au_max": au["max"],
+            "compute_mean_s": measured,
+            "compute_overshoot": measured / asked if measured and asked else None,
+            "au_first_step_included": med("au"), "samples_per_s": med("samples_per_s"),
+            "read_MBps": med("read_MBps"), "repeats": au["n"],
+            "passed": au["median"] >= threshold, "run_id": doc["run_id"]}
+
+
+def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
+               run_id: str | None = None) -> dict[str, Any]:
+    """Measure points until the answer is known; return the `iobench.search` document.
+
+    An interrupt (SIGINT/SIGTERM turned into `Interrupted` by the caller)
+    stops the running point; the document then says `interrupted`, holds the
+    points that completed, and the exception is raised again with it
+    attached as `.document`.
+    """
+    from iobench.manifest import Manifest
+    from iobench.results import load_result, new_run_id
+    from iobench.train import TrainConfig, resolve_dataset
+
+    run = cfg.run
+    w = run.workload
+    tc = TrainConfig(loader=w.loader, storage=cfg.storage, dataset=str(w.dataset),
+                     compute_time_s=cfg.compute_s, batch_size=cfg.batch, decode=False)
+    root = resolve_dataset(tc)  # a missing dataset: one line naming the generate command
+    manifest = Manifest.load(root)
+    data_bytes = sum(f.bytes for f in manifest.data_files)
+    run_id = run_id or new_run_id()
+    base = Path(cfg.results) / f"search-{run_id}"
+    doc: dict[str, Any] = {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "search", "run_id": run_id,
+        "created": "", "status": "complete", "status_reason": None,
+        "config": {**asdict(cfg), "launcher": list(cfg.launcher),
+                   "train_args": list(cfg.train_args)},
+        "workload": {"name": w.name, "accelerator": cfg.accelerator, "batch": cfg.batch,
+                     "compute_time_s": cfg.compute_s, "workload_batch": run.batch,
+                     "workload_compute_time_s": run.compute_s,
+                     "sample_bytes": w.sample_bytes, "demand_MBps": cfg.demand_Bps / 1e6,
+                     "workload_demand_MBps": run.demand_Bps / 1e6, "slowdown": cfg.slowdown,
+                     "note": w.note},
+        "dataset": {"root": str(root), "dataset": manifest.dataset, "format": manifest.format,
+                    "num_samples": manifest.num_samples, "total_bytes": manifest.total_bytes,
+                    "sample_bytes_mean": data_bytes / max(1, manifest.num_samples)},
+        "threshold": cfg.au_threshold, "max_accelerators": 0, "points": [],
+        "warnings": [],
+    }
+    if cfg.slowdown != 1:
+        doc["warnings"].append(
+            f"SLOWED DOWN: compute {cfg.slowdown:g}x the workload's, so each accelerator "
+            f"asks for {cfg.demand_Bps / 1e6:.1f} MB/s instead of {run.demand_Bps / 1e6:.1f}: "
+            f"the count answers for a tier {cfg.slowdown:g}x faster than this one")
+    if cfg.batch != run.batch:
+        doc["warnings"].append(
+            f"scaled: batch {cfg.batch} and {cfg.compute_s:.6g} s per step instead of "
+            f"{run.batch} and {run.compute_s} s: scaling the batch alone keeps each "
+            f"accelerator's demand ({run.demand_Bps / 1e6:.1f} MB/s, the workload's)")
+    passed: dict[int, bool] = {}
+    child = _Run()
+    t0 = time.time()
+    try:
+        while (n := next_point(passed, cfg.max_accelerators)) is not None:
+            need = run.required_samples(n, cfg.hosts, cfg.host_memory_gb)
+            if manifest.num_samples < need:
+                msg = (f"{n} accelerator(s): the dataset holds {manifest.num_samples} samples "
+                       f"and MLPerf's rule asks for {need} (`iobench datasize`); small "
+                       "datasets are cached more easily by the storage")
+                if msg not in doc["warnings"]:
+                    doc["warnings"].append(msg)
+            where = base / f"n{n}"
+            cmd = train_command(cfg, n, where)
+            log(f"search {w.name}/{cfg.accelerator}: {n} accelerator(s) ...")
+            code = _run(cmd, where / "train.log", cfg.point_timeout_s, child)
+            found = sorted(where.glob("*.json"))
+            if code != 0 or len(found) != 1:
+                why = "timed out" if code == 124 else f"exit {code}"
+                raise SearchError(f"the run of {n} accelerator(s) failed ({why}): "
+                                  f"{_error_line(where / 'train.log')} (log: "
+                                  f"{where / 'train.log'})")
+            point = point_from_result(load_result(found[0]), n, cfg.au_threshold)
+            point["result"] = str(found[0])
+            doc["points"].append(point)
+            over = point["compute_overshoot"]
+            if over is not None and over > 1.05:
+                doc["warnings"].append(
+                    f"{n} accelerator(s): an emulated step took {over - 1:.0%} longer than "
+                    f"asked ({point['compute_mean_s']:.4g} s for {cfg.compute_s:.4g} s: a "
+                    "busy host's sleeps overshoot), so each accelerator asked for less than "
+                    "the workload's demand and AU is overstated")
+            passed[n] = point["passed"]
+            log(f"  {n} accelerator(s): AU {point['au']:.3f} "
+                f"({'pass' if point['passed'] else 'below'} {cfg.au_threshold:.2f}), "
+                f"{point['samples_per_s']:.1f} samples/s, {point['read_MBps']:.1f} MB/s")
+    except Interrupted as e:
+        doc["status"], doc["status_reason"] = "interrupted", f"{e} during the search"
+        doc["warnings"].insert(0, f"INTERRUPTED: {e}; the answer covers only the "
+                               f"{len(doc['points'])} point(s) that completed")
+        _finish(doc, passed, t0)
+        e.document = doc  # type: ignore[attr-defined]
+        raise
+    _finish(doc, passed, t0)
+    return doc
+
+
+def _finish(doc: dict[str, Any], passed: dict[int, bool], t0: float) -> None:
+    doc["points"].sort(key=lambda p: p["accelerators"])
+    doc["max_accelerators"] = answer(passed)
+    doc["elapsed_s"] = time.time() - t0
+    doc["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+_POINT = Map({"accelerators": Count, "au": Num, "samples_per_s": Opt(NonNeg),
+              "read_MBps": Opt(NonNeg), "passed": Bool})
+SEARCH_SPEC = Map({
+    "schema": Enum(SCHEMA), "schema_version": Enum(SCHEMA_VERSION), "kind": Enum("search"),
+    "run_id": Str, "created": Str, "status": Enum("complete", "interrupted"),
+    "config": Map({"workload": Str, "accelerator": Str, "storage": Str}),
+    "workload": Map({"name": Str, "demand_MBps": NonNeg}),
+    "threshold": NonNeg, "max_accelerators": Count, "points": List(_POINT),
+    "warnings": List(Str),
+})
+
+
+def validate(doc: Any, where: str = "search result") -> dict[str, Any]:
+    """Check an `iobench.search` document; a ResultError names the first bad field."""
+    from iobench.results import ResultError
+
+    try:
+        return check(doc, SEARCH_SPEC, where)
+    except SchemaError as e:
+        raise ResultError(str(e)) from None
+
+
+def write_search(doc: dict[str, Any], results_dir: str | Path) -> Path:
+    """Validate and write `doc` as `results_dir/search-<run_id>.json` (atomic, never over)."""
+    validate(doc)
+    return write_json_atomic(Path(results_dir) / f"search-{doc['run_id']}.json", doc,
+                             exclusive=True)
+
+
+def answer_line(doc: dict[str, Any]) -> str:
+    """The answer in one line."""
+    w = doc["workload"]
+    pts = {p["accelerators"]: p for p in doc["points"]}
+    n = doc["max_accelerators"]
+    best = pts.get(n)
+    tail = (f" (AU {best['au']:.2f} at {n}; " if best else " (")
+    above = [p for p in doc["points"] if not p["passed"] and p["accelerators"] > n]
+    tail += (f"{above[0]['accelerators']} gave AU {above[0]['au']:.2f})" if above
+             else "no count above it failed)" if best else "1 accelerator already fails)")
+    state = "" if doc["status"] == "complete" else f" [{doc['status'].upper()}: partial]"
+    return (f"{w['name']} on {w['accelerator']}: {doc['dataset']['root']} keeps {n} "
+            f"accelerator(s) at AU >= {doc['threshold']:.2f}{tail}, {len(doc['points'])} "
+            f"runs{state}")
+
+
+def physics_estimate(bandwidth_MBps: float, threshold: float, demand_MBps: float) -> int:
+    """floor(B / (AU_min x demand)): the accelerators a bandwidth B can feed."""
+    return math.floor(bandwidth_MBps / (threshold * demand_MBps) + 1e-9)
