@@ -248,6 +248,9 @@ def test_a_node_that_cannot_evict_marks_the_epoch_warm_and_is_named(
     assert "n1" not in epoch["cache"]["warning"].split(":")[0]
     assert any("COLD CACHE FAILED on node(s) n2" in w for w in doc["warnings"])
     assert "COLD CACHE FAILED on node(s) n2" in out
+    # the console names each node's pace and cache under the epoch line
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("  per node: ")]
+    assert line.startswith("  per node: n1 ") and "cached 0%" in line and "(WARM)" in line
 
 
 def test_preflight_checks_every_node_and_names_the_one_that_fails(
