@@ -38,7 +38,7 @@ from iobench.errors import (
 )
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
-from iobench.metrics import EpochClock, epoch_summary, rank_figures
+from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
 from iobench.models import build_model, count_parameters, parse_model, resolve_model
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
@@ -397,7 +397,10 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     except IobenchError as e:
         err = e
     _agree(world, err)
-    node_memory = {n: m for n, m in world.allgather((world.node, sysinfo.memory_bytes()))}
+    from iobench.preflight import check_same_dataset
+
+    check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
+    node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
     run = _Run(config, manifest, mount, world, device, progress, counters,
                live if world.is_root else None, int(live_interval_s * 1e9))
@@ -637,6 +640,7 @@ class _Run:
             tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         fig = {"rank": world.rank, "host": world.hostname, "node": world.node,
+               "node_name": world.node_name,
                **rank_figures(clock),
                "os_read_bytes": io.read_bytes if self.count_io else None,
                "os_rchar": io.rchar, "os_processes": io.processes,
@@ -725,6 +729,7 @@ class _Run:
                     "accuracy": tot_correct / tot_seen if tot_seen and classification else None
                     } if compute.kind == "model" else None
         rec = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
+               "per_node": node_summaries(ranks, list(report.per_node), report.warn_above),
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
         rec["warnings"] = _cache_warnings(config, self.mount, self.manifest, report)
@@ -771,6 +776,7 @@ class _Run:
             "config": config.to_dict(),
             "world": {"size": world.size, "num_nodes": world.num_nodes,
                       "local_size": world.local_size, "launcher": world.launcher,
+                      "nodes": list(world.node_names) or None,
                       "backend": ("nccl" if use_cuda else "gloo") if world.size > 1 else None,
                       "device": self.device.type},
             "compute": {"kind": compute.kind, "model": model_name, "parameters": compute.params,

@@ -490,6 +490,15 @@ class _Output:
         if t:
             line += ", loss diverged" if t["loss"] is None else f", train loss {t['loss']:.4f}"
         self.console.print(line)
+        nodes = rec.get("per_node") or []
+        if len(nodes) > 1:  # each node's pace and cache, so a straggler shows as it happens
+            self.console.print("  per node: " + "; ".join(
+                f"{n['name']} {fmt_rate(n['samples_per_s'])} samples/s, stall "
+                f"{n['stall_s']:.2f} s, cached "
+                + ("?" if n["cache_resident_fraction_at_start"] is None
+                   else f"{n['cache_resident_fraction_at_start']:.0%}")
+                + (f" ({n['cache'].upper()})" if n["cache"] else "") for n in nodes),
+                highlight=False, soft_wrap=True)
 
     def finish(self, doc: dict[str, Any], path: Any) -> None:
         from rich.table import Table
