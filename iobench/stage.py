@@ -48,6 +48,7 @@ from iobench.errors import (
 )
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.spread import spread
+from iobench.watchdog import pending
 from iobench.world import World
 
 SCHEMA = "iobench.stage"
@@ -285,7 +286,9 @@ class _Progress:
             self._task = self._bar.add_task(label, total=total)
 
     def advance(self, n: int) -> None:
-        if self.stop.is_set():
+        # an interrupt several ranks act on together (iobench.watchdog) is only recorded:
+        # the copies stop here, and the ranks' next collective raises it on every rank
+        if self.stop.is_set() or pending():
             raise _Stopped()
         if self._bar is not None:
             with self._lock:

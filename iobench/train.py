@@ -44,7 +44,7 @@ from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
 from iobench.userdata import USER_DATASET, shared_manifest
-from iobench.watchdog import Interrupted, Watchdog
+from iobench.watchdog import Interrupted, Watchdog, pending
 from iobench.world import World
 
 LOADER_NAMES: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files", "dali")
@@ -283,7 +283,7 @@ def _maybe_fault(fault: dict[str, Any] | None, rank: int, epoch: int, step: int)
 
             os.kill(_launcher_pid(),
                     signal.SIGINT if fault["action"] == "sigint" else signal.SIGTERM)
-            time.sleep(1)  # the handler runs here
+            time.sleep(1)  # the handler runs here (several ranks: it records the signal)
             return
         if fault["action"] == "kill":
             import signal
@@ -470,7 +470,10 @@ class _Compute:
         torch.set_num_threads(self.threads)
         # data-parallel steps wait for every rank's batch (docs/metrics.md, "Emulated compute")
         self.sync = config.step_sync and world.size > 1 and self.kind != "model"
-        self._flag = torch.zeros(1, device=device) if self.sync else None
+        # a real model's steps are paced by DDP's all-reduce: a 4-byte one after each step
+        # (part of its compute) carries the ranks' interrupts, as the emulated steps' does
+        self.agrees = self.sync or (self.kind == "model" and world.size > 1)
+        self._flag = torch.zeros(1, device=device) if self.agrees else None
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
                          if config.amp and device.type == "cuda" else contextlib.nullcontext())
         self.model: Any = None
@@ -510,12 +513,20 @@ class _Compute:
 
     def wait_for_all_ranks(self) -> None:
         """The step may start only when every rank has its batch (a real 4-byte all-reduce)."""
-        if self._flag is not None:
-            import torch.distributed as dist
+        if self.sync:
+            self._agree()
 
-            dist.all_reduce(self._flag)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+    def _agree(self) -> None:
+        """A 4-byte all-reduce carrying each rank's recorded interrupt (0: none): after the
+        same step, every rank raises `Interrupted` or none does."""
+        import torch.distributed as dist
+
+        from iobench.watchdog import pending, settle
+
+        assert self._flag is not None
+        self._flag.fill_(pending() or 0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        settle([int(self._flag.item())])  # (.item() waits for the device)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, t_ready: int,
              finish: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int | None:
@@ -545,6 +556,8 @@ class _Compute:
         if self.task == "classification":
             self.correct += (out.detach().argmax(1) == y).sum()
         self.seen += n
+        if self.agrees:
+            self._agree()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return None
@@ -671,6 +684,8 @@ class _Run:
         per_worker: dict[int, list[int]] = {}  # worker id -> [batches, read_ns, decode_ns]
         try:
             while config.max_steps is None or step < config.max_steps:
+                if not compute.agrees and pending():
+                    break  # free-running ranks: the epoch's figures' allgather raises it
                 self._at(f"waiting for batch {step + 1} of epoch {epoch + 1}", step)
                 try:
                     batch = next(it)

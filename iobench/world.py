@@ -57,36 +57,35 @@ class World:
     def barrier(self) -> None:
         if self.size == 1:
             return
+        self.allgather(None)  # no rank returns before every rank came: a barrier
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (picklable objects).
+
+        Each rank's recorded interrupt travels with it, so after the same collective
+        every rank raises `Interrupted` or none does (`iobench.watchdog.settle`).
+        """
+        if self.size == 1:
+            return [obj]
+        from iobench.watchdog import pending, settle
+
+        mine = (pending(), obj)
         if self._comm is not None:
-            self._comm.Barrier()
+            everyone = self._comm.allgather(mine)
         else:
             import torch.distributed as dist
 
-            dist.barrier()
-
-    def allgather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order (picklable objects)."""
-        if self.size == 1:
-            return [obj]
-        if self._comm is not None:
-            return self._comm.allgather(obj)
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj)
-        return out
+            everyone = [None] * self.size
+            dist.all_gather_object(everyone, mine)
+        settle(s for s, _ in everyone)
+        return [o for _, o in everyone]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        """`obj` from rank `root` on every rank."""
+        """`obj` from rank `root` on every rank (small objects: an allgather, which carries
+        the ranks' interrupts as every collective here does)."""
         if self.size == 1:
             return obj
-        if self._comm is not None:
-            return self._comm.bcast(obj, root=root)
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=root)
-        return box[0]
+        return self.allgather(obj if self.rank == root else None)[root]
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now (a failed rank must not leave others hanging)."""

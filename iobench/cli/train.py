@@ -200,7 +200,8 @@ def main(args: argparse.Namespace) -> int:
 
     world = get_world()
     try:
-        with interrupts():
+        # several ranks act on an interrupt together, at a collective (iobench.watchdog)
+        with interrupts(defer=world.size > 1):
             return _main(args, world)
     except RunInterrupted as e:  # the result of the epochs that completed, marked interrupted
         if e.partial is not None and e.partial["epochs"]:
@@ -245,6 +246,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
 
     from iobench import distributed, results, train
     from iobench.loaders import make_loader
+    from iobench.watchdog import act_now
 
     try:
         config = build_config(args)
@@ -299,6 +301,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         doc = train.run(config, factory, world, progress=out.epoch, started=out.start,
                         live=out.live, live_interval_s=out.live_interval_s, counters=counters)
         if doc is None:
+            act_now()  # no collective is left: an interrupt received since still counts
             return 0
         doc["warnings"] += [w for w in few_steps if w not in doc["warnings"]]
         doc["tier"] = tier
@@ -316,6 +319,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         from iobench.watchdog import Interrupted
 
         try:
+            act_now()  # rank 0 alone from here: an interrupt stops the write at once
             _signal_while_writing()  # tests only (IOBENCH_TEST_FAULT=...,action=sigint-write)
             path = results.write_result(doc, config.results)
         except Interrupted as e:  # every epoch ran, but what is written after it says so
