@@ -565,23 +565,30 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
             if why is not None:  # the status says unverified; not worth failing the run
                 client_notes.append(f"`{' '.join(cmd)}` failed: {why}")
     # each file is evicted and measured by one rank of its node, in one open; nothing on
-    # the node reads the dataset until every rank has returned
-    if evict_pages and measure:
+    # the node reads the dataset until every rank has returned. Nodes that share a host
+    # (virtual nodes of a test cluster) share its page cache: one node's eviction may still
+    # be writing pages back while another measures, so there all evict before any measures.
+    shared_cache = world.num_hosts < world.num_nodes
+    if evict_pages and measure and not shared_cache:
         ev, res = evict_and_measure(paths)
     else:
         ev = evict(paths) if evict_pages else EvictResult(0, 0, ())
+        if shared_cache:
+            world.barrier()
         res = residency(paths) if measure else Residency(0, 0, 0)
     world.barrier()
     seconds = (time.perf_counter_ns() - t0) / 1e9
 
     kind = plan.kind if plan is not None else None
-    mine = {"rank": world.rank, "node": world.node, "host": world.hostname, "files": ev.files,
+    mine = {"rank": world.rank, "node": world.node, "host": world.hostname,
+            "name": world.node_name, "files": ev.files,
             "bytes": ev.bytes, "errors": list(ev.errors), "res": asdict(res),
             "client_notes": client_notes}
     everyone = world.allgather(mine)
     per_node: dict[int, dict[str, Any]] = {}
     for m in everyone:
-        n = per_node.setdefault(m["node"], {"node": m["node"], "host": m["host"], "files": 0,
+        n = per_node.setdefault(m["node"], {"node": m["node"], "name": m["name"],
+                                            "host": m["host"], "files": 0,
                                             "bytes": 0, "res": Residency(0, 0, 0)})
         n["files"] += m["files"]
         n["bytes"] += m["bytes"]
@@ -605,8 +612,9 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
         status = "unknown" if unknown else ("warm" if worst and worst > warn_above else "cold")
     elif unknown:
         status = "unknown"
+        names = [n["name"] for n in nodes if n["resident_fraction"] is None]
         warning = (f"page-cache residency after eviction is unknown on node(s) "
-                   f"{list(unknown)}: this process may not ask the kernel about files it "
+                   f"{', '.join(names)}: this process may not ask the kernel about files it "
                    "cannot write (run as the files' owner or root to measure it)")
     elif worst is not None and worst > warn_above:
         status = "warm"
@@ -614,9 +622,11 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
                if kind == "memory" else "a live process keeps its pages mapped (an mmap "
                "reader such as LMDB: close it between epochs), or the filesystem ignored "
                "POSIX_FADV_DONTNEED")
-        warning = (f"COLD CACHE FAILED: {worst:.0%} of the dataset is still in the page cache "
-                   f"after eviction (threshold {warn_above:.0%}); {why}. Figures from this "
-                   "epoch measure memory, not storage")
+        warm_nodes = ", ".join(f"{n['name']} ({n['resident_fraction']:.0%})" for n in nodes
+                               if n["resident_fraction"] > warn_above)
+        warning = (f"COLD CACHE FAILED on node(s) {warm_nodes}: that much of the dataset is "
+                   f"still in the page cache after eviction (threshold {warn_above:.0%}); "
+                   f"{why}. Figures from this epoch measure memory, not storage")
     else:
         status = "cold"
     reason = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -404,6 +405,9 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
         reps = f"; {repetitions(doc)} repetitions" if repetitions(doc) > 1 else ""
         console.print(f"run {i + 1}: {escape(label)}; cache {doc['cache']['mode']}; "
                       f"{doc['world']['size']} rank(s){reps}; {doc['run_id']}{warn}")
+        spread = node_spread(doc)
+        if spread is not None:
+            console.print(f"  {escape(node_spread_line(spread))}")
         console.print(f"  {escape(run_verdict(doc)['line'])}")
     index = {d["run_id"]: i + 1 for i, d in enumerate(docs)}
     for b in staging_pairs(docs, stages):
@@ -413,6 +417,45 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
 
         console.print(f"[yellow]{NOTE}[/]")
     return table
+
+
+def node_spread(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Each node's figures over the run (`epochs[i].per_node`, v3): samples/s and MB/s over its
+    summed epoch walls, and its summed stall; for each figure the `min`, `median` and `max`
+    with the nodes holding the extremes. None for one node or a result before v3."""
+    from iobench.verdict import node_stalls
+
+    nodes = node_stalls(doc)
+    if not nodes:
+        return None
+    nbytes: dict[int, int] = {}
+    for ep in doc["epochs"]:
+        for n in ep.get("per_node") or []:
+            nbytes[n["node"]] = nbytes.get(n["node"], 0) + n["batch_bytes"]
+    figures = {"samples_per_s": {n["name"]: n["samples"] / n["wall_s"] for n in nodes
+                                 if n["wall_s"] > 0},
+               "read_MBps": {n["name"]: nbytes[n["node"]] / 1e6 / n["wall_s"] for n in nodes
+                             if n["wall_s"] > 0},
+               "stall_s": {n["name"]: n["stall_s"] for n in nodes}}
+    out: dict[str, Any] = {"nodes": len(nodes)}
+    for k, by_node in figures.items():
+        if not by_node:
+            continue
+        lo, hi = min(by_node, key=by_node.__getitem__), max(by_node, key=by_node.__getitem__)
+        out[k] = {"min": by_node[lo], "min_node": lo, "max": by_node[hi], "max_node": hi,
+                  "median": statistics.median(by_node.values())}
+    return out
+
+
+def node_spread_line(spread: Mapping[str, Any]) -> str:
+    """`per node (2): samples/s 4.59e3 (n2) / 4.7e3 / 4.81e3 (n1); ...` (min / median / max)."""
+    parts = []
+    for k, name in (("samples_per_s", "samples/s"), ("read_MBps", "MB/s"), ("stall_s", "stall s")):
+        s = spread.get(k)
+        if s:
+            parts.append(f"{name} {fmt_rate(s['min'])} ({s['min_node']}) / "
+                         f"{fmt_rate(s['median'])} / {fmt_rate(s['max'])} ({s['max_node']})")
+    return f"per node ({spread['nodes']}, min / median / max): " + "; ".join(parts)
 
 
 def run_verdict(doc: Mapping[str, Any]) -> dict[str, Any]:

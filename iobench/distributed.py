@@ -32,7 +32,7 @@ def _rendezvous_address(world: World) -> str:
     """An address the other ranks can reach rank 0 at."""
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
-    if world.num_nodes == 1:
+    if world.num_hosts == 1:  # every rank on this host (virtual nodes included)
         return "127.0.0.1"
     try:
         addrs = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}

@@ -164,6 +164,44 @@ def epoch_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def node_summaries(ranks: list[dict[str, Any]],
+                   cache_nodes: list[dict[str, Any]] | None = None,
+                   warn_above: float | None = None) -> list[dict[str, Any]]:
+    """One epoch's figures per node, from every rank's figures (each holding `node`,
+    `node_name` and `host`) and the eviction report's `per_node` (residency).
+
+    A node's `wall_s` and `stall_s` are its slowest rank's (the node's pace);
+    `samples_per_s` and `read_MBps` are the node's samples and bytes over its own
+    wall time; `cache` is `warm` when the node's measured residency after eviction
+    is above `warn_above`, `unknown` when it could not be measured, else None (the
+    epoch's cache status holds). Ordered by node index.
+    """
+    residency = {n["node"]: n for n in cache_nodes or []}
+    out = []
+    for node in sorted({r["node"] for r in ranks}):
+        mine = [r for r in ranks if r["node"] == node]
+        wall = max(r["wall_s"] for r in mine)
+        samples = sum(r["samples"] for r in mine)
+        nbytes = sum(r["batch_bytes"] for r in mine)
+        stalls = [r["stall_s"] for r in mine]
+        frac = residency.get(node, {}).get("resident_fraction")
+        out.append({
+            "node": node, "name": mine[0].get("node_name") or mine[0]["host"],
+            "host": mine[0]["host"], "ranks": [r["rank"] for r in mine],
+            "samples": samples, "batch_bytes": nbytes, "wall_s": wall,
+            "stall_s": max(stalls), "stall_s_mean": float(np.mean(stalls)),
+            "stall_fraction": max(stalls) / wall if wall > 0 else None,
+            "samples_per_s": samples / wall if wall > 0 else None,
+            "read_MBps": nbytes / MB / wall if wall > 0 else None,
+            "os_read_bytes": _opt_sum([r.get("os_read_bytes") for r in mine]),
+            "cache_resident_fraction_at_start": frac,
+            "cache": ("unknown" if node in residency and frac is None else
+                      "warm" if frac is not None and warn_above is not None
+                      and frac > warn_above else None),
+        })
+    return out
+
+
 def fmt_rate(value: float | None) -> str:
     """A rate for tables: 3 significant digits below 100 (0.412), whole numbers above."""
     if value is None:

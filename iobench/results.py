@@ -35,9 +35,11 @@ from iobench.schema import (
 SCHEMA = "iobench.result"
 # v2: repetitions (`config.repeat`, epochs tagged `repeat`, `summary.spread`), the loader's
 # start-up apart (`loader`), user-space and server caches (`cache.user_space`,
-# `cache.server_cache`), synchronised emulated steps (`compute.steps`). v1 still loads.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# `cache.server_cache`), synchronised emulated steps (`compute.steps`). v3: per-node figures of each epoch
+# (`epochs[i].per_node`), the batch job (`provenance.job`), node names (`world.nodes`,
+# `ranks[r].node_name`), stragglers in the verdict. v1 and v2 still load.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 class ResultError(IobenchError, ValueError):
     """A result document is malformed or cannot be found."""
@@ -63,6 +65,13 @@ _RANK = Map({
                                                "busy_fraction": NonNeg}))},
                       optional=("handoff_s", "per_worker"))),
 }, optional=("loader",))
+_NODE = Map({
+    "node": Count, "name": Str, "host": Str, "ranks": List(Count, min_len=1),
+    "samples": Count, "batch_bytes": Count, "wall_s": NonNeg, "stall_s": NonNeg,
+    "stall_s_mean": NonNeg, "stall_fraction": _NUM, "samples_per_s": _NUM, "read_MBps": _NUM,
+    "os_read_bytes": Opt(Count), "cache_resident_fraction_at_start": _NUM,
+    "cache": Opt(Enum("warm", "unknown")),
+})
 _EPOCH_SUMMARY = Map({
     "ranks": Count, "steps": Count, "samples": Count, "batch_bytes": Count, "wall_s": NonNeg,
     "stall_s_mean": NonNeg, "stall_s_max": NonNeg, "stall_fraction_mean": _NUM,
@@ -90,15 +99,19 @@ RESULT_SPEC = Map({
     "dataset": Map({"dataset": Str, "format": Str, "num_samples": Count,
                     "total_bytes": Count, "root": Opt(Str)}, optional=("root",)),
     "provenance": Map({"storage": Map({"path": Str, "fstype": Str, "kind": Str},
-                                      optional=("path", "fstype", "kind"))},
-                      optional=("storage",)),
+                                      optional=("path", "fstype", "kind")),
+                       "job": Opt(Map({"scheduler": Str, "id": Opt(Str), "name": Opt(Str),
+                                       "nodelist": Opt(Str), "nodes": Opt(Count),
+                                       "tasks_per_node": Opt(Count), "partition": Opt(Str)}))},
+                      optional=("storage", "job")),
     "epochs": List(Map({
         "repeat": Count, "epoch": Count, "summary": _EPOCH_SUMMARY,
         "ranks": List(_RANK, min_len=1),
+        "per_node": List(_NODE, min_len=1),
         "cache": Map({"status": Str, "resident_fraction": _NUM},
                      optional=("status", "resident_fraction")),
         "training": Opt(Map({"loss": _NUM, "accuracy": _NUM}, optional=("loss", "accuracy"))),
-    }, optional=("repeat",))),
+    }, optional=("repeat", "per_node"))),
     "summary": Map({"spread": Opt(Map({}, extra=True)),
                     "verdict": Opt(Map({"line": Str, "threshold": NonNeg, "status": Str,
                                         "bottleneck": Str}))},

@@ -49,10 +49,12 @@ from iobench.errors import (
 from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.spread import spread
+from iobench.watchdog import pending
 from iobench.world import World
 
 SCHEMA = "iobench.stage"
-SCHEMA_VERSION = 2  # v2: source_cache, os_read_bytes, repeats/repetitions/spread
+# v2: source_cache, os_read_bytes, repeats/repetitions/spread; v3: per_node, slowest_node
+SCHEMA_VERSION = 3
 MODES = ("replicate", "shard")
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
@@ -285,7 +287,9 @@ class _Progress:
             self._task = self._bar.add_task(label, total=total)
 
     def advance(self, n: int) -> None:
-        if self.stop.is_set():
+        # an interrupt several ranks act on together (iobench.watchdog) is only recorded:
+        # the copies stop here, and the ranks' next collective raises it on every rank
+        if self.stop.is_set() or pending():
             raise _Stopped()
         if self._bar is not None:
             with self._lock:
@@ -475,6 +479,9 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         error = e
     _gather_ok(world, error)
     assert manifest is not None and src_root is not None and dest_root is not None
+    from iobench.preflight import check_same_dataset
+
+    check_same_dataset(world, manifest)  # every node copies the same version, or none does
 
     reps: list[dict[str, Any]] = []
     copied: list[Path] = []
@@ -504,6 +511,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                "stage_MBps": spread(r["stage_MBps"] for r in reps)}
     os_reads = [r["os_read_bytes"] for r in reps]
     source_cache = _merge_source_cache([r["source_cache"] for r in reps])
+    per_node = node_stage_figures(first["per_rank_full"])
     doc: dict[str, Any] = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "kind": "stage",
@@ -534,10 +542,27 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
                                  "recopied_files", "removed_partials")},
         "per_rank": first["per_rank_full"],
+        "per_node": per_node,
+        "slowest_node": max(per_node, key=lambda n: n["seconds"])["name"],
         "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
         "provenance": provenance() if world.rank == 0 else None,
     }
     return doc
+
+
+def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One repetition's copy per node: its ranks, `seconds` (its slowest rank's),
+    `copied_bytes` and `MBps` (bytes over those seconds), by node index."""
+    out = []
+    for node in sorted({r["node"] for r in per_rank}):
+        mine = [r for r in per_rank if r["node"] == node]
+        seconds = max(r["seconds"] for r in mine)
+        nbytes = sum(r["copied_bytes"] for r in mine)
+        out.append({"node": node, "name": mine[0].get("node_name") or mine[0]["host"],
+                    "host": mine[0]["host"], "ranks": [r["rank"] for r in mine],
+                    "seconds": seconds, "copied_bytes": nbytes,
+                    "MBps": nbytes / seconds / 1e6 if seconds > 0 else None})
+    return out
 
 
 def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Path,
@@ -593,6 +618,7 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
 
     per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
+                                "node_name": world.node_name,
                                 "files": len(mine), "seconds": rank_s, **asdict(counters),
                                 "os_read_bytes": io.read_bytes if io is not None else None,
                                 "os_rchar": io.rchar if io is not None else None})
@@ -604,7 +630,7 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
             "os_read_bytes": None if None in reads else sum(reads),
             "copied_files": total["copied_files"],
             "source_cache": _source_cache(evicted, cfg.warm_source),
-            "per_rank": [{k: r[k] for k in ("rank", "node", "seconds", "copied_bytes",
+            "per_rank": [{k: r[k] for k in ("rank", "node", "node_name", "seconds", "copied_bytes",
                                             "os_read_bytes")} for r in per_rank],
             "per_rank_full": per_rank, "counters": total}
 
@@ -624,7 +650,7 @@ def _remove_files(paths: list[Path]) -> BaseException | None:
 def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
     """The `source_cache` record of one repetition, from its eviction report."""
     worst = rep.resident_fraction
-    over = [n["node"] for n in rep.per_node
+    over = [n["name"] for n in rep.per_node
             if n["resident_fraction"] is not None and n["resident_fraction"] > rep.warn_above]
     if warm:
         warning = None if rep.status == "cold" else (
@@ -650,7 +676,8 @@ def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
         "method": rep.method,  # "none" with --warm-source: residency measured only
         "resident_fraction_at_start": worst,  # worst node; None when a node cannot tell
         "status": rep.status, "warn_above": rep.warn_above, "storage_kind": rep.storage_kind,
-        "per_node": [{"node": n["node"], "host": n["host"], "files": n["files"],
+        "per_node": [{"node": n["node"], "name": n["name"], "host": n["host"],
+                      "files": n["files"],
                       "total_bytes": n["total_bytes"], "resident_bytes": n["resident_bytes"],
                       "unknown_files": n["unknown_files"],
                       "resident_fraction_at_start": n["resident_fraction"]}
@@ -773,7 +800,7 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
                                    "os_read_bytes_note", "source_cache", "mode",
                                    "shuffle_scope", "from", "to", "copied_files",
                                    "skipped_files", "skipped_bytes", "verified", "dataset_bytes",
-                                   "warnings")}
+                                   "per_node", "slowest_node", "warnings")}
     # needs an epoch time from the source tier, i.e. another run: `iobench report` pairs them
     staging["break_even_epochs"] = None
     staged_storage = str(Path(doc["to"]["root"]).parent)

@@ -261,6 +261,77 @@ def code_version() -> dict[str, Any] | None:
             "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
 
 
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _tasks_per_node(value: str | None) -> int | None:
+    """Slurm's SLURM_TASKS_PER_NODE (`2(x3),1`): the count when every node has the same,
+    else None."""
+    if not value:
+        return None
+    counts = {part.split("(")[0] for part in value.split(",")}
+    return _int(counts.pop()) if len(counts) == 1 else None
+
+
+def _pbs_nodes(nodefile: str | None) -> list[str] | None:
+    """The distinct hosts of a PBS node file (one line per task slot), in order."""
+    if not nodefile:
+        return None
+    try:
+        with open(nodefile) as f:
+            hosts = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return None
+    return list(dict.fromkeys(hosts))
+
+
+def job_identity(env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The batch job this process runs in, from the scheduler's environment: `scheduler`
+    (slurm, pbs, flux, or pals/pmi for a bare MPI launcher), `id`, `name`, `nodelist`,
+    `nodes`, `tasks_per_node`, `partition`; a field the scheduler does not give is None.
+    None outside any job."""
+    env = dict(os.environ if env is None else env)
+    job: dict[str, Any]
+    if env.get("SLURM_JOB_ID"):
+        nodes = _int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES"))
+        tpn = (_int(env.get("SLURM_NTASKS_PER_NODE"))
+               or _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE")
+                                  or env.get("SLURM_TASKS_PER_NODE")))
+        job = {"scheduler": "slurm", "id": env["SLURM_JOB_ID"],
+               "name": env.get("SLURM_JOB_NAME"),
+               "nodelist": env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
+               "nodes": nodes, "tasks_per_node": tpn,
+               "partition": env.get("SLURM_JOB_PARTITION")}
+    elif env.get("PBS_JOBID"):
+        hosts = _pbs_nodes(env.get("PBS_NODEFILE"))
+        job = {"scheduler": "pbs", "id": env["PBS_JOBID"], "name": env.get("PBS_JOBNAME"),
+               "nodelist": ",".join(hosts) if hosts else None,
+               "nodes": len(hosts) if hosts else None,
+               "tasks_per_node": _int(env.get("PALS_LOCAL_SIZE") or env.get("MPI_LOCALNRANKS")),
+               "partition": env.get("PBS_QUEUE")}
+    elif env.get("FLUX_JOB_ID"):
+        nodes = _int(env.get("FLUX_JOB_NNODES"))
+        size = _int(env.get("FLUX_JOB_SIZE"))
+        job = {"scheduler": "flux", "id": env["FLUX_JOB_ID"], "name": None, "nodelist": None,
+               "nodes": nodes,
+               "tasks_per_node": size // nodes if size and nodes and size % nodes == 0 else None,
+               "partition": env.get("FLUX_JOB_QUEUE")}
+    elif env.get("PALS_APID") or env.get("PALS_RANKID"):
+        job = {"scheduler": "pals", "id": env.get("PALS_APID"), "name": None, "nodelist": None,
+               "nodes": None, "tasks_per_node": _int(env.get("PALS_LOCAL_SIZE")),
+               "partition": None}
+    elif env.get("PMI_RANK") or env.get("PMI_SIZE"):
+        job = {"scheduler": "pmi", "id": None, "name": None, "nodelist": None, "nodes": None,
+               "tasks_per_node": _int(env.get("MPI_LOCALNRANKS")), "partition": None}
+    else:
+        return None
+    return job
+
+
 def provenance(storage: str | Path | None = None) -> dict[str, Any]:
     """Everything a result file records about where it was measured."""
     doc: dict[str, Any] = {
@@ -274,6 +345,7 @@ def provenance(storage: str | Path | None = None) -> dict[str, Any]:
         "versions": library_versions(),
         "code": code_version(),
         "argv": sys.argv,
+        "job": job_identity(),
     }
     if storage is not None:
         doc["storage"] = asdict(mount_of(storage))

@@ -39,13 +39,13 @@ from iobench.errors import (
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats, parse_format
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
-from iobench.metrics import EpochClock, epoch_summary, rank_figures
+from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
 from iobench.models import build_model, count_parameters, parse_model, resolve_model
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
 from iobench.userdata import USER_DATASET, shared_manifest
-from iobench.watchdog import Interrupted, Watchdog
+from iobench.watchdog import Interrupted, Watchdog, pending
 from iobench.world import World
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
@@ -285,7 +285,7 @@ def _maybe_fault(fault: dict[str, Any] | None, rank: int, epoch: int, step: int)
 
             os.kill(_launcher_pid(),
                     signal.SIGINT if fault["action"] == "sigint" else signal.SIGTERM)
-            time.sleep(1)  # the handler runs here
+            time.sleep(1)  # the handler runs here (several ranks: it records the signal)
             return
         if fault["action"] == "kill":
             import signal
@@ -399,7 +399,10 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     except IobenchError as e:
         err = e
     _agree(world, err)
-    node_memory = {n: m for n, m in world.allgather((world.node, sysinfo.memory_bytes()))}
+    from iobench.preflight import check_same_dataset
+
+    check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
+    node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
     run = _Run(config, manifest, mount, world, device, progress, counters,
                live if world.is_root else None, int(live_interval_s * 1e9))
@@ -469,7 +472,10 @@ class _Compute:
         torch.set_num_threads(self.threads)
         # data-parallel steps wait for every rank's batch (docs/metrics.md, "Emulated compute")
         self.sync = config.step_sync and world.size > 1 and self.kind != "model"
-        self._flag = torch.zeros(1, device=device) if self.sync else None
+        # a real model's steps are paced by DDP's all-reduce: a 4-byte one after each step
+        # (part of its compute) carries the ranks' interrupts, as the emulated steps' does
+        self.agrees = self.sync or (self.kind == "model" and world.size > 1)
+        self._flag = torch.zeros(1, device=device) if self.agrees else None
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
                          if config.amp and device.type == "cuda" else contextlib.nullcontext())
         self.model: Any = None
@@ -509,12 +515,20 @@ class _Compute:
 
     def wait_for_all_ranks(self) -> None:
         """The step may start only when every rank has its batch (a real 4-byte all-reduce)."""
-        if self._flag is not None:
-            import torch.distributed as dist
+        if self.sync:
+            self._agree()
 
-            dist.all_reduce(self._flag)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+    def _agree(self) -> None:
+        """A 4-byte all-reduce carrying each rank's recorded interrupt (0: none): after the
+        same step, every rank raises `Interrupted` or none does."""
+        import torch.distributed as dist
+
+        from iobench.watchdog import pending, settle
+
+        assert self._flag is not None
+        self._flag.fill_(pending() or 0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        settle([int(self._flag.item())])  # (.item() waits for the device)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, t_ready: int,
              finish: Callable[[torch.Tensor], torch.Tensor] | None = None) -> int | None:
@@ -544,6 +558,8 @@ class _Compute:
         if self.task == "classification":
             self.correct += (out.detach().argmax(1) == y).sum()
         self.seen += n
+        if self.agrees:
+            self._agree()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return None
@@ -639,6 +655,7 @@ class _Run:
             tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         fig = {"rank": world.rank, "host": world.hostname, "node": world.node,
+               "node_name": world.node_name,
                **rank_figures(clock),
                "os_read_bytes": io.read_bytes if self.count_io else None,
                "os_rchar": io.rchar, "os_processes": io.processes,
@@ -669,6 +686,8 @@ class _Run:
         per_worker: dict[int, list[int]] = {}  # worker id -> [batches, read_ns, decode_ns]
         try:
             while config.max_steps is None or step < config.max_steps:
+                if not compute.agrees and pending():
+                    break  # free-running ranks: the epoch's figures' allgather raises it
                 self._at(f"waiting for batch {step + 1} of epoch {epoch + 1}", step)
                 try:
                     batch = next(it)
@@ -727,6 +746,7 @@ class _Run:
                     "accuracy": tot_correct / tot_seen if tot_seen and classification else None
                     } if compute.kind == "model" else None
         rec = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
+               "per_node": node_summaries(ranks, list(report.per_node), report.warn_above),
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
         rec["warnings"] = _cache_warnings(config, self.mount, self.manifest, report)
@@ -773,6 +793,7 @@ class _Run:
             "config": config.to_dict(),
             "world": {"size": world.size, "num_nodes": world.num_nodes,
                       "local_size": world.local_size, "launcher": world.launcher,
+                      "nodes": list(world.node_names) or None,
                       "backend": ("nccl" if use_cuda else "gloo") if world.size > 1 else None,
                       "device": self.device.type},
             "compute": {"kind": compute.kind, "model": model_name, "parameters": compute.params,

@@ -24,6 +24,11 @@ up the step.
 
 A run that keeps up is compute-bound (`none`), and the verdict says how much
 faster an accelerator the loader could still feed.
+
+On several nodes the verdict also names stragglers (`stragglers`): nodes whose
+stall, summed over the run's epochs, is over 1.5x the median node's
+(`STRAGGLER_FACTOR`) and at least 1 % of the run's wall time above it, so that
+noise on a run with almost no stall names nobody.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ BUSY_SATURATED = 0.75  # readers busy at least this fraction of the epoch: they 
 READ_DOMINANT = 0.5  # fraction of busy time spent reading that makes storage the suspect
 LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
 SHARED_KINDS = ("parallel", "network", "fuse", "fuse-network", "other")
+STRAGGLER_FACTOR = 1.5  # a node stalled over this many times the median node is a straggler
+STRAGGLER_MIN_SHARE = 0.01  # ... and by at least this fraction of the run's wall time
 IMBALANCE = 1.5  # a worker taking this many times its rank's median time per batch is slow
 
 
@@ -120,6 +127,44 @@ def _per_sample_files(fmt: str | None) -> bool:
     return spec is not None and spec.per_sample_files
 
 
+def node_stalls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each node's stall (its slowest rank's) summed over the run's epochs, from
+    `epochs[i].per_node` (v3 results; empty for older ones or one node)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for ep in doc["epochs"]:
+        for n in ep.get("per_node") or []:
+            d = nodes.setdefault(n["node"], {"node": n["node"], "name": n["name"],
+                                             "stall_s": 0.0, "wall_s": 0.0, "samples": 0})
+            d["stall_s"] += n["stall_s"]
+            d["wall_s"] += n["wall_s"]
+            d["samples"] += n["samples"]
+    return [nodes[k] for k in sorted(nodes)] if len(nodes) > 1 else []
+
+
+def stragglers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Nodes whose total stall is over `STRAGGLER_FACTOR` x the median node's (and at least
+    `STRAGGLER_MIN_SHARE` of the run's wall time above it), slowest first; each with
+    `name`, `stall_s`, `median_stall_s` and `factor` (None when the median is 0)."""
+    nodes = node_stalls(doc)
+    if not nodes:
+        return []
+    median = statistics.median(n["stall_s"] for n in nodes)
+    wall = sum(e["summary"]["wall_s"] for e in doc["epochs"])
+    out = [{"node": n["node"], "name": n["name"], "stall_s": n["stall_s"],
+            "median_stall_s": median, "factor": n["stall_s"] / median if median > 0 else None}
+           for n in nodes if n["stall_s"] > STRAGGLER_FACTOR * median
+           and n["stall_s"] - median >= STRAGGLER_MIN_SHARE * wall]
+    return sorted(out, key=lambda s: -s["stall_s"])
+
+
+def straggler_words(slow: Sequence[Mapping[str, Any]]) -> str:
+    """`straggler node(s): n2 (stall 3.1 s, 2.4x the median node's 1.3 s)`."""
+    return "straggler node(s): " + ", ".join(
+        f"{s['name']} (stall {s['stall_s']:.3g} s, "
+        + (f"{s['factor']:.1f}x" if s["factor"] is not None else "vs")
+        + f" the median node's {s['median_stall_s']:.3g} s)" for s in slow)
+
+
 def worker_imbalance(doc: Mapping[str, Any], factor: float = IMBALANCE) -> list[dict[str, Any]]:
     """The workers much slower than their rank's others: busy time per batch (reading +
     decoding, summed over the epochs) above `factor` x the median of that rank's workers.
@@ -183,8 +228,11 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
     ranks_per_node = (doc.get("world") or {}).get("local_size") or 1
     free_cores = cores - ranks_per_node * (workers + 1)
 
+    slow = stragglers(doc)
     if au >= threshold:
         evidence.append(f"AU {au:.2f} >= {threshold:.2f}")
+        if slow:
+            evidence.append(straggler_words(slow))
         if lt:
             evidence.append(f"the readers were busy {lt['busy_fraction']:.0%} of the epoch")
         advice.append("compute-bound: to find where ingest stops keeping up, rerun with a "
@@ -193,10 +241,14 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
                 "type") == "cpu":
             advice.append("the model trained on the CPU; emulate your GPU's step with "
                           "--compute-time SECONDS to ask whether the storage feeds it")
-        return _done("keeps up", au, threshold, "none", evidence, advice)
+        return _done("keeps up", au, threshold, "none", evidence, advice, slow)
 
     evidence.append(f"AU {au:.2f} < {threshold:.2f}" + (f", stall {stall:.0%} of the epoch"
                                                           if stall is not None else ""))
+    if slow:
+        evidence.append(straggler_words(slow))
+        advice.append(f"the slowest node sets the pace: look at {slow[0]['name']} first (its "
+                      "storage mount, network link, or other jobs sharing it)")
     if lt is None and doc["config"].get("loader") == "dali":
         # DALI reads and decodes inside its own executor: no clock of ours runs there, and
         # its API reports memory, not time per operator, so there is nothing honest to split
@@ -275,10 +327,11 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         else:
             advice.append("more --workers (or prefetch) keep batches in flight"
                           + (f" ({free_cores} core(s) free)" if free_cores > 0 else ""))
-    slow = worker_imbalance(doc)
-    if slow:
-        s = slow[0]
-        more = f" (and {len(slow) - 1} more)" if len(slow) > 1 else ""
+    slow_workers = worker_imbalance(doc)
+    if slow_workers:
+        s = slow_workers[0]
+        more = (f" (and {len(slow_workers) - 1} more)" if len(slow_workers) > 1
+                else "")
         evidence.append(f"imbalance: worker {s['worker']} of rank {s['rank']} took "
                         f"{s['ratio']:.1f}x its rank's median time per batch "
                         f"({s['per_batch_s'] * 1e3:.0f} ms vs "
@@ -286,7 +339,7 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         advice.append("batches are handed over in order, so a slow worker holds up the "
                       "rest: look at what it reads (files on a slower disk or server, larger "
                       "samples) or at what else runs on its core")
-    return _done("starved", au, threshold, bottleneck, evidence, advice)
+    return _done("starved", au, threshold, bottleneck, evidence, advice, slow)
 
 
 _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (decoding)",
@@ -294,11 +347,13 @@ _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (de
 
 
 def _done(status: str, au: float | None, threshold: float, bottleneck: str,
-          evidence: list[str], advice: list[str]) -> dict[str, Any]:
+          evidence: list[str], advice: list[str],
+          slow: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     head = "keeps up" if status == "keeps up" else _STATUS_WORDS.get(bottleneck, status)
     line = f"verdict: {head} - " + "; ".join(evidence + advice)
     return {"status": status, "au": au, "threshold": threshold, "bottleneck": bottleneck,
-            "evidence": evidence, "advice": advice, "line": line}
+            "evidence": evidence, "advice": advice, "line": line,
+            "stragglers": [dict(s) for s in slow]}
 
 
 def for_run(doc: dict[str, Any], results_dir: str, threshold: float) -> dict[str, Any]:

@@ -4,6 +4,11 @@ Works the same with one plain process, under `mpiexec`/`srun` (mpi4py), and
 under `torchrun` (environment variables; collectives through
 torch.distributed once the training loop has initialised it). MPI is only
 imported when a launcher says it started us, so plain runs never pay for it.
+
+A node is what the scheduler calls one (`node_name`: Slurm's SLURMD_NODENAME,
+else the host name): ranks are grouped into nodes, and local ranks numbered,
+by that name, so two virtual Slurm nodes on one host are two nodes, each
+evicting and measuring for itself.
 """
 
 from __future__ import annotations
@@ -29,7 +34,16 @@ class World:
     num_nodes: int = 1
     launcher: str = "single"
     hostname: str = field(default_factory=socket.gethostname)
+    node_name: str = ""  # the scheduler's name for this node; "" means the host name
+    num_hosts: int = 1  # distinct host names among the job's ranks
+    node_names: tuple[str, ...] = ()  # every node's name, by node index (empty: not known)
     _comm: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            self.node_name = self.hostname
+        if not self.node_names and self.num_nodes == 1:
+            self.node_names = (self.node_name,)
 
     @property
     def is_root(self) -> bool:
@@ -43,36 +57,35 @@ class World:
     def barrier(self) -> None:
         if self.size == 1:
             return
+        self.allgather(None)  # no rank returns before every rank came: a barrier
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (picklable objects).
+
+        Each rank's recorded interrupt travels with it, so after the same collective
+        every rank raises `Interrupted` or none does (`iobench.watchdog.settle`).
+        """
+        if self.size == 1:
+            return [obj]
+        from iobench.watchdog import pending, settle
+
+        mine = (pending(), obj)
         if self._comm is not None:
-            self._comm.Barrier()
+            everyone = self._comm.allgather(mine)
         else:
             import torch.distributed as dist
 
-            dist.barrier()
-
-    def allgather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order (picklable objects)."""
-        if self.size == 1:
-            return [obj]
-        if self._comm is not None:
-            return self._comm.allgather(obj)
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj)
-        return out
+            everyone = [None] * self.size
+            dist.all_gather_object(everyone, mine)
+        settle(s for s, _ in everyone)
+        return [o for _, o in everyone]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        """`obj` from rank `root` on every rank."""
+        """`obj` from rank `root` on every rank (small objects: an allgather, which carries
+        the ranks' interrupts as every collective here does)."""
         if self.size == 1:
             return obj
-        if self._comm is not None:
-            return self._comm.bcast(obj, root=root)
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=root)
-        return box[0]
+        return self.allgather(obj if self.rank == root else None)[root]
 
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now (a failed rank must not leave others hanging)."""
@@ -86,10 +99,25 @@ def launched_by_mpi(env: dict[str, str] | None = None) -> bool:
     return any(k in env for k in _MPI_ENV)
 
 
+# Per-task variables that name the node a task runs on, by scheduler. PBS and Flux start
+# tasks through an MPI launcher (PALS, flux-run) and set none: the host name is the node.
+NODE_NAME_ENV = ("SLURMD_NODENAME",)
+
+
+def node_name(env: dict[str, str] | None = None, host: str | None = None) -> str:
+    """This process's node as its scheduler names it (SLURMD_NODENAME), else the host name."""
+    env = os.environ if env is None else env
+    for k in NODE_NAME_ENV:
+        if env.get(k):
+            return env[k]
+    return host or socket.gethostname()
+
+
 def get_world() -> World:
     """Detect the launcher and return this process's World."""
     env = os.environ
     host = socket.gethostname()
+    name = node_name(env, host)
     if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env
                                          and "LOCAL_RANK" in env and not launched_by_mpi()):
         size = int(env["WORLD_SIZE"])
@@ -99,19 +127,25 @@ def get_world() -> World:
         return World(rank=rank, size=size, local_rank=int(env["LOCAL_RANK"]),
                      local_size=local_size, node=node,
                      num_nodes=max(1, size // max(local_size, 1)), launcher="torchrun",
-                     hostname=host)
+                     hostname=host, node_name=name, num_hosts=max(1, size // max(local_size, 1)))
     if launched_by_mpi():
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
         if comm.Get_size() > 1:
-            local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-            hosts = comm.allgather(host)
-            unique = sorted(set(hosts), key=hosts.index)
+            # nodes by the scheduler's name, not by shared memory: two virtual nodes on one
+            # host (a test cluster) must each be a node
+            pairs = comm.allgather((name, host))
+            names = [p[0] for p in pairs]
+            unique = sorted(set(names), key=names.index)
+            node = unique.index(name)
+            local = comm.Split(color=node, key=comm.Get_rank())
             world = World(rank=comm.Get_rank(), size=comm.Get_size(),
                           local_rank=local.Get_rank(), local_size=local.Get_size(),
-                          node=unique.index(host), num_nodes=len(unique), launcher="mpi",
-                          hostname=host, _comm=comm)
+                          node=node, num_nodes=len(unique), launcher="mpi",
+                          hostname=host, node_name=name,
+                          num_hosts=len({p[1] for p in pairs}), node_names=tuple(unique),
+                          _comm=comm)
             local.Free()
             return world
-    return World(hostname=host)
+    return World(hostname=host, node_name=name)

@@ -3,8 +3,9 @@
 # fio (iobench probe), FUSE (iobench emulate-pfs), GlusterFS server and client
 # (scripts/pfs/local-gluster.sh: a real network filesystem on one box for the
 # tests and the real-tier benchmarks), and the formats' own command-line tools
-# (h5ls, ncdump, mdb_stat) that tests check our files with, and a headless Chromium
-# (the HTML report is opened in a real browser by the tests). Needs root and apt;
+# (h5ls, ncdump, mdb_stat) that tests check our files with, a headless Chromium
+# (the HTML report is opened in a real browser by the tests), and Slurm with munge
+# (scripts/slurm/local-cluster.sh: a one-box cluster the job templates are tested on). Needs root and apt;
 # anywhere else it says what it skipped and succeeds, and the features fall
 # back (probe uses its own measurement) or their tests skip with a reason.
 set -u
@@ -18,6 +19,10 @@ command -v glusterd >/dev/null 2>&1 || need+=(glusterfs-server)
 [ -x /sbin/mount.glusterfs ] || [ -x /usr/sbin/mount.glusterfs ] || need+=(glusterfs-client)
 command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 \
   || [ -x /usr/lib/chromium/chromium-headless-shell ] || need+=(chromium-headless-shell)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 [ -e /usr/lib/x86_64-linux-gnu/libfuse.so.2 ] || [ -e /lib/x86_64-linux-gnu/libfuse.so.2 ] || need+=(libfuse2)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

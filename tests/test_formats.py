@@ -20,9 +20,11 @@ OWNERS = {"iobench/formats.py"} | {f"{d}/{n}.py" for n in FORMATS for d in ("gen
 # and the MLPerf workload table (iobench/workloads.py, whose entries name their format as
 # data, as a sweep file does).
 PENDING = {"iobench/userdata.py", "iobench/workloads.py"}
-# strings that equal a format name but name a library (its version, for provenance)
+# strings that equal a format name but mean something else: a library (its version, for
+# provenance), a preflight check's name
 NOT_FORMATS = {("iobench/report.py", "hdf5"), ("iobench/report.py", "lmdb"),
-               ("iobench/sysinfo.py", "hdf5"), ("iobench/sysinfo.py", "zarr")}
+               ("iobench/sysinfo.py", "hdf5"), ("iobench/sysinfo.py", "zarr"),
+               ("iobench/preflight.py", "files")}
 
 
 def _format_strings(path: Path) -> list[tuple[int, str]]:

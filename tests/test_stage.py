@@ -436,7 +436,7 @@ def test_stage_evicts_a_warm_source_and_reads_storage(tmp_path):
         "from storage: it copied from the page cache"
     assert doc["stage_bytes"] == m.total_bytes
     _check_cold_source(doc, m, tmp_path)
-    assert doc["schema_version"] == 2 and doc["repeats"] == 1 and doc["warnings"] == []
+    assert doc["schema_version"] == 3 and doc["repeats"] == 1 and doc["warnings"] == []
     # the copy leaves neither side in the page cache
     dest = tmp_path / "dst" / "cifar10-files"
     assert cache.resident_fraction([m.path_of(f) for f in m.files]) <= 0.1

@@ -202,3 +202,27 @@ def test_the_breakdown_is_per_worker(cifar: Path, tmp_path: Path) -> None:
     assert sum(w["batches"] for w in per) == lt["batches"] == 12
     assert sum(w["read_s"] for w in per) == pytest.approx(lt["read_s"])
     assert all(0 < w["busy_fraction"] <= 1.0 for w in per)
+
+
+def _nodes(doc: dict, stalls: list[float], wall_s: float = 10.0) -> dict:
+    doc["epochs"][0]["per_node"] = [{"node": i, "name": f"n{i + 1}", "stall_s": s,
+                                     "wall_s": wall_s, "samples": 100}
+                                    for i, s in enumerate(stalls)]
+    return doc
+
+
+def test_the_verdict_names_straggler_nodes_over_1_5x_the_median() -> None:
+    slow = verdict(_nodes(_doc(0.62, read_s=17.0, stall_s=3.8), [1.0, 1.1, 0.9, 2.4]))
+    (s,) = slow["stragglers"]
+    assert (s["name"], s["stall_s"], s["median_stall_s"]) == ("n4", 2.4, 1.05)
+    assert "straggler node(s): n4 (stall 2.4 s, 2.3x the median node's 1.05 s)" in slow["line"]
+    assert "look at n4 first" in slow["line"]
+    # 1.5x the median exactly is not over it; a run that keeps up still names its straggler
+    assert verdict(_nodes(_doc(0.62, read_s=17.0), [1.0, 1.5, 1.0]))["stragglers"] == []
+    keeps = verdict(_nodes(_doc(0.97, read_s=1.0), [0.2, 0.9]))
+    assert [s["name"] for s in keeps["stragglers"]] == ["n2"]
+    # noise on a run with almost no stall names nobody (under 1 % of the wall above the median)
+    assert verdict(_nodes(_doc(0.97, read_s=1.0), [0.001, 0.004]))["stragglers"] == []
+    # one node, or a result before per-node figures: nothing to compare
+    assert verdict(_nodes(_doc(0.62, read_s=17.0), [3.0]))["stragglers"] == []
+    assert verdict(_doc(0.62, read_s=17.0))["stragglers"] == []

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "info": ("iobench.cli.info", "versions, hardware, and the filesystem of a path"),
     "generate": ("iobench.cli.generate", "write a synthetic dataset (HDF5, NetCDF4, LMDB or files) in parallel"),
     "verify": ("iobench.cli.verify", "check a dataset against its manifest (sizes, checksums, opens)"),
+    "preflight": ("iobench.cli.preflight", "check every node of a job before a long run (dataset version, space, eviction)"),
     "train": ("iobench.cli.train", "train a real model with a real loader; measure data stall per epoch"),
     "bench-read": ("iobench.cli.bench_read", "pure-read benchmark of loaders x workers x shuffle, cold cache"),
     "stage": ("iobench.cli.stage", "copy a dataset between storage tiers in parallel (replicate or shard)"),

@@ -201,7 +201,8 @@ def main(args: argparse.Namespace) -> int:
 
     world = get_world()
     try:
-        with interrupts():
+        # several ranks act on an interrupt together, at a collective (iobench.watchdog)
+        with interrupts(defer=world.size > 1):
             return _main(args, world)
     except RunInterrupted as e:  # the result of the epochs that completed, marked interrupted
         if e.partial is not None and e.partial["epochs"]:
@@ -246,6 +247,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
 
     from iobench import distributed, results, train
     from iobench.loaders import make_loader
+    from iobench.watchdog import act_now
 
     try:
         config = build_config(args)
@@ -300,6 +302,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         doc = train.run(config, factory, world, progress=out.epoch, started=out.start,
                         live=out.live, live_interval_s=out.live_interval_s, counters=counters)
         if doc is None:
+            act_now()  # no collective is left: an interrupt received since still counts
             return 0
         doc["warnings"] += [w for w in few_steps if w not in doc["warnings"]]
         doc["tier"] = tier
@@ -317,6 +320,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         from iobench.watchdog import Interrupted
 
         try:
+            act_now()  # rank 0 alone from here: an interrupt stops the write at once
             _signal_while_writing()  # tests only (IOBENCH_TEST_FAULT=...,action=sigint-write)
             path = results.write_result(doc, config.results)
         except Interrupted as e:  # every epoch ran, but what is written after it says so
@@ -491,6 +495,15 @@ class _Output:
         if t:
             line += ", loss diverged" if t["loss"] is None else f", train loss {t['loss']:.4f}"
         self.console.print(line)
+        nodes = rec.get("per_node") or []
+        if len(nodes) > 1:  # each node's pace and cache, so a straggler shows as it happens
+            self.console.print("  per node: " + "; ".join(
+                f"{n['name']} {fmt_rate(n['samples_per_s'])} samples/s, stall "
+                f"{n['stall_s']:.2f} s, cached "
+                + ("?" if n["cache_resident_fraction_at_start"] is None
+                   else f"{n['cache_resident_fraction_at_start']:.0%}")
+                + (f" ({n['cache'].upper()})" if n["cache"] else "") for n in nodes),
+                highlight=False, soft_wrap=True)
 
     def finish(self, doc: dict[str, Any], path: Any) -> None:
         from rich.table import Table
