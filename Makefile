@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
-EXTRAS ?= dali,mpich,pfs,test
+EXTRAS ?= dali,mpich,pfs,test,zarr
 STAMP  := $(VENV)/.installed-$(shell echo $(EXTRAS) | tr ',' '-')
-# Let mpiexec find MPICH from the venv, and keep BLAS from oversubscribing.
+# Let mpiexec (and every tool the venv installs) be found first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: demo test lint venv system-deps clean

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib
 import json
 import multiprocessing as mp
 import os
@@ -22,25 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from iobench import __version__
-from iobench.datasets import COMPRESSIONS, DatasetSpec, dataset_dirname, parse_dataset, parse_format
+from iobench.datasets import DatasetSpec, dataset_dirname, parse_dataset
 from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
+from iobench.formats import DEFAULT_FORMAT, FORMATS, parse_compression, parse_format
 from iobench.generators.base import Task, Writer, sha256_file
 from iobench.generators.synth import SYNTHESIS_VERSION
 from iobench.jsonio import write_json_atomic
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.world import World
 
-# format -> "module:class"
-WRITERS: dict[str, str] = {
-    "hdf5": "iobench.generators.hdf5:HDF5Writer",
-    "netcdf": "iobench.generators.netcdf:NetCDFWriter",
-    "lmdb": "iobench.generators.lmdb:LMDBWriter",
-    "files": "iobench.generators.files:FilesWriter",
-}
 JOURNAL = ".iobench-partial"  # per-task completion records while generation runs
 SCALES = ("small", "full")
 
-__all__ = ["SYNTHESIS_VERSION", "WRITERS", "GenerateConfig", "GenerateStats", "generate_dataset",
+__all__ = ["SYNTHESIS_VERSION", "GenerateConfig", "GenerateStats", "generate_dataset",
            "get_writer", "synthesis_version"]
 
 
@@ -49,7 +42,7 @@ class GenerateConfig:
     """What to generate and where. `samples`/`samples_per_file` None: the dataset's default."""
 
     dataset: str = "cifar10"
-    format: str = "hdf5"
+    format: str = DEFAULT_FORMAT
     storage: Path = Path("./iobench-data")
     samples: int | None = None
     samples_per_file: int | None = None
@@ -69,9 +62,7 @@ class GenerateConfig:
             raise ConfigError(f"--samples {self.samples} must be >= 1")
         if self.samples_per_file is not None and self.samples_per_file < 1:
             raise ConfigError(f"--samples-per-file {self.samples_per_file} must be >= 1")
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(f"--compression {self.compression!r}; choose one of: "
-                              f"{', '.join(COMPRESSIONS)}")
+        parse_compression(self.format, self.compression, spec.sample_kind)
         if self.seed < 0:
             raise ConfigError(f"--seed {self.seed} must be >= 0")
         if self.jobs < 1:
@@ -114,9 +105,8 @@ class GenerateStats:
 
 
 def get_writer(fmt: str, spec: DatasetSpec, seed: int, compression: str = "none") -> Writer:
-    """Build the writer for format `fmt`."""
-    module, _, cls = WRITERS[parse_format(fmt)].partition(":")
-    return getattr(importlib.import_module(module), cls)(spec, seed, compression)
+    """Build the writer for format `fmt` (its module imported now, not before)."""
+    return parse_format(fmt).writer_class()(spec, seed, compression)
 
 
 # ------------------------------------------------------------------ target checks
@@ -197,7 +187,8 @@ def _check_space(cfg: GenerateConfig, root: Path) -> None:
             f"--samples {cfg.samples} of {cfg.dataset} needs about {_size(need)} and "
             f"{cfg.storage} has {_size(free)} free; choose fewer --samples or another "
             "--storage")
-    if cfg.spec.sample_kind == "jpeg" and cfg.format != "files":
+    per_sample = parse_format(cfg.format).per_sample_files
+    if cfg.spec.sample_kind == "jpeg" and not per_sample:
         # a container's JPEGs are encoded into memory, then written: per file and job
         per_job = min(cfg.samples, cfg.samples_per_file) * 110_000 * 2
         avail = _memory_available()
@@ -207,12 +198,13 @@ def _check_space(cfg: GenerateConfig, root: Path) -> None:
                 f"{_size(per_job)} in memory per file in each of {cfg.jobs} job(s), and this "
                 f"machine has {_size(avail)} available; choose fewer --samples-per-file or "
                 "--jobs")
-    files = -(-cfg.samples // cfg.samples_per_file) if cfg.format != "files" else cfg.samples
+    files = -(-cfg.samples // cfg.samples_per_file) if not per_sample else cfg.samples
     if st.f_files and files + 16 > st.f_favail:
+        records = ", ".join(n for n, f in FORMATS.items() if not f.per_sample_files)
         raise StorageError(
             f"--samples {cfg.samples} as {cfg.format} needs about {files:,} files and "
             f"{cfg.storage} has {st.f_favail:,} inodes free; choose fewer --samples, a "
-            "record format (hdf5, netcdf, lmdb), or another --storage")
+            f"record format ({records}), or another --storage")
 
 
 def _memory_available() -> int | None:
@@ -324,7 +316,7 @@ def _run_task(writer: Writer, root: Path, task: Task) -> tuple[int, list[FileEnt
     except IobenchError:
         raise
     except Exception as e:
-        if not _is_storage_failure(e):
+        if not writer.is_storage_failure(e):
             raise
         # netCDF-C and LMDB report a full disk as "HDF error" or EIO: ask the disk
         free = shutil.disk_usage(root).free
@@ -337,13 +329,6 @@ def _run_task(writer: Writer, root: Path, task: Task) -> tuple[int, list[FileEnt
         raise StorageError(f"cannot write {root / task.files[0]}: {why}") from None
     write_json_atomic(_journal_path(root, task), [asdict(e) for e in entries])
     return task.id, entries, False
-
-
-def _is_storage_failure(e: Exception) -> bool:
-    """An error a writer's storage library raises (not a bug of ours)."""
-    mod = type(e).__module__ or ""
-    return isinstance(e, (OSError, RuntimeError)) or mod.split(".")[0] in (
-        "lmdb", "netCDF4", "h5py")
 
 
 def _estimate_task_bytes(writer: Writer, task: Task) -> int:
@@ -512,7 +497,7 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
             stats.files_written += len(ents)
             stats.bytes_written += sum(e.bytes for e in ents)
     stats.seconds = time.perf_counter() - t0
-    extra = _statistics(cfg, entries)
+    extra = _statistics(cfg, writer, root, entries)
     stats.extra = extra
     spec = cfg.spec
     manifest = Manifest(
@@ -621,50 +606,19 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
     return results, err
 
 
-def _statistics(cfg: GenerateConfig, entries: list[FileEntry]) -> dict[str, Any]:
+def _statistics(cfg: GenerateConfig, writer: Writer, root: Path,
+                entries: list[FileEntry]) -> dict[str, Any]:
     """Generation statistics kept in the manifest (JPEG size distribution for imagenet)."""
     out: dict[str, Any] = {"synthesis_version": SYNTHESIS_VERSION,
                            "total_bytes": sum(e.bytes for e in entries)}
-    if cfg.spec.sample_kind == "jpeg" and cfg.format == "files":
-        sizes = [e.bytes for e in entries if e.role == "data"]
-    elif cfg.spec.sample_kind == "jpeg":
-        sizes = _jpeg_sizes(cfg)
-    else:
+    if cfg.spec.sample_kind != "jpeg":
         return out
     import numpy as np
 
-    s = np.asarray(sizes, dtype=np.float64)
+    s = np.concatenate([np.asarray(writer.jpeg_sizes(root / e.path, e), dtype=np.float64)
+                        for e in entries if e.role == "data"])
     out["jpeg_bytes"] = {"mean": float(s.mean()), "std": float(s.std()),
                          "p5": float(np.percentile(s, 5)), "p50": float(np.median(s)),
                          "p95": float(np.percentile(s, 95)), "min": int(s.min()),
                          "max": int(s.max()), "count": int(s.size)}
     return out
-
-
-def _jpeg_sizes(cfg: GenerateConfig) -> list[int]:
-    import numpy as np
-
-    root = cfg.root
-    sizes: list[int] = []
-    for p in sorted(root.glob("part-*")):
-        if cfg.format == "hdf5":
-            import h5py
-
-            with h5py.File(p, "r", locking=False) as f:
-                sizes.extend(np.diff(f["offsets"][...]).tolist())
-        elif cfg.format == "netcdf":
-            import netCDF4
-
-            with netCDF4.Dataset(p) as ds:
-                sizes.extend(np.diff(ds.variables["offsets"][:]).tolist())
-        elif cfg.format == "lmdb":
-            import lmdb
-
-            from iobench.generators.lmdb import HEADER
-
-            env = lmdb.open(str(p), subdir=False, readonly=True, lock=False)
-            with env.begin() as txn:
-                for _, v in txn.cursor():
-                    sizes.append(HEADER.unpack_from(v)[5])
-            env.close()
-    return sizes

@@ -8,7 +8,7 @@ import functools
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from iobench.datasets import DatasetSpec
-from iobench.errors import ConfigError, DatasetError
+from iobench.errors import DatasetError
+from iobench.formats import parse_compression, parse_format
 from iobench.generators import synth
 from iobench.generators.synth import fill_samples, make_sample
 from iobench.manifest import FileEntry, bad_label
@@ -41,20 +42,31 @@ class Task:
 
 
 class Writer(ABC):
-    """Writes and checks one on-disk format (layouts: docs/design.md)."""
+    """Writes and checks one on-disk format (layouts: docs/design.md); what it can store
+    (compressions, samples per file) is its entry in `iobench.formats.FORMATS`."""
 
     format: ClassVar[str]
-    compressions: ClassVar[tuple[str, ...]] = ("none",)
-    compression_hint: ClassVar[str] = "use --compression none"
+    # top-level modules whose exceptions are storage failures (a full disk reported as
+    # "HDF error" or EIO), not bugs of ours
+    library_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: DatasetSpec, seed: int, compression: str = "none") -> None:
-        if compression not in self.compressions:
-            raise ConfigError(f"--compression {compression!r} is not available for the "
-                              f"{self.format} format; {self.compression_hint}")
-        if compression != "none" and spec.sample_kind == "jpeg":
-            raise ConfigError(f"--compression {compression} on {spec.name}: JPEG bytes are "
-                              "already compressed; use --compression none")
+        parse_compression(self.format, compression, spec.sample_kind)
         self.spec, self.seed, self.compression = spec, seed, compression
+
+    @property
+    def suffix(self) -> str:
+        """The suffix of its data files (the registry's first)."""
+        return (parse_format(self.format).suffixes or ("",))[0]
+
+    def is_storage_failure(self, e: Exception) -> bool:
+        """An error the storage library raised while writing (not a bug of ours)."""
+        mod = type(e).__module__ or ""
+        return isinstance(e, (OSError, RuntimeError)) or mod.split(".")[0] in self.library_modules
+
+    def jpeg_sizes(self, path: Path, entry: FileEntry) -> list[int]:
+        """Bytes of each JPEG stored in data file `path` (a one-sample file: its size)."""
+        return [entry.bytes]
 
     def prepare(self) -> None:
         """Build the synthesis tables in this process (before forking workers that share them)."""
@@ -246,10 +258,47 @@ def jpeg_blobs(spec: DatasetSpec, seed: int, first: int, count: int) -> tuple[np
     return np.frombuffer(b"".join(blobs), dtype=np.uint8), offsets
 
 
+TASK_SAMPLES = 256  # one-file-per-sample formats: samples per unit of work (and resume record)
+
+
+def per_sample_tasks(num_samples: int, path_of: Callable[[int], str]) -> list[Task]:
+    """Tasks of TASK_SAMPLES one-sample files each, in sample order; `path_of(index)` names
+    a sample's file."""
+    return [Task(id=k, first=f, count=min(TASK_SAMPLES, num_samples - f),
+                 files=tuple(path_of(i) for i in range(f, min(f + TASK_SAMPLES, num_samples))))
+            for k, f in enumerate(range(0, num_samples, TASK_SAMPLES))]
+
+
+def write_sample_file(root: Path, rel: str, index: int, parts: Iterable[Any]) -> FileEntry:
+    """Write one sample's file from its buffers (temporary name, then rename), hashing the
+    buffers as they go out (no second read), and describe it."""
+    final = root / rel
+    final.parent.mkdir(parents=True, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    with atomic_file(final) as tmp, open(tmp, "wb") as f:
+        for part in parts:
+            f.write(part)
+            digest.update(part)
+            size += memoryview(part).nbytes
+    return FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(), first_sample=index,
+                     num_samples=1)
+
+
+def each_sample(spec: DatasetSpec, seed: int, first: int, count: int
+                ) -> Iterator[tuple[int, bytes | np.ndarray]]:
+    """(index, JPEG bytes or sample array) of samples [first, first + count); arrays come
+    from a reused block buffer: use each before asking for the next."""
+    if spec.sample_kind == "jpeg":
+        for i in range(first, first + count):
+            yield i, make_sample(spec, seed, i)[0]
+        return
+    for lo, block in sample_blocks(spec, seed, first, count):
+        for j, arr in enumerate(block):
+            yield first + lo + j, arr
+
+
 class ContainerWriter(Writer):
     """A format that packs `samples_per_file` samples into each `part-NNNNN<suffix>` file."""
-
-    suffix: ClassVar[str]
 
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
         tasks = []

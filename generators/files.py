@@ -8,7 +8,6 @@ directories.
 
 from __future__ import annotations
 
-import hashlib
 import io
 from pathlib import Path
 
@@ -19,21 +18,19 @@ from iobench.generators.base import (
     Task,
     Writer,
     atomic_file,
+    each_sample,
     entry_for,
-    make_sample,
-    sample_blocks,
+    per_sample_tasks,
+    write_sample_file,
 )
 from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry, check_magic
 
-TASK_SAMPLES = 256  # samples per unit of work (and per resume record)
 LABELS = "labels.npy"
 
 
 class FilesWriter(Writer):
     format = "files"
-
-    compression_hint = "per-sample files are stored as JPEG/PNG/.npy; use --compression none"
 
     def sample_path(self, index: int, label: int | None = None) -> str:
         ext = self.spec.files_extension
@@ -46,10 +43,7 @@ class FilesWriter(Writer):
     def plan(self, num_samples: int, samples_per_file: int) -> list[Task]:
         labels = (labels_array(self.spec, self.seed, 0, num_samples).tolist()
                   if self.spec.num_classes else [None] * num_samples)
-        tasks = [Task(id=k, first=f, count=min(TASK_SAMPLES, num_samples - f),
-                      files=tuple(self.sample_path(i, labels[i])
-                                  for i in range(f, min(f + TASK_SAMPLES, num_samples))))
-                 for k, f in enumerate(range(0, num_samples, TASK_SAMPLES))]
+        tasks = per_sample_tasks(num_samples, lambda i: self.sample_path(i, labels[i]))
         tasks.append(Task(id=len(tasks), first=0, count=0, files=(LABELS,)))
         self._num_samples = num_samples
         return tasks
@@ -62,24 +56,20 @@ class FilesWriter(Writer):
 
     def _encoded(self, first: int, count: int):
         """(index, buffers that make up the file) of samples [first, first + count)."""
-        spec = self.spec
-        if spec.sample_kind == "jpeg":
-            for i in range(first, first + count):
-                yield i, (make_sample(spec, self.seed, i)[0],)
-            return
-        for lo, block in sample_blocks(spec, self.seed, first, count):
-            for j, arr in enumerate(block):
-                if spec.files_extension == ".png":
-                    from PIL import Image
+        for i, x in each_sample(self.spec, self.seed, first, count):
+            if isinstance(x, bytes):  # JPEG
+                yield i, (x,)
+            elif self.spec.files_extension == ".png":
+                from PIL import Image
 
-                    buf = io.BytesIO()
-                    Image.fromarray(arr).save(buf, format="PNG", compress_level=6)
-                    yield first + lo + j, (buf.getvalue(),)
-                else:  # .npy: np.save's own header, then the array's memory as it is
-                    head = io.BytesIO()
-                    np.lib.format.write_array_header_1_0(
-                        head, np.lib.format.header_data_from_array_1_0(arr))
-                    yield first + lo + j, (head.getvalue(), arr.data)
+                buf = io.BytesIO()
+                Image.fromarray(x).save(buf, format="PNG", compress_level=6)
+                yield i, (buf.getvalue(),)
+            else:  # .npy: np.save's own header, then the array's memory as it is
+                head = io.BytesIO()
+                np.lib.format.write_array_header_1_0(
+                    head, np.lib.format.header_data_from_array_1_0(x))
+                yield i, (head.getvalue(), x.data)
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         if task.count == 0:  # the labels file
@@ -88,20 +78,9 @@ class FilesWriter(Writer):
                 np.save(f, labels_array(self.spec, self.seed, 0, self._num_samples),
                         allow_pickle=False)
             return [entry_for(root, LABELS, -1, 0, role="labels")]
-        entries = []
-        for rel, (i, parts) in zip(task.files, self._encoded(task.first, task.count),
-                                   strict=True):
-            final = root / rel
-            final.parent.mkdir(parents=True, exist_ok=True)
-            digest, size = hashlib.sha256(), 0
-            with atomic_file(final) as tmp, open(tmp, "wb") as f:
-                for part in parts:
-                    f.write(part)
-                    digest.update(part)
-                    size += memoryview(part).nbytes
-            entries.append(FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(),
-                                     first_sample=i, num_samples=1))
-        return entries
+        return [write_sample_file(root, rel, i, parts)
+                for rel, (i, parts) in zip(task.files, self._encoded(task.first, task.count),
+                                           strict=True)]
 
     def check(self, path: Path, entry: FileEntry) -> None:
         with open(path, "rb") as fh:

@@ -1,21 +1,12 @@
 """LMDB writer (py-lmdb): one single-file environment per `samples_per_file` samples.
 
-Key: the global sample index as 8-byte big-endian unsigned. Value: a record
-that any language can parse and that can never run code (no pickle):
-
-    header  <4s B B H I I  (little-endian, 16 bytes)
-            magic b"IOBR", version 1, flags 0, reserved 0,
-            label byte count, payload byte count
-    label   label bytes (the label dtype, C order)
-    payload JPEG bytes, or the sample array (sample dtype, C order)
-
-Shapes and dtypes are in the manifest. Keys are written in order with
+Key: the global sample index as 8-byte big-endian unsigned. Value: the record of
+`iobench.records` (header, label, payload; no pickle). Shapes and dtypes are in the manifest. Keys are written in order with
 `append=True`; memory is initialised, so the same seed gives identical files.
 """
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +25,9 @@ from iobench.generators.base import (
 )
 from iobench.generators.synth import fill_samples, labels_array
 from iobench.manifest import FileEntry, check_magic
+from iobench.records import HEADER, MAGIC, VERSION, key
 
-HEADER = struct.Struct("<4sBBHII")
-MAGIC = b"IOBR"
-VERSION = 1
 TXN_BYTES = 256 << 20  # record bytes per write transaction (LMDB caps a transaction's dirty pages)
-
-
-def key(index: int) -> bytes:
-    """LMDB key of global sample `index`."""
-    return int(index).to_bytes(8, "big")
 
 
 def keys(first: int, count: int) -> list[bytes]:
@@ -64,9 +48,17 @@ def _label_nbytes(spec) -> int:
 
 class LMDBWriter(ContainerWriter):
     format = "lmdb"
-    suffix = ".lmdb"
+    library_modules = ("lmdb",)
 
-    compression_hint = "LMDB stores values as they are; use --compression none (or hdf5/netcdf)"
+    def jpeg_sizes(self, path: Path, entry: FileEntry) -> list[int]:
+        import lmdb
+
+        env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+        try:
+            with env.begin() as txn:
+                return [HEADER.unpack_from(v)[5] for _, v in txn.cursor()]
+        finally:
+            env.close()
 
     def layout(self, samples_per_file: int) -> dict[str, object]:
         return {**super().layout(samples_per_file), "key": ">u8 sample index",

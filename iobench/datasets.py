@@ -1,4 +1,4 @@
-"""The synthetic datasets iobench can generate, and the on-disk formats.
+"""The synthetic datasets iobench can generate (the on-disk formats: `iobench.formats`).
 
 This table is the contract between `iobench.generators` (which writes) and
 `iobench.loaders` (which reads): sample and label shapes and dtypes, default
@@ -10,9 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from iobench.errors import ConfigError
-
-FORMATS: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files")
-COMPRESSIONS: tuple[str, ...] = ("none", "gzip", "lzf")
 
 
 @dataclass(frozen=True)
@@ -34,7 +31,7 @@ class DatasetSpec:
     default_samples: int
     full_samples: int
     default_samples_per_file: int
-    files_extension: str  # extension of one sample in the `files` format
+    files_extension: str  # extension of one sample file of a one-file-per-sample tree
     imitates: str
     # samples per step per rank when none is given: fits `default_samples` with >= 10
     # steps per epoch (cosmoflow: 1, as MLPerf HPC CosmoFlow and DLIO's workloads)
@@ -95,13 +92,6 @@ def parse_dataset(name: str) -> DatasetSpec:
         return DATASETS[name]
     except KeyError:
         raise ConfigError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
-
-
-def parse_format(name: str) -> str:
-    """Validate an on-disk format name."""
-    if name not in FORMATS:
-        raise ConfigError(f"unknown format {name!r}; choose one of: {', '.join(FORMATS)}")
-    return name
 
 
 def dataset_dirname(dataset: str, fmt: str) -> str:

@@ -202,7 +202,8 @@ def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = No
     take `--dataset`/`--format` from what is there. Several matches or none are
     one-line errors naming the options that fix them.
     """
-    from iobench.datasets import DATASETS, FORMATS, dataset_dirname
+    from iobench.datasets import DATASETS, dataset_dirname
+    from iobench.formats import DEFAULT_FORMAT, FORMATS
 
     root = Path(storage)
     if (root / MANIFEST_NAME).is_file():
@@ -225,7 +226,7 @@ def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = No
         d, f = found[0]
         return d, f, root / dataset_dirname(d, f)
     if not found:
-        d, f = dataset or "cifar10", fmt or "hdf5"
+        d, f = dataset or "cifar10", fmt or DEFAULT_FORMAT
         what = (f"no dataset {dataset_dirname(dataset, fmt)} under {root}: "
                 f"{root / dataset_dirname(dataset, fmt)} does not exist" if dataset and fmt
                 else f"no {dataset or fmt or 'iobench'} dataset under {root}")

@@ -1,4 +1,4 @@
-"""Step and epoch figures exactly as docs/metrics.md defines them (docs/results-schema.md: where).
+"""Step and epoch figures exactly as docs/metrics.md defines them, for the result file.
 
 `EpochClock` records one rank's epoch from `perf_counter_ns` reads that tile
 the epoch without gaps: step k's wait runs from the end of step k-1's compute

@@ -125,7 +125,8 @@ class ProbeConfig:
 def sample_size_for(dataset: str, storage: str | Path | None = None) -> int:
     """Mean stored bytes per sample of `dataset`: from a manifest under `storage` if one
     exists there, else from the dataset table (ImageNet JPEGs: 110 kB, the ILSVRC mean)."""
-    from iobench.datasets import FORMATS, dataset_dirname, parse_dataset
+    from iobench.datasets import dataset_dirname, parse_dataset
+    from iobench.formats import FORMATS
     from iobench.manifest import Manifest
 
     spec = parse_dataset(dataset)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from iobench import cache, procio
-from iobench.datasets import dataset_dirname, parse_dataset, parse_format
+from iobench.datasets import dataset_dirname, parse_dataset
 from iobench.errors import (
     ConfigError,
     DatasetError,
@@ -46,6 +46,7 @@ from iobench.errors import (
     IobenchError,
     StorageError,
 )
+from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.spread import spread
 from iobench.watchdog import pending

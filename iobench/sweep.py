@@ -26,14 +26,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from iobench.datasets import DATASETS, FORMATS, dataset_dirname
+from iobench.datasets import DATASETS, dataset_dirname
 from iobench.errors import ConfigError
+from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats
 from iobench.sampling import SHUFFLES
 from iobench.schema import ANY, Bool, Count, List, Map, NonNeg, Opt, SchemaError, Spec, Str, check
 
 SCHEMA = "iobench.sweep"
 SCHEMA_VERSION = 1
-LOADERS = ("native", "hdf5", "netcdf", "lmdb", "files", "dali")
+LOADERS = ("native", *FORMATS, "dali")
 TOP_KEYS = {"name", "results", "report", "datasets", "formats", "loaders", "tiers", "workers",
             "batch_size", "shuffle", "epochs", "max_steps", "model", "compute_time", "decode",
             "ranks", "launcher", "probe", "run_timeout", "train_args"}
@@ -225,7 +226,7 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
     names = [t.name for t in tiers] + [t.staged_name for t in tiers if t.stage_to]
     if len(set(names)) != len(names):
         raise ConfigError(f"{src}: tier names must be distinct, got {names}")
-    formats = _list(doc, "formats", src, str, ["hdf5"])
+    formats = _list(doc, "formats", src, str, [DEFAULT_FORMAT])
     for f in formats:
         if f not in FORMATS:
             raise ConfigError(f"{src}: formats has {f!r}; choose from: {', '.join(FORMATS)}")
@@ -333,8 +334,8 @@ def plan_runs(cfg: SweepConfig) -> list[RunSpec]:
             tiers, cfg.datasets, cfg.formats, cfg.loaders, cfg.workers, cfg.batch_size,
             cfg.shuffle):
         concrete = fmt if loader == "native" else loader
-        if concrete not in ("dali", fmt):
-            continue  # a format's own loader reads only that format
+        if fmt not in loader_formats(concrete):
+            continue  # a format's own loader reads only that format; dali those it reads
         runs.append(RunSpec(d.name, fmt, concrete, tier, path, staged, w, b, s))
     return list(dict.fromkeys(runs))
 

@@ -29,13 +29,14 @@ from typing import Any
 import torch
 
 from iobench import cache, procio, sysinfo
-from iobench.datasets import DATASETS, FORMATS, dataset_dirname, parse_dataset
+from iobench.datasets import DATASETS, dataset_dirname, parse_dataset
 from iobench.errors import (
     ConfigError,
     DatasetNotFoundError,
     DistributedError,
     IobenchError,
 )
+from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats, parse_format
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
@@ -47,7 +48,7 @@ from iobench.userdata import USER_DATASET, shared_manifest
 from iobench.watchdog import Interrupted, Watchdog, pending
 from iobench.world import World
 
-LOADER_NAMES: tuple[str, ...] = ("hdf5", "netcdf", "lmdb", "files", "dali")
+LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
 COMPUTE_KINDS: tuple[str, ...] = ("model", "emulated", "none")
 # residency above this after eviction means eviction did not take
 RESIDENT_WARN_FRACTION = 0.10
@@ -110,9 +111,10 @@ class TrainConfig:
                               "datasets only; with --data use --model none (pure ingest) or "
                               "--compute-time SECONDS (an emulated accelerator)")
         if self.format is not None:
-            if self.format not in FORMATS:
-                raise ConfigError(f"unknown format {self.format!r}; choose one of: "
-                                  f"{', '.join(FORMATS)}")
+            parse_format(self.format)
+            if self.format not in loader_formats(self.loader) and self.loader == "dali":
+                raise ConfigError(f"--loader dali cannot read {self.format} datasets; use "
+                                  f"--loader {self.format}")
             if self.loader != "dali" and self.format != self.loader:
                 raise ConfigError(f"--format {self.format} does not fit --loader {self.loader} "
                                   f"(it reads {self.loader} datasets); --format is for "
@@ -203,12 +205,12 @@ def resolve_dataset(config: TrainConfig) -> Path:
     if config.format is not None or config.loader != "dali":
         fmt = config.format or config.loader
     else:  # dali: whichever format exists
-        found = [f for f in FORMATS
+        found = [f for f in loader_formats("dali")
                  if (storage / dataset_dirname(config.dataset, f) / "iobench.json").is_file()]
         if len(found) > 1:
             raise ConfigError(f"{storage} holds {config.dataset} in several formats "
                               f"({', '.join(found)}); pick one with --format")
-        fmt = found[0] if found else "hdf5"
+        fmt = found[0] if found else DEFAULT_FORMAT
     root = storage / dataset_dirname(config.dataset, fmt)
     if not (root / "iobench.json").is_file():
         raise DatasetNotFoundError(
@@ -848,8 +850,8 @@ def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Man
         return out
     if report.warning and mount.kind != "memory":
         out.append(report.warning)
-        if report.status == "warm" and manifest.format == "lmdb":
-            out.append("LMDB readers map the database file: pages a live reader (e.g. a "
+        if report.status == "warm" and parse_format(manifest.format).maps_files:
+            out.append(f"{manifest.format} readers map the dataset's files: pages a live reader (e.g. a "
                        "persistent loader worker) keeps mapped cannot be evicted, so cold-cache "
                        "epochs after the first are not assured with this loader")
     return out

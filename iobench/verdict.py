@@ -119,6 +119,14 @@ def loader_time(doc: Mapping[str, Any]) -> dict[str, Any] | None:
             "handoff_share": handoff / stall if stall > 0 else None}
 
 
+def _per_sample_files(fmt: str | None) -> bool:
+    """Whether format `fmt` stores one file per sample (False for unknown formats)."""
+    from iobench.formats import FORMATS
+
+    spec = FORMATS.get(fmt or "")
+    return spec is not None and spec.per_sample_files
+
+
 def node_stalls(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each node's stall (its slowest rank's) summed over the run's epochs, from
     `epochs[i].per_node` (v3 results; empty for older ones or one node)."""
@@ -245,7 +253,9 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         # DALI reads and decodes inside its own executor: no clock of ours runs there, and
         # its API reports memory, not time per operator, so there is nothing honest to split
         bottleneck = "unknown"
-        fmt = doc["dataset"].get("format") or "hdf5"
+        from iobench.formats import DEFAULT_FORMAT
+
+        fmt = doc["dataset"].get("format") or DEFAULT_FORMAT
         evidence.append("DALI reads and decodes inside its own pipeline, which keeps no "
                         "per-batch clocks iobench can read, so the stall cannot be split "
                         "between storage and decoding")
@@ -295,9 +305,9 @@ def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
         elif kind in SHARED_KINDS:
             advice.append("stage the dataset to node-local storage (iobench train --stage-to "
                           "DIR) and compare the two runs for the break-even")
-        if doc["dataset"].get("format") == "files":
-            advice.append("many small files: a record format (HDF5, LMDB) reads them in "
-                          "larger requests")
+        if _per_sample_files(doc["dataset"].get("format")):
+            advice.append("many small files: a record format (HDF5, LMDB, Zarr) reads them "
+                          "in larger requests")
         if 0 < workers < 4 and free_cores > 0:
             advice.append(f"more --workers keep more reads in flight ({free_cores} core(s) "
                           "free)")

@@ -150,7 +150,7 @@ def resolve(workload: str, accelerator: str | None, runnable: bool = True) -> Wo
 
 def check_runnable(w: Workload) -> None:
     """A ConfigError when iobench cannot write or read `w`'s dataset yet."""
-    from iobench.datasets import FORMATS
+    from iobench.formats import FORMATS
 
     if w.format not in FORMATS:
         raise ConfigError(f"--workload {w.name}: the format {w.format!r} is not registered "

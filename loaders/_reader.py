@@ -15,8 +15,9 @@ import stat
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -41,6 +42,44 @@ class RawBatch(NamedTuple):
     labels: np.ndarray
     stored_bytes: np.ndarray
     offsets: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    """One data file opened for reading by one process and thread (HDF5, NetCDF).
+
+    handle: the library's open file, closed with the reader. data: its samples'
+      (or JPEG bytes') dataset or variable. labels, stored: per sample of the
+      file, its label and the bytes it takes in storage. base: file offset of
+      the data when stored contiguous and unfiltered (else None), `item` bytes
+      per sample there; offsets: [n + 1] JPEG byte offsets (JPEG datasets).
+      fd: a plain descriptor for prefetch advice and direct reads (None when
+      `base` is None).
+    """
+
+    handle: Any
+    data: Any
+    labels: np.ndarray
+    stored: np.ndarray
+    base: int | None
+    item: int
+    offsets: np.ndarray | None = None
+    fd: int | None = None
+
+
+class FileOpener(Protocol):
+    """A reader whose data files open as `OpenFile`s (what the batch helpers below need)."""
+
+    kind: str
+    starts: np.ndarray
+    counts: np.ndarray
+    label_shape: tuple[int, ...]
+    label_dtype: np.dtype
+    prefetch_block: int | None
+
+    def open_file(self, pos: int) -> OpenFile: ...
+
+    def file_of(self, sorted_idx: np.ndarray) -> np.ndarray: ...
 
 
 def contiguous_runs(sorted_idx: np.ndarray) -> list[tuple[int, int]]:
@@ -163,6 +202,62 @@ def check_files(manifest: Manifest, entries: tuple[FileEntry, ...] | None = None
         if size != f.bytes:
             raise DatasetError(f"{path} has {size} bytes but the manifest records {f.bytes}: "
                                "the file is truncated or was changed; regenerate or re-stage it")
+
+
+OPEN_AT_ONCE = 128  # one-file-per-sample readers: files open at a time (under the 1024 fd limit)
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def open_batch(paths: list[Path], flags: int,
+               fail: Callable[[Path, str, BaseException | None], DatasetError]) -> list[int]:
+    """Open a batch's one-sample files and start fetching them all (posix_fadvise
+    WILLNEED), so their I/O overlaps; `fail(path, what, err)` builds the error that names
+    a file that cannot be opened (all opened ones are closed first)."""
+    fds: list[int] = []
+    path = Path()
+    try:
+        for path in paths:
+            # O_NONBLOCK (in flags): a FIFO in the tree opens at once (and `fail` names it)
+            # instead of waiting for a writer forever
+            fd = os.open(path, flags)
+            fds.append(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except FileNotFoundError:
+        close_all(fds)
+        raise fail(path, "file is missing", None) from None
+    except OSError as e:
+        close_all(fds)
+        raise fail(path, "cannot open it", e) from None
+    return fds
+
+
+def read_each_file(reader: BatchReader, sorted_idx: np.ndarray, flags: int,
+                   read_one: Callable[[int, int, int], None]) -> None:
+    """`read_one(k, index, fd)` for each sample `index = sorted_idx[k]` of a one-file-per-
+    sample dataset, OPEN_AT_ONCE files opened (and prefetched together) at a time."""
+    if len(sorted_idx) and (sorted_idx[0] < 0 or sorted_idx[-1] >= reader.manifest.num_samples):
+        raise DatasetError(f"sample index out of range [0, {reader.manifest.num_samples})")
+    for c in range(0, len(sorted_idx), OPEN_AT_ONCE):
+        chunk = sorted_idx[c:c + OPEN_AT_ONCE].tolist()
+        fds = open_batch([reader.paths[i] for i in chunk], flags, reader.fail)
+        try:
+            for k, (i, fd) in enumerate(zip(chunk, fds, strict=True)):
+                read_one(c + k, i, fd)
+        finally:
+            close_all(fds)
+
+
+def check_one_file_per_sample(manifest: Manifest, files: tuple[FileEntry, ...],
+                              starts: np.ndarray) -> None:
+    """A DatasetError unless the manifest lists one data file per sample, in order."""
+    n = manifest.num_samples
+    if len(files) != n or not np.array_equal(starts, np.arange(n)):
+        raise DatasetError(f"manifest of {manifest.root} lists {len(files)} sample files "
+                           f"for {n} samples; expected one file per sample: regenerate it")
 
 
 class EpochOrder:
@@ -324,6 +419,7 @@ class BatchReader(ABC):
 
     def fail(self, path: str | Path, what: str, err: BaseException | None = None) -> DatasetError:
         """A DatasetError naming `path`, for a file that cannot be read as expected."""
+        refuse_irregular(path)  # a FIFO, socket or device: say so rather than "damaged"
         detail = f" ({err})" if err is not None else ""
         return DatasetError(f"cannot read {path}: {what}{detail}; the file is damaged or not a "
                             f"{self.format} file written by iobench: regenerate or re-stage it")
@@ -332,21 +428,20 @@ class BatchReader(ABC):
 BLOCK_PREFETCH_MAX = 64 << 20  # bytes: larger blocks are prefetched sample by sample
 
 
-def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np.ndarray
-                 ) -> None:
-    """Prefetch every run of a batch at once, for readers whose open-file entries give
-    `fd` (None: not contiguous), `base` (file offset of the data), `item` (bytes per
-    sample) and, for JPEG, `offsets`.
+def advise_batch(reader: FileOpener, groups: list[tuple[int, int, int]],
+                 sorted_idx: np.ndarray) -> None:
+    """Prefetch every run of a batch at once (files whose `OpenFile.fd` is set: contiguous
+    data at a known offset).
 
     With `reader.prefetch_block = K` (set for `shuffle="block"`), whole blocks of K
     samples around each index are prefetched: the block shuffle reads each block
     completely within a few batches, so one large request replaces many small ones
     (blocks over BLOCK_PREFETCH_MAX bytes are not: their samples are large already).
     """
-    block = getattr(reader, "prefetch_block", None)
+    block = reader.prefetch_block
     for pos, s, e in groups:
-        f = reader._open(pos)
-        if f["fd"] is None:
+        f = reader.open_file(pos)
+        if f.fd is None:
             continue
         first, count = int(reader.starts[pos]), int(reader.counts[pos])
         local = sorted_idx[s:e] - first
@@ -363,16 +458,15 @@ def advise_batch(reader: Any, groups: list[tuple[int, int, int]], sorted_idx: np
             # themselves are large requests already
             ranges = _byte_ranges(f, reader.kind, ((int(local[a]), int(local[b - 1]) + 1)
                                                     for a, b in contiguous_runs(local)))
-        willneed(f["fd"], ranges)
+        willneed(f.fd, ranges)
 
 
-def file_groups(reader: Any, sorted_idx: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, dict[str, Any], np.ndarray]]]:
+def file_groups(reader: FileOpener, sorted_idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, OpenFile, np.ndarray]]]:
     """Split a sorted batch by data file and prefetch all of it at once.
 
-    For readers whose open-file entries hold `labels` and `stored` arrays (HDF5,
-    NetCDF). Returns the batch's labels, its stored bytes per sample, and per file
-    touched: (file position, start, stop, open entry, file-local sorted indices).
+    Returns the batch's labels, its stored bytes per sample, and per file
+    touched: (file position, start, stop, its `OpenFile`, file-local sorted indices).
     """
     labels = np.empty((len(sorted_idx), *reader.label_shape), dtype=reader.label_dtype)
     stored = np.empty(len(sorted_idx), dtype=np.int64)
@@ -380,25 +474,27 @@ def file_groups(reader: Any, sorted_idx: np.ndarray
     advise_batch(reader, groups, sorted_idx)
     out = []
     for pos, s, e in groups:
-        f = reader._open(pos)
+        f = reader.open_file(pos)
         local = sorted_idx[s:e] - reader.starts[pos]
-        labels[s:e] = f["labels"][local]
-        stored[s:e] = f["stored"][local]
+        labels[s:e] = f.labels[local]
+        stored[s:e] = f.stored[local]
         out.append((pos, s, e, f, local))
     return labels, stored, out
 
 
-def read_jpeg_runs(reader: Any, sorted_idx: np.ndarray,
-                   read_span: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+def read_jpeg_runs(reader: FileOpener, sorted_idx: np.ndarray,
+                   read_span: Callable[[int, OpenFile, int, int], np.ndarray]
+                   ) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """JPEG bytes of a sorted batch, one read per contiguous run of samples.
 
-    `read_span(pos, entry, lo, hi)` returns bytes [lo, hi) of the file's `jpeg`
+    `read_span(pos, file, lo, hi)` returns bytes [lo, hi) of the file's JPEG
     array; the samples are memoryview slices of it (no copy).
     """
     labels, stored, groups = file_groups(reader, sorted_idx)
     parts: list[Any] = []
     for pos, _s, _e, f, local in groups:
-        off = f["offsets"]
+        off = f.offsets
+        assert off is not None  # a JPEG file's OpenFile has them
         for a, b in contiguous_runs(local):
             lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
             mv = memoryview(read_span(pos, f, lo, hi))
@@ -407,16 +503,17 @@ def read_jpeg_runs(reader: Any, sorted_idx: np.ndarray,
     return parts, labels, stored
 
 
-def _byte_ranges(f: dict[str, Any], kind: str, spans: Any) -> list[tuple[int, int]]:
+def _byte_ranges(f: OpenFile, kind: str, spans: Any) -> list[tuple[int, int]]:
     """File byte ranges (offset, length) of file-local sample spans [lo, hi)."""
-    base, item = f["base"], f["item"]
-    if kind == "jpeg":
-        off = f["offsets"]
+    base, item = f.base, f.item
+    assert base is not None
+    if kind == "jpeg" and f.offsets is not None:
+        off = f.offsets
         return [(base + int(off[lo]), int(off[hi] - off[lo])) for lo, hi in spans]
     return [(base + lo * item, (hi - lo) * item) for lo, hi in spans]
 
 
-def split_by_file(reader: BatchReader, sorted_idx: np.ndarray
+def split_by_file(reader: BatchReader | FileOpener, sorted_idx: np.ndarray
                   ) -> list[tuple[int, int, int]]:
     """(file position, start, stop) slices of `sorted_idx` that fall in one data file each."""
     files = reader.file_of(sorted_idx)

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from iobench import cache, procio, sampling
-from iobench.datasets import dataset_dirname, parse_dataset, parse_format
+from iobench.datasets import dataset_dirname, parse_dataset
 from iobench.errors import ConfigError, DatasetNotFoundError
+from iobench.formats import BASELINE_FORMAT, parse_format
 from iobench.loaders import LOADERS, make_loader
 from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig
 from iobench.loaders.naive import BASELINES
@@ -268,11 +269,11 @@ def dd_baseline(manifest: Manifest, max_files: int, seed: int = 0) -> dict[str, 
 
 def naive_manifest(cfg: BenchReadConfig, manifest: Manifest) -> Manifest | None:
     """The HDF5 copy of the dataset the naive baselines read, if there is one."""
-    if manifest.format == "hdf5":
+    if manifest.format == BASELINE_FORMAT:
         return manifest
     if cfg.data is not None:  # the user's data has no HDF5 copy
         return None
-    root = Path(cfg.storage) / dataset_dirname(cfg.dataset, "hdf5")
+    root = Path(cfg.storage) / dataset_dirname(cfg.dataset, BASELINE_FORMAT)
     try:
         return Manifest.load(root)
     except DatasetNotFoundError:

@@ -1,10 +1,12 @@
-"""NVIDIA DALI loader: one pipeline per rank, for all four formats.
+"""NVIDIA DALI loader: one pipeline per rank, for every format whose registry entry
+(`iobench.formats`) gives it a DALI mode.
 
-- HDF5 / NetCDF / LMDB: `fn.external_source(parallel=True, batch=True)` whose
+- "external_source" (HDF5, NetCDF, LMDB, NPZ, Zarr):
+  `fn.external_source(parallel=True, batch=True)` whose
   source is the same per-format `BatchReader` the PyTorch loaders use, run in
   DALI's Python worker processes (`workers` of them; `workers=0` runs it in
   the main process). One call reads one whole batch.
-- files: DALI's own readers, `fn.readers.file` (+ `fn.decoders.image`) for
+- "native" (files): DALI's own readers, `fn.readers.file` (+ `fn.decoders.image`) for
   JPEG/PNG trees and `fn.readers.numpy` for `.npy`, given this rank's file
   list for the epoch in order (the pipeline is rebuilt each epoch, since the
   readers take their file list when built). They read with plain reads
@@ -45,6 +47,7 @@ import numpy as np
 import torch
 
 from iobench.errors import ConfigError, DatasetError, IobenchError, UnsupportedError
+from iobench.formats import parse_format
 from iobench.loaders._preprocess import (
     CIFAR_PAD,
     CROP,
@@ -171,7 +174,8 @@ class DaliLoader(Loader):
         self.gpu = config.device == "gpu"
         if self.gpu and not torch.cuda.is_available():
             raise UnsupportedError("device='gpu' but torch sees no CUDA GPU; use device='cpu'")
-        if m.format == "files":
+        self.native = parse_format(m.format).dali == "native"
+        if self.native:
             check_files(m, tuple(f for f in m.files if f.role != "data"))
             # DALI's own readers and decoders get these files: native code that can crash
             # the process on a truncated or mislabelled file (a PNG named .JPEG), so check
@@ -337,7 +341,7 @@ class DaliLoader(Loader):
         c, m = self.config, self.manifest
         idx_all = self.order(epoch)
         steps = self.steps_per_epoch()
-        files = self.manifest.format == "files"
+        files = self.native
         try:
             if files:
                 self.close()

@@ -16,22 +16,19 @@ loader delivers the same uint8 [B, 32, 32, 3]; JPEG stays encoded.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.loaders._reader import BatchReader, check_files
+from iobench.loaders._reader import (
+    BatchReader,
+    check_files,
+    check_one_file_per_sample,
+    read_each_file,
+)
 from iobench.loaders._torch import TorchLoader
 from iobench.manifest import CONTAINMENT_FILES, Manifest, refuse_irregular
-
-OPEN_AT_ONCE = 128  # files open per worker at a time (well under the usual 1024 fd limit)
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 class FilesReader(BatchReader):
@@ -41,10 +38,7 @@ class FilesReader(BatchReader):
 
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
-        n = manifest.num_samples
-        if len(self.files) != n or not np.array_equal(self.starts, np.arange(n)):
-            raise DatasetError(f"manifest of {manifest.root} lists {len(self.files)} sample files "
-                               f"for {n} samples; expected one file per sample: regenerate it")
+        check_one_file_per_sample(manifest, self.files, self.starts)
         self.sizes = np.array([f.bytes for f in self.files], dtype=np.int64)
         # an ImageFolder tree (the user's data, `--data`): a sample's class is the position
         # of its top folder among `classes`, so nothing needs writing beside the images
@@ -66,11 +60,6 @@ class FilesReader(BatchReader):
         if self.labels_entry is None:
             return self.where(index)
         return str(self.manifest.path_of(self.labels_entry))
-
-    def fail(self, path: str | Path, what: str, err: BaseException | None = None
-             ) -> DatasetError:
-        refuse_irregular(path)  # a FIFO, socket or device: say so rather than "truncated"
-        return super().fail(path, what, err)
 
     def warm_up(self) -> None:
         if self.ext == "png":
@@ -94,25 +83,6 @@ class FilesReader(BatchReader):
                 raise self.fail(path, f"labels have shape {lab.shape}, expected {want}")
             st["labels"] = lab.astype(self.label_dtype, copy=False)
         return st["labels"]
-
-    def _open_batch(self, sorted_idx: np.ndarray) -> list[int]:
-        """Open the batch's files and start fetching them all (posix_fadvise WILLNEED)."""
-        fds: list[int] = []
-        i = -1
-        try:
-            for i in sorted_idx.tolist():
-                # O_NONBLOCK: a FIFO in the tree opens at once (and `fail` names it) instead
-                # of waiting for a writer forever
-                fd = os.open(self.paths[i], self._open_flags)
-                fds.append(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except FileNotFoundError:
-            _close_all(fds)
-            raise self.fail(self.paths[i], "file is missing") from None
-        except OSError as e:
-            _close_all(fds)
-            raise self.fail(self.paths[i], "cannot open it", e) from None
-        return fds
 
     def _read_npy(self, i: int, dest: np.ndarray, fd: int) -> None:
         path = self.paths[i]
@@ -159,33 +129,19 @@ class FilesReader(BatchReader):
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if sorted_idx[0] < 0 or sorted_idx[-1] >= self.manifest.num_samples:
-            raise DatasetError(f"sample index out of range [0, {self.manifest.num_samples})")
         read = self._read_npy if self.ext == "npy" else self._read_png
-        for c in range(0, len(sorted_idx), OPEN_AT_ONCE):
-            chunk = sorted_idx[c:c + OPEN_AT_ONCE]
-            fds = self._open_batch(chunk)
-            try:
-                for i, p, fd in zip(chunk.tolist(), order[c:c + OPEN_AT_ONCE].tolist(), fds,
-                                    strict=True):
-                    read(i, out[p], fd)
-            finally:
-                _close_all(fds)
+        read_each_file(self, sorted_idx, self._open_flags,
+                       lambda k, i, fd: read(i, out[order[k]], fd))
         return self.labels()[sorted_idx], self.sizes[sorted_idx]
 
     def _read_sorted_bytes(self, sorted_idx: np.ndarray
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
-        if sorted_idx[0] < 0 or sorted_idx[-1] >= self.manifest.num_samples:
-            raise DatasetError(f"sample index out of range [0, {self.manifest.num_samples})")
-        parts: list[Any] = []
-        for c in range(0, len(sorted_idx), OPEN_AT_ONCE):
-            chunk = sorted_idx[c:c + OPEN_AT_ONCE]
-            fds = self._open_batch(chunk)
-            try:
-                parts.extend(self._read_bytes(i, fd)
-                             for i, fd in zip(chunk.tolist(), fds, strict=True))
-            finally:
-                _close_all(fds)
+        parts: list[Any] = [None] * len(sorted_idx)
+
+        def one(k: int, i: int, fd: int) -> None:
+            parts[k] = self._read_bytes(i, fd)
+
+        read_each_file(self, sorted_idx, self._open_flags, one)
         return parts, self.labels()[sorted_idx], self.sizes[sorted_idx]
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from iobench.loaders._reader import (
     BatchReader,
+    OpenFile,
     contiguous_runs,
     file_groups,
     preadv_into,
@@ -92,7 +93,8 @@ class HDF5Reader(BatchReader):
 
     format = "hdf5"
 
-    def _open(self, pos: int) -> dict[str, Any]:
+    def open_file(self, pos: int) -> OpenFile:
+        """File `pos`, opened once per process and thread."""
         st = self._state()
         f = st.get(pos)
         if f is not None:
@@ -103,26 +105,26 @@ class HDF5Reader(BatchReader):
             h = open_h5(path, self.library_cache)
         except (OSError, ValueError) as e:
             raise self.fail(path, "HDF5 cannot open it", e) from None
+        offsets = None
         try:
             labels = h[self.label_key][...]
             if labels.shape != (n, *self.label_shape):
                 raise self.fail(path, f"labels have shape {labels.shape}, expected "
                                       f"{(n, *self.label_shape)}")
-            entry: dict[str, Any] = {"h5": h, "labels": labels.astype(self.label_dtype, copy=False)}
             if self.kind == "jpeg":
                 offsets = h["offsets"][...].astype(np.int64)
-                jpeg = h["jpeg"]
-                if offsets.shape != (n + 1,) or offsets[-1] != jpeg.shape[0]:
+                ds = h["jpeg"]
+                if offsets.shape != (n + 1,) or offsets[-1] != ds.shape[0]:
                     raise self.fail(path, "JPEG offsets do not match the jpeg dataset")
-                entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets),
-                             base=jpeg.id.get_offset(), item=1)
+                stored, item = np.diff(offsets), 1
             else:
                 ds = h[self.data_key]
                 if ds.shape != (n, *self.sample_shape) or ds.dtype != self.sample_dtype:
                     raise self.fail(path, f"samples are {ds.dtype}{list(ds.shape)}, expected "
                                           f"{self.sample_dtype}{[n, *self.sample_shape]}")
-                entry.update(samples=ds, stored=stored_sizes(ds, n), base=ds.id.get_offset(),
-                             item=int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize)
+                stored = stored_sizes(ds, n)
+                item = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
+            base = ds.id.get_offset()
         except KeyError as e:
             h.close()
             raise self.fail(path, f"missing dataset {e}") from None
@@ -134,9 +136,10 @@ class HDF5Reader(BatchReader):
             raise
         # contiguous, unfiltered data lies at a known file offset: its byte ranges can be
         # prefetched (posix_fadvise WILLNEED) for a whole batch before reading
-        entry["fd"] = os.open(path, os.O_RDONLY) if entry["base"] is not None else None
-        st[pos] = entry
-        return entry
+        fd = os.open(path, os.O_RDONLY) if base is not None else None
+        f = st[pos] = OpenFile(h, ds, labels.astype(self.label_dtype, copy=False), stored,
+                               base, item, offsets, fd)
+        return f
 
     def warm_up(self) -> None:
         _h5py()
@@ -150,27 +153,26 @@ class HDF5Reader(BatchReader):
         return {"hdf5_chunk_cache_bytes": chunk, "hdf5_sieve_buffer_bytes": sieve}
 
     def _close_state(self, state: dict[str, Any]) -> None:
-        for entry in state.values():
-            entry["h5"].close()
-            if entry["fd"] is not None:
-                os.close(entry["fd"])
+        for f in state.values():
+            f.handle.close()
+            if f.fd is not None:
+                os.close(f.fd)
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         labels, stored, groups = file_groups(self, sorted_idx)
         rows = out.reshape(len(out), -1).view(np.uint8)
         for pos, s, e, f, local in groups:
-            ds = f["samples"]
+            ds = f.data
             dest_pos = order[s:e]
-            if f["fd"] is not None:
+            if f.fd is not None and f.base is not None:
                 # contiguous and unfiltered: the samples' bytes lie at the offset HDF5
                 # reports; one preadv per run of consecutive samples scatters them straight
                 # into their rows of the batch (no selection machinery, no temporary)
-                item = f["item"]
                 for a, b in contiguous_runs(local):
                     views = [memoryview(rows[d]) for d in dest_pos[a:b].tolist()]
                     try:
-                        preadv_into(f["fd"], views, f["base"] + int(local[a]) * item)
+                        preadv_into(f.fd, views, f.base + int(local[a]) * f.item)
                     except OSError as err:
                         raise self.fail(self.paths[pos], "read failed", err) from None
                 continue
@@ -207,10 +209,10 @@ class HDF5Reader(BatchReader):
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
         return read_jpeg_runs(self, sorted_idx, self._read_span)
 
-    def _read_span(self, pos: int, f: dict[str, Any], lo: int, hi: int) -> np.ndarray:
+    def _read_span(self, pos: int, f: OpenFile, lo: int, hi: int) -> np.ndarray:
         buf = np.empty(hi - lo, dtype=np.uint8)
         try:
-            f["jpeg"].read_direct(buf, np.s_[lo:hi])
+            f.data.read_direct(buf, np.s_[lo:hi])
         except OSError as err:
             raise self.fail(self.paths[pos], "HDF5 read failed", err) from None
         return buf

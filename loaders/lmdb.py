@@ -1,9 +1,8 @@
 """LMDB loader: one sorted `getmulti` per file per batch, PyTorch DataLoader.
 
 Layout (docs/design.md): single-file environments, key = global index as
-8-byte big-endian, value = 16-byte header `<4s B B H I I>` (magic `IOBR`,
-version 1, flags, reserved, label bytes, payload bytes), label bytes, payload
-bytes. Environments are opened read-only, lock-free and without readahead
+8-byte big-endian, value = the record of `iobench.records` (16-byte header,
+label bytes, payload bytes). Environments are opened read-only, lock-free and without readahead
 (random access on shared filesystems), lazily, once per process (shared by its
 threads, closed before a fork); one read transaction per file per batch. Fixed-size payloads are copied once, straight
 from the memory map into the batch array. A batch's value pages are requested
@@ -23,7 +22,6 @@ or JPEG bytes, and the labels one more `.npy` record, read once per process.
 from __future__ import annotations
 
 import os
-import struct
 import threading
 from pathlib import Path
 from typing import Any
@@ -38,10 +36,7 @@ from iobench.loaders._reader import (
     unmap_pages,
 )
 from iobench.loaders._torch import TorchLoader
-
-HEADER = struct.Struct("<4sBBHII")
-MAGIC = b"IOBR"
-VERSION = 1
+from iobench.records import HEADER, MAGIC, VERSION
 
 
 class _Environments:

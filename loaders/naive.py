@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from iobench.errors import DatasetError
+from iobench.formats import BASELINE_FORMAT
 from iobench.loaders._preprocess import pipeline, to_batch
 from iobench.loaders._reader import RawBatch
 from iobench.loaders.base import Batch
@@ -46,9 +47,10 @@ class NaiveH5Dataset(Dataset):
 
     def __init__(self, manifest: Manifest, decode: bool, seed: int = 0,
                  open_per_sample: bool = False) -> None:
-        if manifest.format != "hdf5":
+        if manifest.format != BASELINE_FORMAT:
             raise DatasetError(f"the naive baseline reads HDF5; {manifest.root} is "
-                               f"{manifest.format!r}: generate an hdf5 copy of the dataset")
+                               f"{manifest.format!r}: generate a {BASELINE_FORMAT} copy of "
+                               "the dataset")
         self.paths = [str(manifest.path_of(f)) for f in manifest.data_files]
         self.starts = [f.first_sample for f in manifest.data_files]
         self.n = manifest.num_samples

@@ -26,6 +26,7 @@ import numpy as np
 
 from iobench.loaders._reader import (
     BatchReader,
+    OpenFile,
     contiguous_runs,
     file_groups,
     read_jpeg_runs,
@@ -47,7 +48,8 @@ class NetCDFReader(BatchReader):
 
     format = "netcdf"
 
-    def _open(self, pos: int) -> dict[str, Any]:
+    def open_file(self, pos: int) -> OpenFile:
+        """File `pos`, opened once per process and thread."""
         st = self._state()
         f = st.get(pos)
         if f is not None:
@@ -55,6 +57,7 @@ class NetCDFReader(BatchReader):
         nc4 = _netcdf4()
         path = self.paths[pos]
         n = int(self.counts[pos])
+        offsets = None
         with _NC_LOCK:
             try:
                 ds = nc4.Dataset(path, "r")
@@ -67,16 +70,13 @@ class NetCDFReader(BatchReader):
                 if labels.shape != (n, *self.label_shape):
                     raise self.fail(path, f"labels have shape {labels.shape}, expected "
                                           f"{(n, *self.label_shape)}")
-                entry: dict[str, Any] = {"nc": ds, "labels": labels.astype(self.label_dtype,
-                                                                            copy=False)}
                 if self.kind == "jpeg":
                     offsets = np.asarray(v["offsets"][...], dtype=np.int64)
-                    jpeg = v["jpeg"]
-                    if offsets.shape != (n + 1,) or offsets[-1] != jpeg.shape[0]:
+                    var = v["jpeg"]
+                    if offsets.shape != (n + 1,) or offsets[-1] != var.shape[0]:
                         raise self.fail(path, "JPEG offsets do not match the jpeg variable")
-                    entry.update(jpeg=jpeg, offsets=offsets, stored=np.diff(offsets), item=1,
-                                 base=self._h5_layout(pos, "jpeg", n)[0])
-                    data_var = jpeg
+                    stored, item = np.diff(offsets), 1
+                    base = self._h5_layout(pos, "jpeg", n)[0]
                 else:
                     var = v[self.data_key]
                     if var.shape != (n, *self.sample_shape) or var.dtype != self.sample_dtype:
@@ -86,16 +86,14 @@ class NetCDFReader(BatchReader):
                     filters = var.filters() or {}
                     compressed = any(filters.get(k) for k in
                                      ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle"))
-                    raw = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
+                    item = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
                     base, stored = self._h5_layout(pos, self.data_key, n)
                     if not compressed:
-                        stored = np.full(n, raw, dtype=np.int64)
-                    entry.update(samples=var, stored=stored, base=base, item=raw)
-                    data_var = var
+                        stored = np.full(n, item, dtype=np.int64)
                 if not self.library_cache:
                     # netCDF-C's chunk cache (64 MiB per variable by default) would serve
                     # a persistent worker's next "cold" epoch from memory
-                    data_var.set_var_chunk_cache(size=0)
+                    var.set_var_chunk_cache(size=0)
             except KeyError as e:
                 ds.close()
                 raise self.fail(path, f"missing variable {e}") from None
@@ -105,9 +103,10 @@ class NetCDFReader(BatchReader):
             except Exception:
                 ds.close()
                 raise
-        entry["fd"] = os.open(path, os.O_RDONLY) if entry["base"] is not None else None
-        st[pos] = entry
-        return entry
+        fd = os.open(path, os.O_RDONLY) if base is not None else None
+        f = st[pos] = OpenFile(ds, var, labels.astype(self.label_dtype, copy=False), stored,
+                               base, item, offsets, fd)
+        return f
 
     def warm_up(self) -> None:
         _netcdf4()
@@ -136,16 +135,16 @@ class NetCDFReader(BatchReader):
 
     def _close_state(self, state: dict[str, Any]) -> None:
         with _NC_LOCK:
-            for entry in state.values():
-                entry["nc"].close()
-                if entry["fd"] is not None:
-                    os.close(entry["fd"])
+            for f in state.values():
+                f.handle.close()
+                if f.fd is not None:
+                    os.close(f.fd)
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         labels, stored, groups = file_groups(self, sorted_idx)
         for pos, s, e, f, local in groups:
-            var = f["samples"]
+            var = f.data
             dest_pos = order[s:e]
             for a, b in contiguous_runs(local):
                 lo = int(local[a])
@@ -161,10 +160,10 @@ class NetCDFReader(BatchReader):
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
         return read_jpeg_runs(self, sorted_idx, self._read_span)
 
-    def _read_span(self, pos: int, f: dict[str, Any], lo: int, hi: int) -> np.ndarray:
+    def _read_span(self, pos: int, f: OpenFile, lo: int, hi: int) -> np.ndarray:
         with _NC_LOCK:
             try:
-                return np.asarray(f["jpeg"][lo:hi], dtype=np.uint8)
+                return np.asarray(f.data[lo:hi], dtype=np.uint8)
             except (OSError, RuntimeError, IndexError) as err:
                 raise self.fail(self.paths[pos], "netCDF read failed", err) from None
 

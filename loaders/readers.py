@@ -1,4 +1,4 @@
-"""The batch reader of each format, in one table, and a deep check that reads every sample.
+"""The batch reader of each format (from the format registry), and a deep check that reads every sample.
 
 `reader_for(manifest)` gives the format's `BatchReader` (what the PyTorch loaders
 and DALI's external source read with); `deep_check(manifest)` reads every sample
@@ -7,30 +7,21 @@ through it and decodes every JPEG strictly, for `iobench verify --deep`.
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
 from iobench.errors import DatasetError
+from iobench.formats import FORMATS
 from iobench.loaders._reader import BatchReader
 from iobench.manifest import Manifest
 
-# format -> "module:class" of its reader
-READERS: dict[str, str] = {
-    "hdf5": "iobench.loaders.hdf5:HDF5Reader",
-    "netcdf": "iobench.loaders.netcdf:NetCDFReader",
-    "lmdb": "iobench.loaders.lmdb:LMDBReader",
-    "files": "iobench.loaders.files:FilesReader",
-}
-
 
 def reader_for(manifest: Manifest, library_cache: bool = False) -> BatchReader:
-    """The `BatchReader` of the manifest's format."""
-    if manifest.format not in READERS:
+    """The `BatchReader` of the manifest's format (`iobench.formats.FORMATS`)."""
+    spec = FORMATS.get(manifest.format)
+    if spec is None:
         raise DatasetError(f"{manifest.root} has format {manifest.format!r}, which no reader "
-                           f"reads; formats: {', '.join(READERS)}")
-    module, _, cls = READERS[manifest.format].partition(":")
-    return getattr(importlib.import_module(module), cls)(manifest, library_cache)
+                           f"reads; formats: {', '.join(FORMATS)}")
+    return spec.reader_class()(manifest, library_cache)
 
 
 def deep_check(manifest: Manifest, batch: int = 256, first: int = 0, step: int = 1

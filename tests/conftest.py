@@ -41,3 +41,30 @@ def run_cmd(*argv: str, timeout: float = 300, env: dict[str, str] | None = None
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "iobench", *map(str, argv)],
                           capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+# (samples, samples per file or shard): tiny, several files, the last one short
+TINY = {"cifar10": (40, 16), "imagenet": (10, 4), "cosmoflow": (4, 3)}
+TINY_SEED = 7
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory):
+    """`tiny_root(dataset, fmt)`: the root of a TINY dataset generated once per session (seed
+    TINY_SEED), shared by the conformance kit and the loader tests. Read it; copy it to
+    damage it."""
+    import functools
+
+    storage = tmp_path_factory.mktemp("tiny")
+
+    @functools.cache
+    def make(dataset: str, fmt: str) -> Path:
+        from iobench.generators import GenerateConfig, generate_dataset
+
+        n, per = TINY[dataset]
+        m = generate_dataset(GenerateConfig(dataset=dataset, format=fmt, storage=storage,
+                                            samples=n, samples_per_file=per, seed=TINY_SEED))
+        assert m.root is not None
+        return m.root
+
+    return make

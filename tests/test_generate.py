@@ -19,83 +19,17 @@ import pytest
 from conftest import cli, run_cmd, run_mpi
 from iobench.datasets import DATASETS
 from iobench.generators import GenerateConfig, generate_dataset
-from iobench.generators.lmdb import HEADER, MAGIC, key, keys
+from iobench.generators.lmdb import keys
 from iobench.generators.synth import make_sample
 from iobench.generators.verify import verify_dataset
 from iobench.manifest import Manifest
+from iobench.records import key
 
 TINY = {"cifar10": (40, 16), "imagenet": (5, 2), "cosmoflow": (3, 2)}
 
 
-def _read_back(m: Manifest, i: int):
-    """Sample i and its label, read with the format's own library (not iobench's loaders)."""
-    spec = DATASETS[m.dataset]
-    if m.format == "files":
-        entry = next(f for f in m.data_files if f.first_sample == i)
-        path = m.path_of(entry)
-        labels = np.load(m.root / "labels.npy")
-        if path.suffix == ".npy":
-            return np.load(path), labels[i]
-        if path.suffix == ".png":
-            from PIL import Image
-
-            return np.asarray(Image.open(path)), labels[i]
-        return path.read_bytes(), labels[i]
-    entry = next(f for f in m.data_files if f.first_sample <= i < f.first_sample + f.num_samples)
-    path, j = m.path_of(entry), i - entry.first_sample
-    if m.format == "hdf5":
-        import h5py
-
-        with h5py.File(path, "r") as f:
-            if spec.sample_kind == "jpeg":
-                off = f["offsets"][...]
-                return f["jpeg"][off[j]:off[j + 1]].tobytes(), f["labels"][j]
-            return f["samples"][j], f["labels"][j]
-    if m.format == "netcdf":
-        import xarray as xr
-
-        with xr.open_dataset(path, engine="netcdf4", mask_and_scale=False) as ds:
-            if spec.sample_kind == "jpeg":
-                off = ds["offsets"].values
-                return ds["jpeg"].values[off[j]:off[j + 1]].tobytes(), ds["labels"].values[j]
-            return ds["samples"].values[j], ds["labels"].values[j]
-    import lmdb
-
-    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        rec = txn.get(key(i))
-    env.close()
-    magic, _v, _f, _r, nl, npay = HEADER.unpack_from(rec)
-    assert magic == MAGIC
-    label = np.frombuffer(rec, dtype=spec.label_dtype, count=nl // np.dtype(spec.label_dtype).itemsize,
-                          offset=HEADER.size)
-    payload = rec[HEADER.size + nl:HEADER.size + nl + npay]
-    if spec.sample_kind == "jpeg":
-        return payload, label[0]
-    return np.frombuffer(payload, dtype=spec.sample_dtype).reshape(spec.sample_shape), (
-        label if spec.label_shape else label[0])
-
-
-@pytest.mark.parametrize("fmt", ["hdf5", "netcdf", "lmdb", "files"])
-@pytest.mark.parametrize("dataset", ["cifar10", "imagenet", "cosmoflow"])
-def test_round_trip(tmp_path, dataset, fmt):
-    n, spf = TINY[dataset]
-    m = generate_dataset(GenerateConfig(dataset=dataset, format=fmt, storage=tmp_path,
-                                        samples=n, samples_per_file=spf, seed=3))
-    spec = DATASETS[dataset]
-    assert m.num_samples == n and m.dataset == dataset and m.format == fmt
-    assert sum(f.num_samples for f in m.data_files) == n
-    assert m.total_bytes == sum((m.root / f.path).stat().st_size for f in m.files)
-    for i in {0, n // 2, n - 1}:
-        want, want_label = make_sample(spec, 3, i)
-        got, got_label = _read_back(m, i)
-        if isinstance(want, bytes):
-            assert got == want
-        else:
-            assert np.array_equal(np.asarray(got), want)
-        assert np.allclose(np.asarray(got_label), np.asarray(want_label))
-    assert verify_dataset(m.root) == []
-    assert not list(m.root.rglob("*.tmp")) and not (m.root / ".iobench-partial").exists()
+# round trips of every format and dataset, and one-process vs `mpiexec -n 2` generation
+# of each format: tests/test_conformance.py
 
 
 def test_jpeg_sizes_look_like_imagenet(tmp_path):
@@ -136,8 +70,6 @@ def _digests(root: Path) -> dict[str, str]:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("dataset, fmt, samples, per_file, nfiles", [
-    ("cifar10", "hdf5", 100, 16, 7), ("cifar10", "netcdf", 100, 16, 7),
-    ("cifar10", "lmdb", 100, 16, 7),
     ("cifar10", "hdf5", 2100, 700, 3),  # files that start and end inside synthesis blocks
     ("imagenet", "hdf5", 9, 2, 5), ("imagenet", "files", 6, 1, 7),
     ("cosmoflow", "lmdb", 5, 2, 3), ("cosmoflow", "netcdf", 3, 1, 3)])
@@ -155,12 +87,6 @@ def test_deterministic_across_ranks_and_jobs(tmp_path, dataset, fmt, samples, pe
     m1 = Manifest.load(tmp_path / "one" / f"{dataset}-{fmt}")
     m2 = Manifest.load(tmp_path / "mpi" / f"{dataset}-{fmt}")
     assert m1.files == m2.files
-    if fmt != "files":  # the bytes are the synthesis' own, whatever the parallelism
-        for i in (0, samples - 1):
-            want, want_label = make_sample(DATASETS[dataset], 5, i)
-            got, got_label = _read_back(m2, i)
-            assert (got == want) if isinstance(want, bytes) else np.array_equal(got, want)
-            assert np.allclose(np.asarray(got_label), np.asarray(want_label))
 
 
 def test_resume_after_killed_run(tmp_path):
@@ -326,7 +252,7 @@ def test_out_of_space_leaves_no_partial_file(tmp_path):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--dataset", "mnist"], "invalid choice: 'mnist'"),
-    (["--format", "zarr"], "invalid choice: 'zarr'"),
+    (["--format", "tfrecord"], "invalid choice: 'tfrecord'"),
     (["--samples", "-5"], "--samples -5 must be >= 1"),
     (["--samples-per-file", "0"], "--samples-per-file 0 must be >= 1"),
     (["--dataset", "imagenet", "--compression", "gzip"], "already compressed"),

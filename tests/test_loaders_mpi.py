@@ -18,17 +18,25 @@ except ImportError:
     HAVE_DALI = False
 
 
+class _Roots(dict):
+    """format -> root of a cifar10 dataset, generated on first use."""
+
+    def __init__(self, storage) -> None:
+        super().__init__()
+        self.storage = storage
+
+    def __missing__(self, fmt: str) -> str:
+        from iobench.generators import GenerateConfig, generate_dataset
+
+        m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=self.storage,
+                                            samples=42, samples_per_file=16, seed=3))
+        self[fmt] = str(m.root)
+        return self[fmt]
+
+
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from iobench.generators import GenerateConfig, generate_dataset
-
-    storage = tmp_path_factory.mktemp("mpi")
-    out = {}
-    for fmt in ("hdf5", "netcdf", "lmdb", "files"):
-        m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=storage,
-                                            samples=42, samples_per_file=16, seed=3))
-        out[fmt] = str(m.root)
-    return out
+    return _Roots(tmp_path_factory.mktemp("mpi"))
 
 
 CASES = [("hdf5", "hdf5", 0), ("hdf5", "hdf5", 2), ("netcdf", "netcdf", 1), ("lmdb", "lmdb", 1),

@@ -64,7 +64,7 @@ def test_datasize_prints_mlperf_rule(capsys: pytest.CaptureFixture[str]) -> None
 
 @pytest.mark.parametrize("argv, words", [
     (["train", "--workload", "unet3d", "--accelerator", "h100", "--storage", "."],
-     "format 'npz' is not registered"),
+     "the 'npz' format is registered but WORKLOADS['unet3d'].dataset"),
     (["generate", "--workload", "retinanet", "--accelerator", "b200"], "~323 KB"),
     (["train", "--loader", "files", "--accelerator", "h100", "--storage", "."],
      "--accelerator applies with --workload"),

@@ -19,7 +19,6 @@ from iobench import results
 from iobench.manifest import Manifest
 
 SAMPLES = 512
-FORMATS = ("hdf5", "netcdf", "lmdb", "files")
 
 pytestmark = pytest.mark.mpi
 
@@ -35,7 +34,8 @@ def generate(storage: Path, fmt: str, samples: int = SAMPLES) -> Manifest:
 @pytest.fixture(scope="module")
 def storage(tmp_path_factory) -> Path:
     s = tmp_path_factory.mktemp("train-storage")
-    for fmt in FORMATS:
+    for fmt in dict.fromkeys(c[c.index("--format") + 1] if "--format" in c else loader
+                             for loader, c in CASES.items()):
         generate(s, fmt)
     return s
 

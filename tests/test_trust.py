@@ -183,7 +183,7 @@ def _set_label(m: Manifest, fmt: str, sample: int, value: int) -> Path:
     else:
         import lmdb
 
-        from iobench.generators.lmdb import HEADER, key
+        from iobench.records import HEADER, key
         env = lmdb.open(str(path), subdir=False, lock=False)
         with env.begin(write=True) as txn:
             rec = bytearray(txn.get(key(sample)))
@@ -269,7 +269,7 @@ def _broken_jpeg_in_hdf5(m: Manifest) -> Path:
 def _lmdb_record_moved(m: Manifest) -> Path:
     import lmdb
 
-    from iobench.generators.lmdb import key
+    from iobench.records import key
     path = m.path_of(m.data_files[0])
     env = lmdb.open(str(path), subdir=False, lock=False)
     with env.begin(write=True) as txn:

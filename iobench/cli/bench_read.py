@@ -15,8 +15,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from iobench.datasets import DATASETS, FORMATS
+from iobench.datasets import DATASETS
 from iobench.errors import ConfigError
+from iobench.formats import FORMATS
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: detected)")
     p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="dataset name (default: the one dataset under --storage)")
-    p.add_argument("--format", default=None, choices=FORMATS,
+    p.add_argument("--format", default=None, choices=list(FORMATS),
                    help="on-disk format (default: the one format of the dataset under "
                         "--storage)")
     p.add_argument("--loaders", default=None, metavar="L1,L2",
@@ -157,8 +158,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _default_loaders(fmt: str) -> tuple[str, ...]:
+    from iobench.formats import loader_formats
+
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
         return (fmt,)
-    return (fmt, "dali")
+    return (fmt, "dali") if fmt in loader_formats("dali") else (fmt,)

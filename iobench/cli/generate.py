@@ -1,5 +1,5 @@
-"""Write a synthetic dataset (imagenet, cifar10, cosmoflow) as HDF5, NetCDF4, LMDB or
-one file per sample, in parallel (mpiexec ranks or --jobs), deterministic and resumable."""
+"""Write a synthetic dataset (imagenet, cifar10, cosmoflow) in any registered format
+(`iobench.formats`), in parallel (mpiexec ranks or --jobs), deterministic and resumable."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from iobench.datasets import COMPRESSIONS, DATASETS, FORMATS
+from iobench.datasets import DATASETS
+from iobench.formats import COMPRESSIONS, DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:
     from iobench.generators import GenerateConfig, GenerateStats
@@ -20,16 +21,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="what to imitate (default: cifar10)")
     p.add_argument("--format", default=None, choices=list(FORMATS),
-                   help="on-disk format (default: hdf5)")
+                   help=f"on-disk format (default: {DEFAULT_FORMAT})")
     p.add_argument("--storage", default="./iobench-data",
                    help="directory to write <dataset>-<format>/ into (default: ./iobench-data)")
     p.add_argument("--samples", type=int, help="number of samples (default: small per dataset)")
     p.add_argument("--scale", default="small", choices=["small", "full"],
                    help="full: the real dataset's sample count (default: small)")
     p.add_argument("--samples-per-file", type=int,
-                   help="samples per container file (hdf5/netcdf/lmdb)")
+                   help="samples per container file, or per shard ("
+                        + "/".join(n for n, f in FORMATS.items() if not f.per_sample_files)
+                        + ")")
     p.add_argument("--compression", default="none", choices=list(COMPRESSIONS),
-                   help="hdf5: gzip or lzf; netcdf: gzip (default: none)")
+                   help="; ".join(f"{n}: {', '.join(f.compressions[1:])}"
+                                  for n, f in FORMATS.items() if f.compressed)
+                   + " (default: none)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes when not under mpiexec (default: 1)")
@@ -61,7 +66,7 @@ def _apply_workload(args: argparse.Namespace) -> None:
     run = workload_of(args)
     if run is None:
         args.dataset = args.dataset or "cifar10"
-        args.format = args.format or "hdf5"
+        args.format = args.format or DEFAULT_FORMAT
         return
     w = run.workload
     clash("--dataset", args.dataset, w.dataset, w.name)

@@ -15,7 +15,8 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from iobench.datasets import DATASETS, FORMATS
+    from iobench.datasets import DATASETS
+    from iobench.formats import FORMATS
     from iobench.stage import MODES
 
     p.add_argument("--storage", required=True, metavar="DIR",

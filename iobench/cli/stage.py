@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from iobench.datasets import DATASETS, FORMATS
+from iobench.datasets import DATASETS
+from iobench.formats import FORMATS
 from iobench.stage import MODES, MiB, StageConfig, stage_dataset, write_result
 from iobench.world import get_world
 

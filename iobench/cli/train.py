@@ -23,7 +23,8 @@ _COMPUTE_WORDS = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from iobench.cli._workload import add_workload_arguments
-    from iobench.datasets import DATASETS, FORMATS
+    from iobench.datasets import DATASETS
+    from iobench.formats import FORMATS
     from iobench.models import MODELS
     from iobench.train import LOADER_NAMES
 
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or the LMDB key of the labels record (default: detected)")
     p.add_argument("--dataset", default=None, choices=list(DATASETS),
                    help="which dataset under --storage (default: cifar10)")
-    p.add_argument("--format", default=None, choices=FORMATS,
+    p.add_argument("--format", default=None, choices=list(FORMATS),
                    help="on-disk format, for --loader dali (default: the one found)")
     p.add_argument("--model", default="auto", metavar="NAME",
                    help=f"auto (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
