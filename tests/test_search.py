@@ -21,7 +21,7 @@ from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from conftest import cli, mpiexec_path
 from iobench.metrics import EpochClock, rank_figures
-from iobench.search import answer, next_point, physics_estimate
+from iobench.search import SearchConfig, answer, next_point, physics_estimate, train_command
 from iobench.workloads import WORKLOADS, resolve
 
 MB = 1_000_000
@@ -75,6 +75,8 @@ def test_datasize_prints_mlperf_rule(capsys: pytest.CaptureFixture[str]) -> None
       "--launcher", "mpiexec -n 4"], "must contain {ranks}"),
     (["generate", "--workload", "resnet50", "--accelerator", "a100", "--format", "lmdb"],
      "contradicts --workload resnet50"),
+    (["search", "--workload", "cosmoflow", "--accelerator", "h100", "--storage", ".",
+      "--hosts", "4", "--max-accelerators", "2"], "raise --max-accelerators to 4 or more"),
 ])
 def test_bad_workload_lines_are_one_line_exit_2(argv: list[str], words: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,6 +106,36 @@ def test_search_finds_the_largest_passing_count_in_few_points(k: int, limit: int
         passed[n] = n <= k
     assert answer(passed) == min(k, limit)
     assert len(passed) <= 2 * (limit.bit_length() + 1)
+
+
+@given(k=st.integers(0, 80), max_accelerators=st.integers(1, 64), hosts=st.integers(1, 8))
+def test_search_over_hosts_runs_only_even_spreads(k: int, max_accelerators: int,
+                                                  hosts: int) -> None:
+    """--hosts H: every count run is a multiple of H (N / H per host) up to
+    --max-accelerators rounded down to one; the answer is the largest such count that
+    passes, still in O(log) points."""
+    if hosts > max_accelerators:  # a ConfigError (below)
+        return
+    cfg = SearchConfig(workload="cosmoflow", accelerator="h100", storage=".", hosts=hosts,
+                       max_accelerators=max_accelerators)
+    assert cfg.step == hosts and cfg.limit == max_accelerators // hosts * hosts
+    passed: dict[int, bool] = {}
+    while (n := next_point(passed, cfg.limit, cfg.step)) is not None:
+        assert n % hosts == 0 and hosts <= n <= cfg.limit and n not in passed
+        passed[n] = n <= k
+    assert answer(passed) == min(k, cfg.limit) // hosts * hosts
+    assert len(passed) <= 2 * ((cfg.limit // hosts).bit_length() + 1)
+
+
+def test_launcher_gets_the_per_host_count(tmp_path: Path) -> None:
+    cfg = SearchConfig(workload="cosmoflow", accelerator="h100", storage=".", hosts=4,
+                       max_accelerators=10,
+                       launcher=("env", "RANKS={ranks}", "PER_HOST={per_host}"))
+    assert cfg.limit == 8
+    cmd = train_command(cfg, 8, tmp_path)
+    assert cmd[1:3] == ["RANKS=8", "PER_HOST=2"]
+    with pytest.raises(ValueError, match="do not spread evenly over 4 hosts"):
+        train_command(cfg, 6, tmp_path)
 
 
 # ---- real runs -------------------------------------------------------------------------------
