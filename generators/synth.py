@@ -65,7 +65,8 @@ import numpy as np
 from iobench.datasets import DatasetSpec
 
 SYNTHESIS_VERSION = 2
-DATASET_IDS: dict[str, int] = {"imagenet": 1, "cifar10": 2, "cosmoflow": 3, "cosmoflow-mlperf": 4}
+DATASET_IDS: dict[str, int] = {"imagenet": 1, "cifar10": 2, "cosmoflow": 3, "cosmoflow-mlperf": 4,
+                               "unet3d": 5, "openimages": 6}
 _LABELS, _PIXELS, _TABLES = 1, 2, 3  # random streams of a dataset
 LABEL_BLOCK = 4096  # labels drawn together
 CIFAR_BLOCK = 1024  # cifar10 samples synthesised together (divides LABEL_BLOCK)
@@ -154,7 +155,7 @@ def fill_samples(spec: DatasetSpec, seed: int, first: int, out: np.ndarray) -> N
                          f"got {out.shape} {out.dtype}")
     if spec.name == "cifar10":
         _cifar10_fill(spec, seed, first, out)
-    elif spec.name in ("cosmoflow", "cosmoflow-mlperf"):
+    elif spec.name in ("cosmoflow", "cosmoflow-mlperf", "unet3d"):
         labels = labels_array(spec, seed, first, len(out))
         for i in range(len(out)):
             _cosmoflow(sample_rng(spec, seed, first + i), labels[i], out[i])
@@ -164,7 +165,7 @@ def fill_samples(spec: DatasetSpec, seed: int, first: int, out: np.ndarray) -> N
 
 def prepare(spec: DatasetSpec, seed: int) -> None:
     """Build this process's tables for `(spec, seed)` now (before forking workers)."""
-    if spec.name == "imagenet":
+    if spec.sample_kind == "jpeg":
         _imagenet_tables(seed)
     elif spec.name == "cifar10":
         _cifar10_tables(seed)
@@ -340,6 +341,10 @@ IMAGENET_SIZES: dict[str, object] = {
 _P_SMALL, _P_LARGE, _MAX_SIDE, _LANDSCAPE = 0.10, 0.02, 4288, 0.76
 _ASPECTS = np.array([4 / 3, 3 / 2, 1.0, 5 / 4, 16 / 9])
 _ASPECT_CDF = np.cumsum([0.40, 0.35, 0.04, 0.04, 0.07])  # the rest: uniform 1-2.5
+# openimages (MLPerf Storage retinanet): imagenet's images at this many times the side, so
+# the mean JPEG is ~323 KB (measured: docs/mlperf.md)
+IMAGE_SCALE: dict[str, float] = {"openimages": 1.85}
+_SCALED_MAX_SIDE = 1600
 _TILE = 768
 _SCENES = 8
 _OBJECTS = 24  # per scene tile
@@ -532,6 +537,10 @@ def imagenet_planes(spec: DatasetSpec, seed: int, index: int
     u = rng.random(9)  # per-image draws: scene, grain, offsets, flip, brightness, casts, phase
     scene = int(u[0] * _SCENES)
     grained = int(u[1] < 0.5) if max(h, w) <= 500 else 0  # large images: the finer grain
+    scale = IMAGE_SCALE.get(spec.name, 1.0)  # openimages: the same picture, larger
+    if scale != 1.0:  # ... its long side capped, so that a few huge files do not set the mean
+        scale = min(scale, _SCALED_MAX_SIDE / max(h, w))
+        h, w = max(32, round(h * scale)), max(32, round(w * scale))
     oy, ox = int(u[2] * _TILE), int(u[3] * _TILE)
     flip = bool(u[4] < 0.5)
     # class signal: a tint (RGB, converted to YCbCr offsets) and a luminance grating

@@ -82,6 +82,26 @@ DATASETS: dict[str, DatasetSpec] = {
             imitates="MLPerf Storage cosmoflow: 524,288 samples of 2,828,486 B +- 71,311",
             default_batch_size=1,
         ),
+        # MLPerf Storage's unet3d workload: the same field on a 264^3 box, 147,197,952 B of
+        # int16 per sample (+0.4% on MLPerf's mean 146,600,628 B), one .npz per sample
+        DatasetSpec(
+            name="unet3d", sample_kind="array", sample_shape=(264, 264, 264, 4),
+            sample_dtype="int16", label_shape=(4,), label_dtype="float32", num_classes=0,
+            default_samples=7, full_samples=168, default_samples_per_file=1,
+            files_extension=".npy",
+            imitates="MLPerf Storage unet3d (KiTS19): 168 volumes of 146,600,628 B +- 68,341,808",
+            default_batch_size=7,
+        ),
+        # MLPerf Storage's retinanet workload: imagenet's synthesis at 1.85x the side (long
+        # side at most 1,600 px), so JPEGs average ~323 KB as OpenImages' do, one per file
+        DatasetSpec(
+            name="openimages", sample_kind="jpeg", sample_shape=None, sample_dtype="uint8",
+            label_shape=(), label_dtype="int64", num_classes=1000,
+            default_samples=256, full_samples=1_170_301, default_samples_per_file=1,
+            files_extension=".JPEG",
+            imitates="MLPerf Storage retinanet (OpenImages): JPEGs of mean 322,957 B",
+            default_batch_size=24,
+        ),
     )
 }
 

@@ -50,6 +50,8 @@ class FormatSpec:
     compressions: tuple[str, ...] = ("none",)
     maps_files: bool = False
     dali: str | None = "external_source"
+    # suffixes (lower case) of the user's own files that `--data` reads as this format
+    user_suffixes: tuple[str, ...] = ()
 
     @property
     def compressed(self) -> bool:
@@ -81,31 +83,36 @@ def load_class(target: str, install: str) -> Any:
 
 
 _G, _L = "iobench.generators", "iobench.loaders"
+# the names other modules use for a particular format (the MLPerf workload table, `--data`'s
+# detection): imported from here, so that no module but this one spells a format's name
+HDF5, NETCDF, LMDB, FILES, NPZ, ZARR = "hdf5", "netcdf", "lmdb", "files", "npz", "zarr"
 
 FORMATS: dict[str, FormatSpec] = {f.name: f for f in (
-    FormatSpec("hdf5", (".h5",), f"{_G}.hdf5:HDF5Writer", f"{_L}.hdf5:HDF5Reader",
+    FormatSpec(HDF5, (".h5",), f"{_G}.hdf5:HDF5Writer", f"{_L}.hdf5:HDF5Reader",
                f"{_L}.hdf5:HDF5Loader", "pip install h5py", "h5py",
-               compressions=("none", "gzip", "lzf")),
-    FormatSpec("netcdf", (".nc",), f"{_G}.netcdf:NetCDFWriter", f"{_L}.netcdf:NetCDFReader",
+               compressions=("none", "gzip", "lzf"),
+               user_suffixes=(".h5", ".hdf5", ".hdf", ".he5")),
+    FormatSpec(NETCDF, (".nc",), f"{_G}.netcdf:NetCDFWriter", f"{_L}.netcdf:NetCDFReader",
                f"{_L}.netcdf:NetCDFLoader", "pip install netCDF4", "netCDF4",
-               compressions=("none", "gzip")),
-    FormatSpec("lmdb", (".lmdb",), f"{_G}.lmdb:LMDBWriter", f"{_L}.lmdb:LMDBReader",
-               f"{_L}.lmdb:LMDBLoader", "pip install lmdb", "py-lmdb", maps_files=True),
-    FormatSpec("files", (".JPEG", ".png", ".npy"), f"{_G}.files:FilesWriter",
+               compressions=("none", "gzip"), user_suffixes=(".nc", ".nc4", ".cdf")),
+    FormatSpec(LMDB, (".lmdb",), f"{_G}.lmdb:LMDBWriter", f"{_L}.lmdb:LMDBReader",
+               f"{_L}.lmdb:LMDBLoader", "pip install lmdb", "py-lmdb", maps_files=True,
+               user_suffixes=(".lmdb", ".mdb")),
+    FormatSpec(FILES, (".JPEG", ".png", ".npy"), f"{_G}.files:FilesWriter",
                f"{_L}.files:FilesReader", f"{_L}.files:FilesLoader",
                "pip install simplejpeg pillow", "Pillow, numpy", samples_per_file=1,
-               dali="native"),
+               dali="native", user_suffixes=(".jpg", ".jpeg")),
     # DALI's readers.numpy reads .npy, not .npz: DALI reads npz through NPZReader
-    FormatSpec("npz", (".npz",), f"{_G}.npz:NPZWriter", f"{_L}.npz:NPZReader",
+    FormatSpec(NPZ, (".npz",), f"{_G}.npz:NPZWriter", f"{_L}.npz:NPZReader",
                f"{_L}.npz:NPZLoader", "pip install numpy", "numpy", samples_per_file=1),
-    FormatSpec("zarr", (), f"{_G}.zarr:ZarrWriter", f"{_L}.zarr:ZarrReader",
+    FormatSpec(ZARR, (), f"{_G}.zarr:ZarrWriter", f"{_L}.zarr:ZarrReader",
                f"{_L}.zarr:ZarrLoader", "pip install 'iobench[zarr]'", "zarr (v3)", chunked=True,
                compressions=("none", "zstd", "gzip")),
 )}
 
-DEFAULT_FORMAT = "hdf5"
+DEFAULT_FORMAT = HDF5
 # the format the naive per-sample baselines (`naive-h5py`) read
-BASELINE_FORMAT = "hdf5"
+BASELINE_FORMAT = HDF5
 COMPRESSIONS: tuple[str, ...] = tuple(dict.fromkeys(c for f in FORMATS.values()
                                                     for c in f.compressions))
 
@@ -133,6 +140,11 @@ def parse_compression(fmt: str, compression: str, sample_kind: str = "array") ->
         raise ConfigError(f"--compression {compression}: JPEG bytes are already compressed; "
                           "use --compression none")
     return compression
+
+
+def user_format(suffix: str) -> str | None:
+    """The format whose reader takes the user's files of this suffix (`--data`), or None."""
+    return next((n for n, f in FORMATS.items() if suffix.lower() in f.user_suffixes), None)
 
 
 def loader_formats(loader: str) -> tuple[str, ...]:

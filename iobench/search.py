@@ -72,7 +72,7 @@ class SearchConfig:
     point_timeout_s: float = 1800.0
     train_args: tuple[str, ...] = ()  # passed on to every `iobench train`
     slowdown: float = 1.0  # emulated compute this many times slower: demand / slowdown
-    hosts: int = 0  # for the dataset-size rule only
+    hosts: int = 0  # client hosts: N spread evenly over them (and the dataset-size rule)
     host_memory_gb: float = 0.0
 
     def __post_init__(self) -> None:
@@ -94,6 +94,12 @@ class SearchConfig:
             raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
         if not self.point_timeout_s > 0:
             raise ConfigError(f"--point-timeout {self.point_timeout_s} must be > 0 seconds")
+        if self.hosts < 0:
+            raise ConfigError(f"--hosts {self.hosts} must be >= 0 (0: one host, no spread)")
+        if self.hosts > self.max_accelerators:
+            raise ConfigError(f"--max-accelerators {self.max_accelerators} is under --hosts "
+                              f"{self.hosts}: every host runs at least one accelerator; raise "
+                              f"--max-accelerators to {self.hosts} or more")
         del run
 
     @property
@@ -115,17 +121,33 @@ class SearchConfig:
         return self.run.demand_Bps / self.slowdown
 
     @property
+    def step(self) -> int:
+        """Accelerator counts are multiples of this: the hosts, so N spreads evenly over them."""
+        return max(1, self.hosts)
+
+    @property
+    def limit(self) -> int:
+        """The largest count the search may run: --max-accelerators, down to a multiple of
+        the hosts."""
+        return self.max_accelerators // self.step * self.step
+
+    @property
     def au_threshold(self) -> float:
         return self.threshold if self.threshold is not None else self.run.workload.au_threshold
 
 
-def next_point(passed: dict[int, bool], limit: int) -> int | None:
+def next_point(passed: dict[int, bool], limit: int, step: int = 1) -> int | None:
     """The next accelerator count to measure, or None when the answer is known.
 
     Doubling from 1 while every point passes (the last step capped at
     `limit`), then bisection between the largest pass and the smallest
-    failure above it.
+    failure above it. With `step` (the hosts, N spread evenly over them, as
+    MLPerf requires) every count is a multiple of `step`: the search runs in
+    accelerators per host, so counts that do not divide evenly are never run.
     """
+    if step > 1:
+        k = next_point({n // step: ok for n, ok in passed.items()}, limit // step)
+        return None if k is None else k * step
     good = max((n for n, ok in passed.items() if ok), default=0)
     bad = min((n for n, ok in passed.items() if not ok and n > good), default=None)
     if bad is None:
@@ -164,7 +186,10 @@ def _executable(name: str) -> str:
 def train_command(cfg: SearchConfig, n: int, results: Path) -> list[str]:
     """The `iobench train` command line of one point: N ranks under the launcher."""
     w = cfg.run.workload
-    launcher = [a.replace("{ranks}", str(n)) for a in cfg.launcher]
+    if n % cfg.step:
+        raise ValueError(f"{n} accelerators do not spread evenly over {cfg.hosts} hosts")
+    launcher = [a.replace("{ranks}", str(n)).replace("{per_host}", str(n // cfg.step))
+                for a in cfg.launcher]
     launcher[0] = _executable(launcher[0])
     # -P: not the current directory first on sys.path, where another iobench checkout
     # (a source tree one runs from) would be imported instead of this one
@@ -299,11 +324,18 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
             f"scaled: batch {cfg.batch} and {cfg.compute_s:.6g} s per step instead of "
             f"{run.batch} and {run.compute_s} s: scaling the batch alone keeps each "
             f"accelerator's demand ({run.demand_Bps / 1e6:.1f} MB/s, the workload's)")
+    if cfg.step > 1:
+        doc["warnings"].append(
+            f"spread over --hosts {cfg.hosts}: only counts that divide evenly are run "
+            f"({cfg.step}, {2 * cfg.step}, ...; {{per_host}} in --launcher is N / "
+            f"{cfg.hosts}), the others are skipped"
+            + (f"; --max-accelerators {cfg.max_accelerators} runs as {cfg.limit}"
+               if cfg.limit != cfg.max_accelerators else ""))
     passed: dict[int, bool] = {}
     child = _Run()
     t0 = time.time()
     try:
-        while (n := next_point(passed, cfg.max_accelerators)) is not None:
+        while (n := next_point(passed, cfg.limit, cfg.step)) is not None:
             need = run.required_samples(n, cfg.hosts, cfg.host_memory_gb)
             if manifest.num_samples < need:
                 msg = (f"{n} accelerator(s): the dataset holds {manifest.num_samples} samples "

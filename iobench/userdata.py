@@ -36,13 +36,15 @@ from typing import Any
 import numpy as np
 
 from iobench.errors import ConfigError, DatasetError, IobenchError
+from iobench.formats import FILES, FORMATS, HDF5, LMDB, NETCDF, user_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, check_manifest
 
 USER_DATASET = "user"  # the manifest's `dataset` for data iobench did not generate
-H5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
-NC_SUFFIXES = (".nc", ".nc4", ".cdf")
-LMDB_SUFFIXES = (".lmdb", ".mdb")
-JPEG_SUFFIXES = (".jpg", ".jpeg")
+# what --data takes, from the format registry (`FormatSpec.user_suffixes`)
+H5_SUFFIXES = FORMATS[HDF5].user_suffixes
+NC_SUFFIXES = FORMATS[NETCDF].user_suffixes
+LMDB_SUFFIXES = FORMATS[LMDB].user_suffixes
+JPEG_SUFFIXES = FORMATS[FILES].user_suffixes
 DOMINANT = 4  # the largest candidate sample array must hold >= 4x the next one's bytes
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 NPY_MAGIC = b"\x93NUMPY"
@@ -69,14 +71,14 @@ def detect_format(path: str | Path) -> str:
             raise ConfigError(f"--data {p} is a dataset iobench generated: read it with "
                               f"--storage {p.parent} (--data is for your own data)")
         if (p / "data.mdb").is_file():
-            return "lmdb"
+            return LMDB
         entries = _visible(p)
         if not entries:
             raise _fail(f"{p} is an empty folder; give {KINDS}")
         if all(e.is_dir() for e in entries):
-            return "files"
+            return FILES
         kinds = {_file_kind(e) if e.is_file() else "folder" for e in entries}
-        if len(kinds) == 1 and kinds <= {"hdf5", "netcdf"}:
+        if len(kinds) == 1 and kinds <= {HDF5, NETCDF}:
             return kinds.pop()
         shown = ", ".join(f"{e.name} ({_file_kind(e) if e.is_file() else 'folder'})"
                           for e in entries[:4])
@@ -92,17 +94,13 @@ def detect_format(path: str | Path) -> str:
 
 
 def _file_kind(p: Path) -> str:
-    suffix = p.suffix.lower()
-    if suffix in H5_SUFFIXES:
-        return "hdf5"
-    if suffix in NC_SUFFIXES:
-        return "netcdf"
-    if suffix in LMDB_SUFFIXES:
-        return "lmdb"
+    kind = user_format(p.suffix)
+    if kind in (HDF5, NETCDF, LMDB):
+        return kind
     try:
         with open(p, "rb") as f:
             if f.read(8) == HDF5_SIGNATURE:
-                return "hdf5"
+                return HDF5
     except OSError:
         pass
     return "other"
@@ -124,12 +122,12 @@ def _build(p: Path, data_key: str | None, label_key: str | None) -> Manifest:
     import iobench
 
     fmt = detect_format(p)
-    if fmt == "files":
+    if fmt == FILES:
         if data_key or label_key:
             raise ConfigError(f"--data {p} is an ImageFolder tree (labels are its folder "
                               "names): drop --data-key/--label-key")
         parts = _imagefolder(p)
-    elif fmt == "lmdb":
+    elif fmt == LMDB:
         if data_key:
             raise ConfigError(f"--data {p} is an LMDB environment (samples are its index "
                               "keys): drop --data-key; --label-key names the labels record")
@@ -201,7 +199,7 @@ def _numeric(dtype: Any) -> bool:
 def _inspect(path: Path, fmt: str) -> dict[str, tuple[tuple[int, ...], Any]]:
     """Every array in the file: name -> (shape, dtype)."""
     out: dict[str, tuple[tuple[int, ...], Any]] = {}
-    if fmt == "hdf5":
+    if fmt == HDF5:
         import h5py
 
         try:
@@ -234,7 +232,7 @@ def _netcdf4() -> Any:
 
 
 def _read_labels(path: Path, fmt: str, key: str) -> np.ndarray:
-    if fmt == "hdf5":
+    if fmt == HDF5:
         import h5py
 
         with h5py.File(path, "r", locking=False) as h:

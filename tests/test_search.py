@@ -21,7 +21,7 @@ from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from conftest import cli, mpiexec_path
 from iobench.metrics import EpochClock, rank_figures
-from iobench.search import answer, next_point, physics_estimate
+from iobench.search import SearchConfig, answer, next_point, physics_estimate, train_command
 from iobench.workloads import WORKLOADS, resolve
 
 MB = 1_000_000
@@ -63,9 +63,10 @@ def test_datasize_prints_mlperf_rule(capsys: pytest.CaptureFixture[str]) -> None
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["train", "--workload", "unet3d", "--accelerator", "h100", "--storage", "."],
-     "the 'npz' format is registered but WORKLOADS['unet3d'].dataset"),
-    (["generate", "--workload", "retinanet", "--accelerator", "b200"], "~323 KB"),
+    (["generate", "--workload", "unet3d", "--accelerator", "h100", "--format", "hdf5"],
+     "contradicts --workload unet3d (--format npz)"),
+    (["train", "--workload", "retinanet", "--accelerator", "a100", "--storage", "."],
+     "choose one of: b200, mi355"),
     (["train", "--loader", "files", "--accelerator", "h100", "--storage", "."],
      "--accelerator applies with --workload"),
     (["datasize", "--workload", "resnet50", "--accelerator", "b200", "--accelerators", "1"],
@@ -74,6 +75,8 @@ def test_datasize_prints_mlperf_rule(capsys: pytest.CaptureFixture[str]) -> None
       "--launcher", "mpiexec -n 4"], "must contain {ranks}"),
     (["generate", "--workload", "resnet50", "--accelerator", "a100", "--format", "lmdb"],
      "contradicts --workload resnet50"),
+    (["search", "--workload", "cosmoflow", "--accelerator", "h100", "--storage", ".",
+      "--hosts", "4", "--max-accelerators", "2"], "raise --max-accelerators to 4 or more"),
 ])
 def test_bad_workload_lines_are_one_line_exit_2(argv: list[str], words: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,6 +106,36 @@ def test_search_finds_the_largest_passing_count_in_few_points(k: int, limit: int
         passed[n] = n <= k
     assert answer(passed) == min(k, limit)
     assert len(passed) <= 2 * (limit.bit_length() + 1)
+
+
+@given(k=st.integers(0, 80), max_accelerators=st.integers(1, 64), hosts=st.integers(1, 8))
+def test_search_over_hosts_runs_only_even_spreads(k: int, max_accelerators: int,
+                                                  hosts: int) -> None:
+    """--hosts H: every count run is a multiple of H (N / H per host) up to
+    --max-accelerators rounded down to one; the answer is the largest such count that
+    passes, still in O(log) points."""
+    if hosts > max_accelerators:  # a ConfigError (below)
+        return
+    cfg = SearchConfig(workload="cosmoflow", accelerator="h100", storage=".", hosts=hosts,
+                       max_accelerators=max_accelerators)
+    assert cfg.step == hosts and cfg.limit == max_accelerators // hosts * hosts
+    passed: dict[int, bool] = {}
+    while (n := next_point(passed, cfg.limit, cfg.step)) is not None:
+        assert n % hosts == 0 and hosts <= n <= cfg.limit and n not in passed
+        passed[n] = n <= k
+    assert answer(passed) == min(k, cfg.limit) // hosts * hosts
+    assert len(passed) <= 2 * ((cfg.limit // hosts).bit_length() + 1)
+
+
+def test_launcher_gets_the_per_host_count(tmp_path: Path) -> None:
+    cfg = SearchConfig(workload="cosmoflow", accelerator="h100", storage=".", hosts=4,
+                       max_accelerators=10,
+                       launcher=("env", "RANKS={ranks}", "PER_HOST={per_host}"))
+    assert cfg.limit == 8
+    cmd = train_command(cfg, 8, tmp_path)
+    assert cmd[1:3] == ["RANKS=8", "PER_HOST=2"]
+    with pytest.raises(ValueError, match="do not spread evenly over 4 hosts"):
+        train_command(cfg, 6, tmp_path)
 
 
 # ---- real runs -------------------------------------------------------------------------------
@@ -139,6 +172,90 @@ def test_train_with_a_workload_runs_its_preset(cosmo_storage: Path, tmp_path: Pa
     assert any("MLPerf Storage asks for 500" in w for w in doc["warnings"])
     s = doc["epochs"][0]["summary"]
     assert s["au_mlperf_mean"] >= s["au_mean"]
+
+
+@pytest.fixture(scope="module")
+def unet3d_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One unet3d sample at MLPerf's size (147 MB, ~6 s here): samples cannot be made
+    smaller (every sample has the dataset's one shape), so the tests read one sample."""
+    d = tmp_path_factory.mktemp("unet3d")
+    assert cli("generate", "--workload", "unet3d", "--accelerator", "a100", "--samples", "1",
+               "--storage", d) == 0
+    return d
+
+
+def test_unet3d_samples_are_mlperf_sized_npz_volumes(unet3d_storage: Path) -> None:
+    """One .npz per sample, within 10% of MLPerf's mean, holding the seed's volume."""
+    import numpy as np
+
+    from iobench.datasets import DATASETS
+    from iobench.generators.synth import make_sample
+
+    [path] = (unet3d_storage / "unet3d-npz" / "train").glob("*.npz")
+    assert abs(path.stat().st_size / 146_600_628 - 1) < 0.10
+    x, y = make_sample(DATASETS["unet3d"], 0, 0)
+    with np.load(path, allow_pickle=False) as z:
+        assert z["x"].shape == (264, 264, 264, 4) and z["x"].dtype == np.int16
+        assert np.array_equal(z["x"], x) and np.array_equal(z["y"], y)
+    assert len(np.unique(x[::8, ::8, ::8, 3])) > 100  # a field, not a constant
+
+
+def test_train_runs_unet3d(unet3d_storage: Path, tmp_path: Path) -> None:
+    """--workload unet3d --accelerator b200: the npz loader, batch 7, 0.162 s per step; the
+    one sample is one partial batch, read whole from storage."""
+    res = tmp_path / "res"
+    assert cli("train", "--workload", "unet3d", "--accelerator", "b200", "--storage",
+               unet3d_storage, "--epochs", "1", "--results", res) == 0
+    [path] = res.glob("*.json")
+    doc = json.loads(path.read_text())
+    c = doc["config"]
+    assert (c["dataset"], c["loader"], c["batch_size"], c["compute_time_s"], c["decode"]) == \
+        ("unet3d", "npz", 7, 0.162, False)
+    [npz] = (unet3d_storage / "unet3d-npz" / "train").glob("*.npz")
+    assert doc["epochs"][0]["summary"]["batch_bytes"] == npz.stat().st_size
+
+
+@needs_mpi
+def test_search_runs_unet3d(unet3d_storage: Path, tmp_path: Path) -> None:
+    """One point (the cap): a real cold run of one emulated b200 on the one sample."""
+    res = tmp_path / "res"
+    assert cli("search", "--workload", "unet3d", "--accelerator", "b200", "--storage",
+               unet3d_storage, "--results", res, "--max-accelerators", "1") == 0
+    [path] = res.glob("search-*.json")
+    doc = json.loads(path.read_text())
+    assert (doc["status"], doc["threshold"]) == ("complete", 0.90)
+    [point] = doc["points"]
+    assert point["accelerators"] == 1 and point["read_MBps"] > 0
+
+
+@pytest.fixture(scope="module")
+def retinanet_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("retinanet")
+    assert cli("generate", "--workload", "retinanet", "--accelerator", "b200", "--samples",
+               "120", "--jobs", "2", "--storage", d) == 0
+    return d
+
+
+def test_retinanet_jpegs_are_mlperf_sized(retinanet_storage: Path) -> None:
+    """One JPEG per file, mean within 10% of MLPerf's 322,957 B (the first 120 of seed 0:
+    -0.1%; 1,000: -0.5%, docs/mlperf.md)."""
+    sizes = [p.stat().st_size for p in (retinanet_storage / "openimages-files" / "train")
+             .rglob("*.JPEG")]
+    assert len(sizes) == 120
+    assert abs(sum(sizes) / len(sizes) / 322_957 - 1) < 0.10
+
+
+def test_train_runs_retinanet(retinanet_storage: Path, tmp_path: Path) -> None:
+    res = tmp_path / "res"
+    assert cli("train", "--workload", "retinanet", "--accelerator", "mi355", "--storage",
+               retinanet_storage, "--epochs", "1", "--results", res) == 0
+    [path] = res.glob("*.json")
+    doc = json.loads(path.read_text())
+    c = doc["config"]
+    assert (c["dataset"], c["loader"], c["batch_size"], c["compute_time_s"]) == \
+        ("openimages", "files", 32, 0.0634)
+    assert doc["summary"]["verdict"]["threshold"] == 0.85
+    assert doc["epochs"][0]["summary"]["samples"] == 120
 
 
 @needs_mpi

@@ -40,7 +40,7 @@ def test_fill_samples_same_bytes_for_any_range(dataset, ranges):
         assert np.array_equal(np.asarray(label), np.asarray(synth.make_label(spec, 7, i)))
 
 
-@pytest.mark.parametrize("dataset", ["cifar10", "imagenet", "cosmoflow"])
+@pytest.mark.parametrize("dataset", ["cifar10", "imagenet", "cosmoflow", "openimages", "unet3d"])
 def test_labels_blockwise_match_per_sample(dataset):
     spec = DATASETS[dataset]
     first = synth.LABEL_BLOCK - 5  # across a block boundary
@@ -67,6 +67,22 @@ def test_imagenet_planes_are_what_is_encoded():
     assert blob == simplejpeg.encode_jpeg_yuv_planes(y, cb, cr, quality=synth.JPEG_QUALITY)
     assert y.dtype == np.uint8 and y.shape == cb.shape == cr.shape  # 4:4:4
     assert simplejpeg.decode_jpeg_header(blob)[:2] == y.shape
+
+
+def test_openimages_are_imagenet_pictures_scaled_up_to_a_capped_side():
+    """openimages (retinanet): imagenet's mixture at 1.85x the side, long side <= 1,600 px,
+    so the typical image (imagenet's 500 px long side) is 925 px long; the same encoder."""
+    import simplejpeg
+
+    def shapes(name):
+        return np.array([synth.imagenet_planes(DATASETS[name], 0, i)[0].shape
+                         for i in range(200)])
+
+    big, small = shapes("openimages"), shapes("imagenet")
+    assert big.max() <= 1600 and big.min() >= 32
+    assert np.median(small.max(axis=1)) == 500 and np.median(big.max(axis=1)) == 925
+    blob, _ = synth.make_sample(DATASETS["openimages"], 0, 1)
+    assert simplejpeg.decode_jpeg_header(blob)[:2] == tuple(big[1])
 
 
 def test_imagenet_dimensions_follow_the_documented_mixture():

@@ -38,12 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "0.70, retinanet 0.85)")
     p.add_argument("--workers", type=int, default=2, help="loader workers per rank (default 2)")
     p.add_argument("--launcher", default="mpiexec -n {ranks}", metavar="CMD",
-                   help="how to start N ranks; {ranks} is replaced by N (default: "
-                        "'mpiexec -n {ranks}'; e.g. 'srun -n {ranks} --ntasks-per-node 4')")
+                   help="how to start N ranks; {ranks} is replaced by N and {per_host} by "
+                        "N / --hosts (default: 'mpiexec -n {ranks}'; e.g. 'srun -n {ranks} "
+                        "--ntasks-per-node {per_host}')")
     p.add_argument("--point-timeout", type=float, default=1800.0, metavar="SECONDS",
                    help="end a point's run after this long (default 1800)")
     p.add_argument("--hosts", type=int, default=0, metavar="H",
-                   help="client hosts, for the dataset-size warning (iobench datasize)")
+                   help="client hosts: every N is a multiple of H, spread evenly over them "
+                        "(as MLPerf requires; others are skipped), and the dataset-size "
+                        "warning (iobench datasize)")
     p.add_argument("--host-memory-gb", type=float, default=0.0, metavar="G",
                    help="memory per client host in GiB, for the dataset-size warning")
     p.add_argument("--train-arg", action="append", default=[], metavar="ARG",
