@@ -253,17 +253,20 @@ def test_killing_a_multi_job_generate_prints_no_traceback(tmp_path, sig, target,
 
 
 def test_a_second_writer_is_refused_naming_the_first(tmp_path) -> None:
-    first = _generate(tmp_path)
+    # the first writer is stopped (SIGSTOP) once it has written some files, so it holds the
+    # lock for as long as the test needs without writing a large dataset
+    first = _generate(tmp_path, samples=64)
     try:
         _started(tmp_path)
+        os.killpg(first.pid, signal.SIGSTOP)
         r = subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset",
-                            "cosmoflow", "--samples", "400", "--samples-per-file", "2",
+                            "cosmoflow", "--samples", "64", "--samples-per-file", "2",
                             "--storage", str(tmp_path)], capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert f"is being written by pid {first.pid} on " in r.stderr
     finally:
-        first.kill()
+        os.killpg(first.pid, signal.SIGKILL)
         first.communicate()
     # its process gone, the lock is stale: the next writer takes over and resumes
     r = subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset", "cosmoflow",
@@ -273,7 +276,7 @@ def test_a_second_writer_is_refused_naming_the_first(tmp_path) -> None:
     lock = tmp_path / ".cosmoflow-hdf5.iobench-lock"
     assert lock.exists()  # SIGKILL left it
     r = subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset", "cosmoflow",
-                        "--samples", "400", "--samples-per-file", "2", "--jobs", "2",
+                        "--samples", "64", "--samples-per-file", "2", "--jobs", "2",
                         "--storage", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "kept from an earlier run" in r.stderr, r.stderr
     assert not lock.exists()
