@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +50,43 @@ TINY = {"cifar10": (40, 16), "imagenet": (10, 4), "cosmoflow": (4, 3)}
 TINY_SEED = 7
 
 
+@functools.cache
+def truth(dataset: str, index: int) -> tuple[Any, Any]:
+    """(sample, label) of a TINY dataset's index, from the synthesis itself."""
+    from iobench.datasets import DATASETS
+    from iobench.generators.synth import make_sample
+
+    return make_sample(DATASETS[dataset], TINY_SEED, index)
+
+
+def check_batches(dataset: str, batches: list, expect: Any) -> None:
+    """Each delivered (sample, label) equals the synthesis of its index, in `expect` order."""
+    import numpy as np
+    import torch
+
+    from iobench.datasets import DATASETS
+
+    spec = DATASETS[dataset]
+    got = np.concatenate([b.indices.numpy() for b in batches])
+    np.testing.assert_array_equal(got, expect)
+    for b in batches:
+        assert b.indices.dtype == torch.int64
+        if spec.num_classes:
+            assert b.labels.dtype == torch.int64 and b.labels.shape == (len(b.indices),)
+        else:
+            assert b.labels.dtype == torch.float32 and b.labels.shape == (len(b.indices), 4)
+        for j, i in enumerate(b.indices.tolist()):
+            sample, label = truth(dataset, i)
+            if spec.sample_kind == "jpeg":
+                o = b.offsets
+                assert b.samples.dtype == torch.uint8 and b.samples.dim() == 1
+                assert b.samples[o[j]:o[j + 1]].numpy().tobytes() == sample
+            else:
+                assert b.samples.dtype == getattr(torch, spec.sample_dtype)
+                np.testing.assert_array_equal(b.samples[j].numpy(), sample)
+            np.testing.assert_array_equal(b.labels[j].numpy(), np.asarray(label))
+
+
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory: pytest.TempPathFactory):
     """`tiny_root(dataset, fmt)`: the root of a TINY dataset generated once per session (seed
@@ -68,3 +107,20 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory):
         return m.root
 
     return make
+
+
+# Modules whose tests time things tightly (emulated steps within 5 %, shadow clocks, signals
+# at exact points, AU against a bandwidth), evict the whole page cache, or drive a
+# machine-wide service (GlusterFS, Slurm). `make test` runs every other module in parallel
+# (pytest-xdist) and these afterwards, alone, so no other test's load or eviction skews them.
+SERIAL_MODULES = frozenset({
+    "test_cache", "test_gluster", "test_honesty", "test_interrupts", "test_pfs",
+    "test_search", "test_slurm", "test_train", "test_train_mpi", "test_verdict",
+    "test_watchdog",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)

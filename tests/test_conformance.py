@@ -15,7 +15,6 @@ A new format joins by its registry line and one `READ_BACK` entry below.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import shutil
 from collections.abc import Callable
@@ -24,9 +23,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import TINY, TINY_SEED, cli, run_mpi
+from conftest import TINY, TINY_SEED, check_batches, cli, run_mpi, truth
 from iobench.datasets import DATASETS
 from iobench.errors import DatasetError
 from iobench.formats import FORMATS, loader_formats
@@ -44,12 +42,6 @@ DALI_MARKS = [pytest.mark.dali, pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA
 NAMES = list(FORMATS)
 
 
-@functools.cache
-def truth(dataset: str, index: int) -> tuple[Any, Any]:
-    from iobench.generators.synth import make_sample
-
-    return make_sample(DATASETS[dataset], TINY_SEED, index)
-
 
 def cfg(**kw: Any) -> LoaderConfig:
     base = {"batch_size": 3, "workers": 0, "decode": False, "seed": 11, "shuffle": "global"}
@@ -58,29 +50,6 @@ def cfg(**kw: Any) -> LoaderConfig:
 
 def indices(loader: Any, epoch: int) -> list[int]:
     return [i for b in loader.epoch(epoch) for i in b.indices.tolist()]
-
-
-def check_batches(dataset: str, batches: list, expect: np.ndarray) -> None:
-    """Each delivered (sample, label) equals the synthesis of its index, in `expect` order."""
-    spec = DATASETS[dataset]
-    got = np.concatenate([b.indices.numpy() for b in batches])
-    np.testing.assert_array_equal(got, expect)
-    for b in batches:
-        assert b.indices.dtype == torch.int64
-        if spec.num_classes:
-            assert b.labels.dtype == torch.int64 and b.labels.shape == (len(b.indices),)
-        else:
-            assert b.labels.dtype == torch.float32 and b.labels.shape == (len(b.indices), 4)
-        for j, i in enumerate(b.indices.tolist()):
-            sample, label = truth(dataset, i)
-            if spec.sample_kind == "jpeg":
-                o = b.offsets
-                assert b.samples.dtype == torch.uint8 and b.samples.dim() == 1
-                assert b.samples[o[j]:o[j + 1]].numpy().tobytes() == sample
-            else:
-                assert b.samples.dtype == getattr(torch, spec.sample_dtype)
-                np.testing.assert_array_equal(b.samples[j].numpy(), sample)
-            np.testing.assert_array_equal(b.labels[j].numpy(), np.asarray(label))
 
 
 # ----------------------------------------------------------- each format's own library

@@ -4,7 +4,6 @@ the file for wrong, missing or damaged datasets."""
 
 from __future__ import annotations
 
-import functools
 import shutil
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_SEED
+from conftest import TINY_SEED, check_batches, truth
 from iobench.datasets import DATASETS
 from iobench.errors import DatasetError, DatasetNotFoundError
 from iobench.formats import FORMATS as REGISTRY
@@ -46,12 +45,6 @@ def needs_dali(f):
     return f
 
 
-@functools.cache
-def truth(dataset: str, index: int) -> tuple[object, object]:
-    from iobench.generators.synth import make_sample
-
-    return make_sample(DATASETS[dataset], SEED, index)
-
 
 @pytest.fixture(scope="module")
 def dataset_root(tiny_root):
@@ -65,29 +58,6 @@ def cfg(**kw) -> LoaderConfig:
 
 def collect(loader, epoch: int = 0) -> list:
     return list(loader.epoch(epoch))
-
-
-def check_raw(dataset: str, batches: list, expect_indices: np.ndarray) -> None:
-    """Each delivered (sample, label) pair equals the ground truth of its index."""
-    spec = DATASETS[dataset]
-    got = np.concatenate([b.indices.numpy() for b in batches])
-    np.testing.assert_array_equal(got, expect_indices)
-    for b in batches:
-        assert b.indices.dtype == torch.int64
-        if spec.num_classes:
-            assert b.labels.dtype == torch.int64 and b.labels.shape == (len(b.indices),)
-        else:
-            assert b.labels.dtype == torch.float32 and b.labels.shape == (len(b.indices), 4)
-        for j, i in enumerate(b.indices.tolist()):
-            sample, label = truth(dataset, i)
-            if spec.sample_kind == "jpeg":
-                o = b.offsets
-                assert b.samples.dtype == torch.uint8 and b.samples.dim() == 1
-                assert b.samples[o[j]:o[j + 1]].numpy().tobytes() == sample
-            else:
-                assert b.samples.dtype == getattr(torch, spec.sample_dtype)
-                np.testing.assert_array_equal(b.samples[j].numpy(), sample)
-            np.testing.assert_array_equal(b.labels[j].numpy(), np.asarray(label))
 
 
 def _payload_truth(root: Path, fmt: str, dataset: str, idx: list[int]) -> int:
@@ -302,7 +272,7 @@ def test_dali_epoch_left_early_restarts_cleanly(dataset_root):
         it = ld.epoch(0)
         next(it)
         it.close()
-        check_raw("cifar10", collect(ld, 1), ld.indices(1))
+        check_batches("cifar10", collect(ld, 1), ld.indices(1))
 
 
 def test_netcdf4_and_h5py_in_one_process(dataset_root):
@@ -317,8 +287,8 @@ def test_pin_memory_and_non_persistent_workers(dataset_root):
     root = dataset_root("cifar10", "hdf5")
     with make_loader("hdf5", root, cfg(workers=1, persistent_workers=False, pin_memory=True,
                                        prefetch=1)) as ld:
-        check_raw("cifar10", collect(ld, 0), ld.indices(0))
-        check_raw("cifar10", collect(ld, 1), ld.indices(1))
+        check_batches("cifar10", collect(ld, 0), ld.indices(0))
+        check_batches("cifar10", collect(ld, 1), ld.indices(1))
 
 
 def test_local_scope_reads_only_own_files(dataset_root):
@@ -451,7 +421,7 @@ def test_a_killed_worker_is_a_clear_error(dataset_root):
             for _ in it:
                 pass
         Reader.victim = -1
-        check_raw("cifar10", collect(ld, 1), ld.indices(1))  # the next epoch starts afresh
+        check_batches("cifar10", collect(ld, 1), ld.indices(1))  # the next epoch starts afresh
 
 
 @needs_dali
@@ -507,7 +477,7 @@ def test_compressed_data_and_stored_chunk_bytes(tmp_path, fmt, compression):
     for name in loaders:
         with make_loader(name, m.root, cfg(workers=1)) as ld:
             batches = collect(ld, 0)
-            check_raw("cifar10", batches, ld.indices(0))
+            check_batches("cifar10", batches, ld.indices(0))
             for b in batches:
                 assert b.payload_bytes == sum(chunk_bytes[i] for i in b.indices.tolist())
 
@@ -520,8 +490,8 @@ def test_epoch_left_early_then_the_next_is_complete(dataset_root, worker_type):
         it = ld.epoch(0)
         next(it)
         it.close()
-        check_raw("cifar10", collect(ld, 1), ld.indices(1))
-        check_raw("cifar10", collect(ld, 2), ld.indices(2))
+        check_batches("cifar10", collect(ld, 1), ld.indices(1))
+        check_batches("cifar10", collect(ld, 2), ld.indices(2))
 
 
 def test_block_shuffle_prefetches_whole_blocks(tmp_path):
@@ -573,7 +543,7 @@ def test_lmdb_pages_can_be_evicted_between_epochs(tmp_path, workers):
         pytest.skip("cannot evict or measure page-cache residency here (tmpfs, no rights)")
     with make_loader("lmdb", m.root, cfg(workers=workers, batch_size=32)) as ld:
         for epoch in range(2):
-            check_raw("cifar10", collect(ld, epoch), ld.indices(epoch))
+            check_batches("cifar10", collect(ld, epoch), ld.indices(epoch))
             assert cache.resident_fraction(paths) > 0.5  # it was read through the cache
             cache.evict(paths)
             assert cache.resident_fraction(paths) < 0.05
@@ -594,7 +564,7 @@ def test_zarr_compressed_payload_is_each_inner_chunk(tmp_path, samples):
             for i in range(samples)}
     with make_loader("zarr", m.root, cfg(workers=0)) as ld:
         batches = collect(ld, 0)
-        check_raw("cifar10", batches, ld.indices(0))
+        check_batches("cifar10", batches, ld.indices(0))
         for b in batches:
             assert b.payload_bytes == sum(want[i] for i in b.indices.tolist())
 
