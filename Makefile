@@ -29,9 +29,13 @@ system-deps:
 demo: venv system-deps
 	bash scripts/demo.sh
 
+# Two passes: most modules in parallel (TEST_JOBS processes, one module per process at a
+# time), then the `serial` ones alone (timing-sensitive or machine-wide; tests/conftest.py).
+TEST_JOBS ?= 2
 test: venv system-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -m serial
 
 lint: venv
 	$(BIN)/ruff check .
