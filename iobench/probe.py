@@ -566,7 +566,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
     Scratch files live in a hidden directory under the storage and are
     removed afterwards, also on failure or interruption.
     """
-    from iobench.stage import now_iso
+    from iobench.results import now_iso
     from iobench.sysinfo import mount_of, provenance
 
     log = log or (lambda _msg: None)

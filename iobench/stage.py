@@ -48,6 +48,7 @@ from iobench.errors import (
 )
 from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
+from iobench.results import now_iso
 from iobench.spread import spread
 from iobench.watchdog import pending
 from iobench.world import World
@@ -735,29 +736,6 @@ def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, 
 
     staged = dataclasses.replace(manifest, extra=extra, root=None)
     staged.write(dest_root)
-
-
-def now_iso() -> str:
-    """UTC time with microseconds (orders results written within one second)."""
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
-
-
-def write_result(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> Path:
-    """Write a result document atomically under a new name in `results_dir`; never overwrite."""
-    from iobench.jsonio import write_json_atomic
-
-    results_dir = Path(results_dir)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    host = socket.gethostname().split(".")[0]
-    for k in range(1000):
-        name = f"{prefix}-{stamp}-{host}" + (f"-{k}" if k else "") + ".json"
-        try:
-            return write_json_atomic(results_dir / name, doc, exclusive=True)
-        except FileExistsError:
-            continue
-    raise StorageError(f"cannot find a free result name in {results_dir}")
 
 
 def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,

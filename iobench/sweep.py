@@ -439,7 +439,7 @@ def _slug(text: str) -> str:
 def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = True,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep; return its record (also written into the results directory)."""
-    from iobench.stage import now_iso, write_result
+    from iobench.results import now_iso, write_document
 
     results = Path(cfg.results)
     logs = results / "logs"
@@ -569,7 +569,7 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
             "counts": {s: sum(o.status == s for o in outcomes if o.step == "train")
                        for s in ("done", "skipped", "failed")},
         }
-        path = write_result(record, results, "sweep")
+        path = write_document(record, results, "sweep")
         log(f"sweep record: {path}")
     if write_report and cfg.report:
         from iobench.report import write_report as _write
