@@ -212,7 +212,13 @@ class Found:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
 
 
+# The other documents a results directory holds, named here so that the code reading them
+# (compare, report, verdict) needs no import of the workflow that writes them.
 STAGE_SCHEMA = "iobench.stage"
+# v2: source_cache, os_read_bytes, repeats/repetitions/spread; v3: per_node, slowest_node
+STAGE_SCHEMA_VERSION = 3
+PROBE_SCHEMA = "iobench.probe"
+PROBE_SCHEMA_VERSION = 2  # v2: open_stat_close, first-byte latency, cache status, evict_cmd, profile
 
 
 def find_documents(paths: Iterable[str | Path]) -> Found:

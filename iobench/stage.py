@@ -48,14 +48,12 @@ from iobench.errors import (
 )
 from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
-from iobench.results import now_iso
+from iobench.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.spread import spread
 from iobench.watchdog import pending
 from iobench.world import World
 
-SCHEMA = "iobench.stage"
-# v2: source_cache, os_read_bytes, repeats/repetitions/spread; v3: per_node, slowest_node
-SCHEMA_VERSION = 3
+SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.results says each version
 MODES = ("replicate", "shard")
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
