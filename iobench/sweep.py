@@ -30,7 +30,20 @@ from iobench.datasets import DATASETS, dataset_dirname
 from iobench.errors import ConfigError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats
 from iobench.sampling import SHUFFLES
-from iobench.schema import ANY, Bool, Count, List, Map, NonNeg, Opt, SchemaError, Spec, Str, check
+from iobench.schema import (
+    ANY,
+    Bool,
+    Count,
+    List,
+    Map,
+    NonNeg,
+    Opt,
+    SchemaError,
+    SchemaTypeError,
+    Spec,
+    Str,
+    check,
+)
 
 SCHEMA = "iobench.sweep"
 SCHEMA_VERSION = 1
@@ -148,8 +161,8 @@ class _Either(Spec):
         except SchemaError:
             try:
                 self.b.check(v, at)
-            except SchemaError as e:
-                if str(e).startswith(f"{at}: expected "):  # neither fits at this level
+            except SchemaTypeError as e:
+                if e.at == at:  # neither fits at this level
                     raise SchemaError(f"{at}: expected {self.name}, got {v!r}") from None
                 raise
 
