@@ -33,7 +33,6 @@ from iobench.datasets import DATASETS, dataset_dirname, parse_dataset
 from iobench.errors import (
     ConfigError,
     DatasetNotFoundError,
-    DistributedError,
     IobenchError,
 )
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats, parse_format
@@ -46,7 +45,7 @@ from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
 from iobench.userdata import USER_DATASET, shared_manifest
 from iobench.watchdog import Interrupted, Watchdog, pending
-from iobench.world import World
+from iobench.world import World, agree
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
 COMPUTE_KINDS: tuple[str, ...] = ("model", "emulated", "none")
@@ -226,23 +225,6 @@ def check_results_dir(path: str | Path) -> Path:
     return writable_dir(path, "--results", create=True)
 
 
-def _agree(world: World, err: IobenchError | None) -> None:
-    """Raise on every rank if any rank failed; rank 0's message names the failing rank.
-
-    The raised error carries `iobench_agreed = True`: every rank knows, so
-    the CLI lets rank 0 print one line and exits without aborting the job.
-    """
-    errs = world.allgather(None if err is None else str(err))
-    bad = [(r, m) for r, m in enumerate(errs) if m is not None]
-    if not bad:
-        return
-    if err is None or len({m for _, m in bad}) > 1 or len(bad) < world.size:
-        msg = f"rank {bad[0][0]}: {bad[0][1]}"
-        err = type(err)(msg) if err is not None else DistributedError(msg)
-    err.iobench_agreed = True  # type: ignore[attr-defined]
-    raise err
-
-
 def _torch_threads(world: World, config: TrainConfig) -> int:
     """Intra-op threads per rank: the rank's share of cores minus what its workers need."""
     if os.environ.get("OMP_NUM_THREADS"):
@@ -398,7 +380,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
             check_results_dir(config.results)
     except IobenchError as e:
         err = e
-    _agree(world, err)
+    agree(world, err)
     from iobench.preflight import check_same_dataset
 
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
@@ -454,7 +436,7 @@ def _make_loader(factory: LoaderFactory, manifest: Manifest, config: TrainConfig
                          world.rank, world.size)
     except IobenchError as e:
         err = e
-    _agree(world, err)
+    agree(world, err)
     assert loader is not None
     return loader
 

@@ -219,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
         return e.exit_code
     except IobenchError as e:
-        if getattr(e, "iobench_agreed", False) or world.size == 1:
+        if e.agreed or world.size == 1:
             if world.is_root:
                 raise  # the CLI prints it once
             return e.exit_code
@@ -257,7 +257,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
             raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
                               "or drop --warm-source")
     except IobenchError as e:
-        e.iobench_agreed = True  # type: ignore[attr-defined]  # same on every rank
+        e.agreed = True  # same on every rank
         raise
     # the watchdog (--timeout without progress) names a stuck rank; a collective's own
     # timeout, later, is only the backstop
