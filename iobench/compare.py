@@ -5,8 +5,7 @@ Rows come from `iobench.result` documents (docs/results-schema.md); each
 run's ratio is taken to the first run given. A run with `--repeat N`
 repetitions shows each headline figure as median [min-max], and a
 difference to the first run no larger than the spread is marked `n.s.`
-(`iobench.spread.differs`). `staging_pairs` is the one break-even of
-staging (docs/metrics.md), used here and by `iobench report`.
+(`iobench.spread.differs`). The staging break-even is `iobench.breakeven`.
 """
 
 from __future__ import annotations
@@ -20,17 +19,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from iobench.breakeven import root_of, staging_pairs
 from iobench.errors import IobenchError, StorageError
 from iobench.jsonio import read_json
 from iobench.metrics import fmt_rate
 from iobench.results import (
     STAGE_SCHEMA,
+    STAGE_SCHEMA_VERSION,
     ResultError,
     find_documents,
     find_results,
     load_result,
 )
-from iobench.spread import HEADLINE, differs, fmt_spread, repetition_figures, run_spread, spread
+from iobench.spread import HEADLINE, differs, fmt_spread, run_spread, spread
 
 
 def load_runs(paths: list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
@@ -43,21 +44,14 @@ def load_documents(paths: list[str | Path]
     """Training results, staging results (`iobench stage`, used for the break-even of
     staging) and what was set aside with why, from files and directories (searched with
     their sub-directories)."""
-    from iobench.stage import SCHEMA_VERSION as STAGE_VERSION
-
     found = find_documents(paths)
     stages = []
     for p in found.stages:
         try:
-            stages.append(read_json(p, schema=STAGE_SCHEMA, max_version=STAGE_VERSION))
+            stages.append(read_json(p, schema=STAGE_SCHEMA, max_version=STAGE_SCHEMA_VERSION))
         except IobenchError as e:
             found.skipped.append((p, str(e)))
     return [load_result(p) for p in found.results], stages, found.skipped
-
-
-def _root_of(place: Any) -> str | None:
-    """The root of a staging's `from`/`to` (an object with `root`, or a bare path)."""
-    return place.get("root") if isinstance(place, dict) else place
 
 
 def run_label(doc: dict[str, Any]) -> str:
@@ -71,7 +65,7 @@ def run_label(doc: dict[str, Any]) -> str:
     if doc.get("tier"):
         where += f" [EMULATED pfs, {doc['tier']['profile'].get('name')}]"
     if doc.get("staging"):
-        where += f" [staged from {_root_of(doc['staging'].get('from'))}]"
+        where += f" [staged from {root_of(doc['staging'].get('from'))}]"
     if doc.get("status", "complete") != "complete":  # a part of a run: said where it shows
         where += f" [{str(doc['status']).upper()}: {len(doc['epochs'])} epoch(s) completed]"
     return f"{c['loader']} @ {where}, {what}"
@@ -80,169 +74,6 @@ def run_label(doc: dict[str, Any]) -> str:
 def repetitions(doc: Mapping[str, Any]) -> int:
     """How many repetitions (`--repeat N`) a training result holds (1 for v1 results)."""
     return len({int(e.get("repeat", 0)) for e in doc["epochs"]}) or 1
-
-
-# --------------------------------------------------------------------- staging break-even
-
-def real(path: str | None) -> str:
-    """The real path of a dataset root (symlinks and `..` resolved); '' for None."""
-    return os.path.realpath(path) if path else ""
-
-
-def staging_record(doc: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The staging a document describes, or None: an `iobench.stage` result, or a training
-    result with a `staging` section (`iobench train --stage-to`).
-
-    With `--repeat N` stagings (a `spread` section), `stage_s` and `stage_MBps`
-    are the medians and `stage_spread` the spread of `stage_s`.
-    """
-    if doc.get("schema") == "iobench.stage":
-        st, run = doc, None
-    elif doc.get("staging"):
-        st, run = doc["staging"], doc
-    else:
-        return None
-    sp = st.get("spread") or {}
-    src, dst = st.get("from"), st.get("to")
-    ds = doc["dataset"]
-    resumed = st.get("skipped_files") or 0
-    return {
-        "stage_s": sp["stage_s"]["median"] if sp.get("stage_s") else st["stage_s"],
-        "stage_spread": sp.get("stage_s"),
-        "stage_bytes": st["stage_bytes"],
-        "stage_MBps": sp["stage_MBps"]["median"] if sp.get("stage_MBps") else st.get("stage_MBps"),
-        "repeats": st.get("repeats") or 1,
-        "mode": (st.get("mode") or "n/a") + (f" (resumed: {resumed} files were already there)"
-                                              if resumed else ""),
-        "resumed": resumed,
-        "from": real(_root_of(src)), "to": real(_root_of(dst)),
-        "from_kind": src.get("fstype") if isinstance(src, dict) else None,
-        "to_kind": dst.get("fstype") if isinstance(dst, dict) else None,
-        "dataset": ds["dataset"], "format": ds["format"],
-        "staged_run": run,
-    }
-
-
-def _comparable_key(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """What must be equal for two runs' epoch times to differ by their storage alone."""
-    c, comp, ds = doc["config"], doc["compute"], doc["dataset"]
-    return {"dataset": ds["dataset"], "format": ds["format"], "samples": ds.get("num_samples"),
-            "compute": comp["kind"], "model": comp.get("model"),
-            "compute_time_s": comp.get("compute_time_s"), "decode": comp.get("decode"),
-            "batch_size": c["batch_size"], "ranks": doc["world"]["size"], "loader": c["loader"],
-            "workers": c["workers"], "shuffle": c.get("shuffle"),
-            "max_steps": c.get("max_steps"), "cache": doc["cache"]["mode"]}
-
-
-def comparability(slow: Mapping[str, Any], fast: Mapping[str, Any]) -> list[str]:
-    """Why two runs' epoch times are not comparable, one `field a vs b` each; [] when they are.
-
-    Dataset (name, format, samples), compute (kind, model, emulated step time,
-    decode), batch size, ranks, loader, workers, shuffle, steps per epoch and
-    cache mode must match.
-    """
-    a, b = _comparable_key(slow), _comparable_key(fast)
-    return [f"{k} {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
-
-
-def break_even_text(row: Mapping[str, Any]) -> str:
-    """The break-even of a `staging_pairs` row for tables: epochs, `never`, or why not."""
-    be = row.get("break_even_epochs")
-    if row.get("refused"):
-        return f"not computed: {row['refused']}"
-    if be is None:
-        return "n/a (resumed staging: not a full staging cost)" if row.get("resumed") else "n/a"
-    text = "never" if math.isinf(be) else f"{be:.2f}"
-    if row.get("significant") is False:
-        text += " (n.s.: epoch times within their spread)"
-    return text
-
-
-def jsonable_break_even(value: float | None) -> float | str | None:
-    """`break_even_epochs` for JSON: the word `never` for infinity (JSON has no infinity)."""
-    return "never" if value is not None and math.isinf(value) else value
-
-
-def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
-               fast: Mapping[str, Any]) -> dict[str, Any]:
-    """Staging cost against the epoch time it saves, per docs/metrics.md.
-
-    `slow` reads the staging's source in place, `fast` the staged copy.
-    `break_even_epochs` = stage_s / (epoch_wall_slow - epoch_wall_fast), with
-    epoch walls the medians over repetitions (seconds) and stage_s the
-    median over repeated stagings: epochs until staging pays for itself;
-    math.inf when staging does not make epochs faster; None when the runs
-    are not comparable (`refused` says why) or the staging was resumed
-    (part of the data was already there: its time is no staging cost).
-    `significant` is `iobench.spread.differs` of the two epoch walls.
-    """
-    out = {**staging, "slow_run_id": slow["run_id"], "fast_run_id": fast["run_id"],
-           "run": f"{slow['config']['loader']}, {slow['config']['workers']} workers, batch "
-                  f"{slow['config']['batch_size']}, shuffle {slow['config'].get('shuffle')}",
-           "refused": None, "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
-           "epoch_fast": None, "significant": None, "break_even_epochs": None, "epochs": None,
-           "in_place_s": None, "staged_total_s": None}
-    out.pop("staged_run", None)
-    diff = comparability(slow, fast)
-    if diff:
-        out["refused"] = ("runs not comparable: " + ", ".join(diff)
-                          + " (in place vs staged)")
-        return out
-    slow_sp, fast_sp = run_spread(slow["epochs"])["epoch_wall_s"], \
-        run_spread(fast["epochs"])["epoch_wall_s"]
-    if not slow_sp or not fast_sp:
-        out["refused"] = "a run has no epochs"
-        return out
-    slow_s, fast_s = slow_sp["median"], fast_sp["median"]
-    gain = slow_s - fast_s
-    stage_s = staging["stage_s"]
-    epochs = repetition_figures(slow["epochs"])[0]["epochs"]
-    out.update({
-        "epoch_slow_s": slow_s, "epoch_fast_s": fast_s, "epoch_slow": slow_sp,
-        "epoch_fast": fast_sp, "significant": differs(slow_sp, fast_sp),
-        "break_even_epochs": None if staging["resumed"] else
-        stage_s / gain if gain > 0 else math.inf,
-        # time to solution for the runs' epoch count, in place vs staged
-        "epochs": epochs, "in_place_s": slow_s * epochs,
-        "staged_total_s": stage_s + fast_s * epochs,
-    })
-    return out
-
-
-def staging_pairs(runs: Sequence[Mapping[str, Any]],
-                  stages: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
-    """Every staging paired with the in-place runs of its source: `break_even` rows.
-
-    A staging is a training result with a `staging` section (its own epochs
-    are the staged ones) or an `iobench stage` result in `stages` (the staged
-    epochs come from runs reading its destination). The in-place runs are
-    those without staging whose dataset root is the staging's source, by real
-    path, whatever the order the runs were given in. A staging without any
-    in-place run gets one row with `run` None and `refused` saying so. Rows of
-    one staging share their `staging_index`.
-    """
-    out = []
-    stagings = [st for st in map(staging_record, [*stages, *runs]) if st is not None]
-    for k, st in enumerate(stagings):
-        st = {**st, "staging_index": k}
-        fasts = ([st["staged_run"]] if st["staged_run"] is not None else
-                 [r for r in runs if real(r["dataset"].get("root")) == st["to"]])
-        slows = [r for r in runs if not r.get("staging")
-                 and real(r["dataset"].get("root")) == st["from"]]
-        pairs = [(a, b) for a in slows for b in fasts if a is not b]
-        if not pairs:
-            row = {**st, "run": None, "slow_run_id": None,
-                   "fast_run_id": st["staged_run"]["run_id"] if st["staged_run"] else None,
-                   "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
-                   "epoch_fast": None, "significant": None, "break_even_epochs": None,
-                   "epochs": None, "in_place_s": None, "staged_total_s": None,
-                   "refused": f"no in-place run of {st['from']}" if not slows else
-                   f"no run of the staged copy {st['to']}"}
-            row.pop("staged_run")
-            out.append(row)
-            continue
-        out += [break_even(st, a, b) for a, b in pairs]
-    return out
 
 
 # ------------------------------------------------------------------------ per-run figures

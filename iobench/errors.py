@@ -10,6 +10,10 @@ class IobenchError(Exception):
     """Base of every error that is the user's to fix; the message says how."""
 
     exit_code = 2
+    # True when every rank raised this error together (set by `iobench.world.agree`, or
+    # where every rank meets the same error before any collective): the CLI prints it
+    # once, on rank 0, and ends without aborting the job.
+    agreed: bool = False
 
 
 class ConfigError(IobenchError, ValueError):

@@ -253,5 +253,5 @@ def check_same_dataset(world: World, manifest: Manifest) -> None:
         err = ConfigError(f"node(s) {', '.join(bad)} see another version of the dataset than "
                           f"{ref_node} ({diff}): every node must read the same copy; run "
                           "`iobench preflight` and fix the stale copy")
-        err.iobench_agreed = True  # type: ignore[attr-defined]  # every rank raises it
+        err.agreed = True  # every rank raises it
         raise err

@@ -40,9 +40,9 @@ import numpy as np
 
 from iobench import cache
 from iobench.errors import ConfigError, StorageError, UnsupportedError
+from iobench.results import PROBE_SCHEMA, PROBE_SCHEMA_VERSION
 
-SCHEMA = "iobench.probe"
-SCHEMA_VERSION = 2  # v2: open_stat_close, first-byte latency, cache status, evict_cmd, profile
+SCHEMA, SCHEMA_VERSION = PROBE_SCHEMA, PROBE_SCHEMA_VERSION  # iobench.results says each version
 ENGINES = ("auto", "fio", "python")
 ENGINE_ENV = "IOBENCH_PROBE_ENGINE"  # "python" forces iobench's own measurement (CI, tests)
 KiB, MiB = 2**10, 2**20
@@ -566,7 +566,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
     Scratch files live in a hidden directory under the storage and are
     removed afterwards, also on failure or interruption.
     """
-    from iobench.stage import now_iso
+    from iobench.results import now_iso
     from iobench.sysinfo import mount_of, provenance
 
     log = log or (lambda _msg: None)

@@ -27,15 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iobench.breakeven import break_even_text, real, staging_pairs
 from iobench.compare import (
-    break_even_text,
     epoch_spreads,
     error_bars,
     fmt_figure,
     mark,
-    real,
     repetitions,
-    staging_pairs,
 )
 from iobench.errors import ConfigError, DatasetNotFoundError
 from iobench.spread import differs, run_spread
@@ -208,7 +206,7 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
 def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """Staging cost next to the epoch time it saves: `break_even_epochs` per docs/metrics.md.
 
-    `iobench.compare.staging_pairs` pairs each staging (an `iobench stage`
+    `iobench.breakeven.staging_pairs` pairs each staging (an `iobench stage`
     result or a run's `staging` section) with the in-place runs reading its
     source and the runs of its copy, and refuses pairs that are not
     comparable. Here each staging keeps its comparable pairs, one per

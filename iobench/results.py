@@ -1,11 +1,14 @@
-"""Result documents (`iobench.result` v1): validate, write atomically under a fresh run id, load.
+"""Result documents: validate, write atomically under a fresh name, load.
 
-One JSON file per run, `RESULTS/<run id>.json`, never overwriting an earlier
-run (docs/results-schema.md documents every field).
+Training results (`iobench.result`): one JSON file per run, `RESULTS/<run id>.json`,
+never overwriting an earlier run (docs/results-schema.md documents every field).
+The other workflows' documents (stage, probe, sweep, pfs-profile) are written
+by `write_document` as `RESULTS/<prefix>-<time>-<host>.json`, never overwriting.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 import secrets
 import socket
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import IobenchError
+from iobench.errors import IobenchError, StorageError
 from iobench.jsonio import read_json, write_json_atomic
 from iobench.schema import (
     ANY,
@@ -154,6 +157,26 @@ def write_result(doc: dict[str, Any], results_dir: str | Path) -> Path:
     raise ResultError(f"cannot find a free result name in {results_dir}")
 
 
+def now_iso() -> str:
+    """UTC time with microseconds (orders results written within one second)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
+
+
+def write_document(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> Path:
+    """Write a workflow's document atomically as `results_dir/<prefix>-<time>-<host>[-k].json`,
+    a new name: never overwrites an earlier file. Returns the path written."""
+    results_dir = Path(results_dir)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    host = socket.gethostname().split(".")[0]
+    for k in range(1000):
+        name = f"{prefix}-{stamp}-{host}" + (f"-{k}" if k else "") + ".json"
+        try:
+            return write_json_atomic(results_dir / name, doc, exclusive=True)
+        except FileExistsError:
+            continue
+    raise StorageError(f"cannot find a free result name in {results_dir}")
+
+
 def load_result(path: str | Path) -> dict[str, Any]:
     """Read and validate one result file."""
     path = Path(path)
@@ -189,7 +212,13 @@ class Found:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
 
 
+# The other documents a results directory holds, named here so that the code reading them
+# (compare, report, verdict) needs no import of the workflow that writes them.
 STAGE_SCHEMA = "iobench.stage"
+# v2: source_cache, os_read_bytes, repeats/repetitions/spread; v3: per_node, slowest_node
+STAGE_SCHEMA_VERSION = 3
+PROBE_SCHEMA = "iobench.probe"
+PROBE_SCHEMA_VERSION = 2  # v2: open_stat_close, first-byte latency, cache status, evict_cmd, profile
 
 
 def find_documents(paths: Iterable[str | Path]) -> Found:

@@ -23,6 +23,14 @@ class SchemaError(DatasetError):
     """A document does not have the shape iobench wrote."""
 
 
+class SchemaTypeError(SchemaError):
+    """The value at path `at` is not of the expected kind (the field itself, not one inside it)."""
+
+    def __init__(self, message: str, at: str) -> None:
+        super().__init__(message)
+        self.at = at
+
+
 def _show(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -38,8 +46,8 @@ class Spec:
         raise NotImplementedError
 
 
-def _fail(at: str, expected: str, v: Any) -> SchemaError:
-    return SchemaError(f"{at or 'the document'}: expected {expected}, got {_show(v)}")
+def _fail(at: str, expected: str, v: Any) -> SchemaTypeError:
+    return SchemaTypeError(f"{at or 'the document'}: expected {expected}, got {_show(v)}", at)
 
 
 @dataclass(frozen=True)

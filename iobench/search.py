@@ -53,6 +53,15 @@ class SearchError(IobenchError):
     exit_code = 1
 
 
+class SearchInterrupted(Interrupted):
+    """SIGINT/SIGTERM during `run_search`: `document` is the search result of the points
+    that completed (status `interrupted`)."""
+
+    def __init__(self, signum: int, document: dict[str, Any]) -> None:
+        super().__init__(signum)
+        self.document = document
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     """What `iobench search` runs. `batch_size` None: the workload's; another batch scales the
@@ -282,7 +291,7 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     An interrupt (SIGINT/SIGTERM turned into `Interrupted` by the caller)
     stops the running point; the document then says `interrupted`, holds the
     points that completed, and the exception is raised again with it
-    attached as `.document`.
+    raised as `SearchInterrupted` carrying it as `document`.
     """
     from iobench.manifest import Manifest
     from iobench.results import load_result, new_run_id
@@ -372,8 +381,7 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
         doc["warnings"].insert(0, f"INTERRUPTED: {e}; the answer covers only the "
                                f"{len(doc['points'])} point(s) that completed")
         _finish(doc, passed, t0)
-        e.document = doc  # type: ignore[attr-defined]
-        raise
+        raise SearchInterrupted(e.signum, doc) from None
     _finish(doc, passed, t0)
     return doc
 

@@ -42,19 +42,17 @@ from iobench.errors import (
     ConfigError,
     DatasetError,
     DatasetNotFoundError,
-    DistributedError,
     IobenchError,
     StorageError,
 )
 from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
+from iobench.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.spread import spread
 from iobench.watchdog import pending
-from iobench.world import World
+from iobench.world import World, agree
 
-SCHEMA = "iobench.stage"
-# v2: source_cache, os_read_bytes, repeats/repetitions/spread; v3: per_node, slowest_node
-SCHEMA_VERSION = 3
+SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.results says each version
 MODES = ("replicate", "shard")
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
@@ -413,22 +411,6 @@ def _need_bytes(entries: list[FileEntry], dest_root: Path) -> int:
     return need
 
 
-def _gather_ok(world: World, error: BaseException | None) -> None:
-    """Raise on every rank if any rank failed (collective), so no rank is left waiting."""
-    msg = None if error is None else (type(error).__name__, str(error),
-                                      getattr(error, "exit_code", 2))
-    msgs = world.allgather(msg)
-    bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
-    if not bad:
-        return
-    if isinstance(error, OSError) and not isinstance(error, IobenchError):
-        raise StorageError(f"{error.filename or 'staging'}: {error.strerror or error}") from error
-    if error is not None:
-        raise error
-    r, (_kind, text, _code) = bad[0]
-    raise DistributedError(f"staging failed on rank {r}: {text}")
-
-
 def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any]:
     """Stage the dataset; return the staging result (the `iobench.stage` v2 document).
 
@@ -477,7 +459,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                 (dest_root / MANIFEST_NAME).unlink()
     except Exception as e:  # whatever it is, every rank must hear of it (no rank left waiting)
         error = e
-    _gather_ok(world, error)
+    agree(world, error, "staging")
     assert manifest is not None and src_root is not None and dest_root is not None
     from iobench.preflight import check_same_dataset
 
@@ -488,7 +470,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     warned = False
     for r in range(cfg.repeat):
         if r:  # the next repetition copies everything again, into a destination without it
-            _gather_ok(world, _remove_files(copied))
+            agree(world, _remove_files(copied), "staging")
             copied = []
         rep = _copy_once(cfg, world, manifest, src_root, dest_root, mine, r, copied,
                          count_io=note is None)
@@ -503,7 +485,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
             _write_dest_manifest(manifest, dest_root, cfg, world, node_files, src_root, ranks)
         except Exception as e:  # every rank must hear of it
             error = e
-    _gather_ok(world, error)
+    agree(world, error, "staging")
 
     first = reps[0]  # the one that met the destination as it was: the resume counters
     total = first["counters"]
@@ -613,7 +595,7 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
     rank_s = (time.perf_counter_ns() - t0) / 1e9
     # threads share the process's counters; the rank has no child processes while copying
     io = procio.tree_io() - io0 if io0 is not None else None
-    _gather_ok(world, error)
+    agree(world, error, "staging")
     world.barrier()
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
 
@@ -737,29 +719,6 @@ def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, 
     staged.write(dest_root)
 
 
-def now_iso() -> str:
-    """UTC time with microseconds (orders results written within one second)."""
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds")
-
-
-def write_result(doc: dict[str, Any], results_dir: str | Path, prefix: str) -> Path:
-    """Write a result document atomically under a new name in `results_dir`; never overwrite."""
-    from iobench.jsonio import write_json_atomic
-
-    results_dir = Path(results_dir)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    host = socket.gethostname().split(".")[0]
-    for k in range(1000):
-        name = f"{prefix}-{stamp}-{host}" + (f"-{k}" if k else "") + ".json"
-        try:
-            return write_json_atomic(results_dir / name, doc, exclusive=True)
-        except FileExistsError:
-            continue
-    raise StorageError(f"cannot find a free result name in {results_dir}")
-
-
 def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
                        progress: bool = False, warm_source: bool = False,
                        evict_cmd: str | None = None) -> tuple[Any, dict[str, Any]]:
@@ -790,11 +749,11 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
     except IobenchError as e:
         error = e
     try:
-        _gather_ok(world, error)  # no rank enters the copy while another has failed
+        agree(world, error, "staging")  # no rank enters the copy while another has failed
         assert cfg is not None
         doc = stage_dataset(cfg, world)
     except IobenchError as e:
-        e.iobench_agreed = True  # type: ignore[attr-defined]  # every rank raised it
+        e.agreed = True  # every rank raised it
         raise
     staging = {k: doc[k] for k in ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes",
                                    "os_read_bytes_note", "source_cache", "mode",

@@ -30,7 +30,20 @@ from iobench.datasets import DATASETS, dataset_dirname
 from iobench.errors import ConfigError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats
 from iobench.sampling import SHUFFLES
-from iobench.schema import ANY, Bool, Count, List, Map, NonNeg, Opt, SchemaError, Spec, Str, check
+from iobench.schema import (
+    ANY,
+    Bool,
+    Count,
+    List,
+    Map,
+    NonNeg,
+    Opt,
+    SchemaError,
+    SchemaTypeError,
+    Spec,
+    Str,
+    check,
+)
 
 SCHEMA = "iobench.sweep"
 SCHEMA_VERSION = 1
@@ -148,8 +161,8 @@ class _Either(Spec):
         except SchemaError:
             try:
                 self.b.check(v, at)
-            except SchemaError as e:
-                if str(e).startswith(f"{at}: expected "):  # neither fits at this level
+            except SchemaTypeError as e:
+                if e.at == at:  # neither fits at this level
                     raise SchemaError(f"{at}: expected {self.name}, got {v!r}") from None
                 raise
 
@@ -439,7 +452,7 @@ def _slug(text: str) -> str:
 def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = True,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep; return its record (also written into the results directory)."""
-    from iobench.stage import now_iso, write_result
+    from iobench.results import now_iso, write_document
 
     results = Path(cfg.results)
     logs = results / "logs"
@@ -569,7 +582,7 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
             "counts": {s: sum(o.status == s for o in outcomes if o.step == "train")
                        for s in ("done", "skipped", "failed")},
         }
-        path = write_result(record, results, "sweep")
+        path = write_document(record, results, "sweep")
         log(f"sweep record: {path}")
     if write_report and cfg.report:
         from iobench.report import write_report as _write

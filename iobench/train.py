@@ -28,12 +28,11 @@ from typing import Any
 
 import torch
 
-from iobench import cache, procio, sysinfo
+from iobench import cache, faults, procio, sysinfo
 from iobench.datasets import DATASETS, dataset_dirname, parse_dataset
 from iobench.errors import (
     ConfigError,
     DatasetNotFoundError,
-    DistributedError,
     IobenchError,
 )
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats, parse_format
@@ -46,14 +45,12 @@ from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
 from iobench.userdata import USER_DATASET, shared_manifest
 from iobench.watchdog import Interrupted, Watchdog, pending
-from iobench.world import World
+from iobench.world import World, agree
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
 COMPUTE_KINDS: tuple[str, ...] = ("model", "emulated", "none")
 # residency above this after eviction means eviction did not take
 RESIDENT_WARN_FRACTION = 0.10
-# Test hook (only tests set it): "rank=R,epoch=E,step=S,action=raise|kill".
-FAULT_ENV = "IOBENCH_TEST_FAULT"
 
 LoaderFactory = Callable[[Manifest, LoaderConfig, int, int], Loader]
 
@@ -226,23 +223,6 @@ def check_results_dir(path: str | Path) -> Path:
     return writable_dir(path, "--results", create=True)
 
 
-def _agree(world: World, err: IobenchError | None) -> None:
-    """Raise on every rank if any rank failed; rank 0's message names the failing rank.
-
-    The raised error carries `iobench_agreed = True`: every rank knows, so
-    the CLI lets rank 0 print one line and exits without aborting the job.
-    """
-    errs = world.allgather(None if err is None else str(err))
-    bad = [(r, m) for r, m in enumerate(errs) if m is not None]
-    if not bad:
-        return
-    if err is None or len({m for _, m in bad}) > 1 or len(bad) < world.size:
-        msg = f"rank {bad[0][0]}: {bad[0][1]}"
-        err = type(err)(msg) if err is not None else DistributedError(msg)
-    err.iobench_agreed = True  # type: ignore[attr-defined]
-    raise err
-
-
 def _torch_threads(world: World, config: TrainConfig) -> int:
     """Intra-op threads per rank: the rank's share of cores minus what its workers need."""
     if os.environ.get("OMP_NUM_THREADS"):
@@ -251,48 +231,6 @@ def _torch_threads(world: World, config: TrainConfig) -> int:
     avail = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
     per_rank = avail if avail < total else max(1, avail // max(world.local_size, 1))
     return max(1, per_rank - config.workers)
-
-
-def _fault() -> dict[str, Any] | None:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return None
-    kv = dict(p.split("=", 1) for p in spec.split(","))
-    return {"rank": int(kv["rank"]), "epoch": int(kv.get("epoch", 0)),
-            "step": int(kv.get("step", 0)), "action": kv.get("action", "raise")}
-
-
-def _launcher_pid() -> int:
-    """Tests: the process a terminal's Ctrl-C reaches: mpiexec (the parent of this rank's
-    hydra proxy, as each rank runs in a session of its own), else this process."""
-    try:
-        with open(f"/proc/{os.getppid()}/stat") as f:
-            grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
-        with open(f"/proc/{grandparent}/comm") as f:
-            if f.read().strip().startswith("mpiexec"):
-                return grandparent
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.getpid()
-
-
-def _maybe_fault(fault: dict[str, Any] | None, rank: int, epoch: int, step: int) -> None:
-    """The injected fault, where it is due. step -1: between epochs (after the epoch's
-    figures are recorded); action `sigint`/`sigterm` sends it to the process group."""
-    if fault and (fault["rank"], fault["epoch"], fault["step"]) == (rank, epoch, step):
-        if fault["action"] in ("sigint", "sigterm"):
-            import signal
-
-            os.kill(_launcher_pid(),
-                    signal.SIGINT if fault["action"] == "sigint" else signal.SIGTERM)
-            time.sleep(1)  # the handler runs here (several ranks: it records the signal)
-            return
-        if fault["action"] == "kill":
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fault["action"] == "raise":  # (sigint-write is the CLI's, at the final write)
-            raise RuntimeError(f"injected fault ({FAULT_ENV}) at epoch {epoch} step {step}")
 
 
 def emulate_compute(seconds: float, start_ns: int) -> int:
@@ -398,7 +336,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
             check_results_dir(config.results)
     except IobenchError as e:
         err = e
-    _agree(world, err)
+    agree(world, err)
     from iobench.preflight import check_same_dataset
 
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
@@ -454,7 +392,7 @@ def _make_loader(factory: LoaderFactory, manifest: Manifest, config: TrainConfig
                          world.rank, world.size)
     except IobenchError as e:
         err = e
-    _agree(world, err)
+    agree(world, err)
     assert loader is not None
     return loader
 
@@ -592,7 +530,7 @@ class _Run:
         note = procio.read_bytes_unavailable(manifest.root)
         self.count_io = note is None
         self.io_note = f"os_read_bytes is null: {note}" if note else None
-        self.fault = _fault()
+        self.fault = faults.planned()  # tests only: None unless IOBENCH_TEST_FAULT is set
         self.epochs: list[dict[str, Any]] = []
         self.warnings: list[str] = []
         self.startups: list[dict[str, Any]] = []
@@ -666,7 +604,7 @@ class _Run:
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
                          tier)
-        _maybe_fault(self.fault, world.rank, epoch, -1)  # tests: a signal between epochs
+        faults.at_step(self.fault, world.rank, epoch, -1)  # tests: a signal between epochs
 
     def _steps(self, rep: int, epoch: int, loader: Loader, compute: _Compute
                ) -> tuple[EpochClock, dict[str, Any] | None]:
@@ -702,7 +640,7 @@ class _Run:
                     self.live(epoch, step + 1, steps_total, clock)
                     last_live = t_ready
                 self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
-                _maybe_fault(self.fault, world.rank, epoch, step)
+                faults.at_step(self.fault, world.rank, epoch, step)
                 end = compute.step(x, y, t_ready, batch.finish)
                 clock.compute_done(len(batch.indices), batch.payload_bytes, end)
                 step += 1

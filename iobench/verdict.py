@@ -359,17 +359,21 @@ def _done(status: str, au: float | None, threshold: float, bottleneck: str,
 def for_run(doc: dict[str, Any], results_dir: str, threshold: float) -> dict[str, Any]:
     """The verdict on a run just measured, with what the results directory adds: the
     newest probe of the tier it read, and a staging pairing with a run on the other tier."""
-    from iobench.compare import staging_pairs
+    from iobench.breakeven import staging_pairs
     from iobench.jsonio import read_json
-    from iobench.probe import SCHEMA as PROBE_SCHEMA
-    from iobench.probe import SCHEMA_VERSION as PROBE_VERSION
-    from iobench.results import find_documents, load_result, schema_of
+    from iobench.results import (
+        PROBE_SCHEMA,
+        PROBE_SCHEMA_VERSION,
+        find_documents,
+        load_result,
+        schema_of,
+    )
 
     probes, others = [], []
     try:
         found = find_documents([results_dir])
         others = [load_result(p) for p in found.results]
-        probes = [read_json(p, schema=PROBE_SCHEMA, max_version=PROBE_VERSION)
+        probes = [read_json(p, schema=PROBE_SCHEMA, max_version=PROBE_SCHEMA_VERSION)
                   for p, _ in found.skipped if schema_of(p) == PROBE_SCHEMA]
     except Exception:  # a damaged neighbour must not cost the run its verdict
         pass

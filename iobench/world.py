@@ -149,3 +149,35 @@ def get_world() -> World:
             local.Free()
             return world
     return World(hostname=host, node_name=name)
+
+
+def agree(world: World, error: BaseException | None, what: str = "") -> None:
+    """A collective: return when no rank failed, else raise on every rank (so none is left
+    waiting at the next collective), the raised `IobenchError` marked `agreed`.
+
+    A rank that failed raises its own error (a bare `OSError` as a `StorageError` naming
+    the file), renamed `rank R: message` after the first failing rank when the ranks did
+    not all fail alike. A rank that did not fail raises a `DistributedError`: `rank R:
+    message`, or `<what> failed on rank R: message` when `what` is given.
+    """
+    from iobench.errors import DistributedError, IobenchError, StorageError
+
+    msgs = world.allgather(None if error is None else str(error))
+    bad = [(r, m) for r, m in enumerate(msgs) if m is not None]
+    if not bad:
+        return
+    r, m = bad[0]
+    cause = None
+    if error is None:
+        error = DistributedError(f"{what} failed on rank {r}: {m}" if what else f"rank {r}: {m}")
+    elif isinstance(error, IobenchError) and (len({m for _, m in bad}) > 1
+                                              or len(bad) < world.size):
+        error = type(error)(f"rank {r}: {m}")
+    elif isinstance(error, OSError) and not isinstance(error, IobenchError):
+        cause = error
+        error = StorageError(f"{error.filename or what or 'a rank'}: {error.strerror or error}")
+    if isinstance(error, IobenchError):
+        error.agreed = True
+    if cause is not None:
+        raise error from cause
+    raise error

@@ -311,15 +311,14 @@ class DaliLoader(Loader):
             raise self._explain(e, idx_all, step) from None
 
     def _explain(self, e: BaseException, idx_all: np.ndarray | None, step: int) -> DatasetError:
-        msg = str(e)
-        for line in msg.splitlines():  # our own reader's error, raised in a DALI worker
-            if "cannot read" in line or "is missing" in line:
-                return DatasetError(line.split("Error: ", 1)[-1].strip())
         if idx_all is not None:
-            # DALI's own readers and decoders do not name the file: find it with ours,
-            # in the batches DALI may have been working on (it prefetches ahead)
+            # DALI's own readers and decoders do not name the file, and our reader's error,
+            # raised in a DALI worker, comes back as DALI's text: find the file with our
+            # reader, in the batches DALI may have been working on (it prefetches ahead,
+            # `prefetch` batches per worker for an external source)
             bs = self.config.batch_size
-            stop = min(len(idx_all), (step + self.config.prefetch + 2) * bs)
+            ahead = self.config.prefetch * max(1, self.config.workers) + 2
+            stop = min(len(idx_all), (step + ahead) * bs)
             try:
                 for s in range(step * bs, stop, bs):
                     b = idx_all[s:s + bs]
@@ -332,7 +331,7 @@ class DaliLoader(Loader):
                                     "is damaged: regenerate or re-stage the dataset")
             except DatasetError as found:
                 return found
-        lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln == "encountered:"]
         why = after[0] if after else (lines[0] if lines else type(e).__name__)
         return DatasetError(f"DALI pipeline failed reading {self.manifest.root}: {why}")
@@ -359,7 +358,7 @@ class DaliLoader(Loader):
         for k in range(steps):
             idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
             n = len(idx)
-            outs = self._run(pipe, idx_all if files else None, k)
+            outs = self._run(pipe, idx_all, k)
             if files:
                 labels = torch.from_numpy(np.ascontiguousarray(self.reader.labels()[idx]))
                 nbytes = int(self.reader.sizes[idx].sum())

@@ -14,7 +14,7 @@ from test_report import with_repeats
 from test_train import Factory, make_npy_dataset
 
 from conftest import cli
-from iobench import compare, results
+from iobench import breakeven, compare, results
 from iobench.stage import stage_for_training
 from iobench.train import TrainConfig, run
 from iobench.world import World
@@ -145,7 +145,7 @@ def test_break_even_pairs_the_source_run_whatever_the_order(staged, tmp_path) ->
     p_in, in_place = _walls(staged["in_place"][1], [2.0, 3.0], tmp_path)
     p_st, st = _walls(staged["staged"][1], [0.5, 0.5], tmp_path)
     for docs in ([in_place, st], [st, in_place]):  # staged first: still the slow/fast pair
-        (row,) = compare.staging_pairs(docs)
+        (row,) = breakeven.staging_pairs(docs)
         assert row["slow_run_id"] == in_place["run_id"] and row["fast_run_id"] == st["run_id"]
         assert row["refused"] is None and (row["epoch_slow_s"], row["epoch_fast_s"]) == (2.5, 0.5)
         assert row["break_even_epochs"] == pytest.approx(st["staging"]["stage_s"] / 2.0)
@@ -166,9 +166,9 @@ def test_incomparable_runs_are_refused_with_the_reason(staged, capsys, other, ne
     else:
         doc = staged[other][1]
     st = staged["staged"][1]
-    (row,) = compare.staging_pairs([st, doc])
+    (row,) = breakeven.staging_pairs([st, doc])
     assert row["break_even_epochs"] is None and needle in row["refused"]
-    assert "not computed" in compare.break_even_text(row)
+    assert "not computed" in breakeven.break_even_text(row)
     (line,) = [ln for ln in _text([st, doc]).splitlines() if ln.startswith("staging")]
     assert "break-even vs run 2 not computed: runs not comparable" in line and needle in line
 
@@ -176,10 +176,10 @@ def test_incomparable_runs_are_refused_with_the_reason(staged, capsys, other, ne
 def test_staging_that_does_not_pay_says_never(staged, tmp_path, capsys) -> None:
     p_in, in_place = _walls(staged["in_place"][1], [1.0, 1.0], tmp_path)
     p_sl, slower = _walls(staged["staged"][1], [1.5, 1.0], tmp_path)  # the copy is slower
-    (row,) = compare.staging_pairs([in_place, slower])
+    (row,) = breakeven.staging_pairs([in_place, slower])
     assert row["break_even_epochs"] == math.inf
-    assert compare.break_even_text(row) == "never"
-    assert compare.jsonable_break_even(row["break_even_epochs"]) == "never"
+    assert breakeven.break_even_text(row) == "never"
+    assert breakeven.jsonable_break_even(row["break_even_epochs"]) == "never"
     assert cli("compare", p_in, p_sl) == 0
     assert "never pays for itself" in capsys.readouterr().out
 
@@ -187,13 +187,13 @@ def test_staging_that_does_not_pay_says_never(staged, tmp_path, capsys) -> None:
 def test_resumed_staging_is_no_staging_cost(staged) -> None:
     resumed = staged["resumed"][1]
     assert resumed["staging"]["skipped_files"] > 0  # the copy was already there
-    (row,) = compare.staging_pairs([staged["in_place"][1], resumed])
+    (row,) = breakeven.staging_pairs([staged["in_place"][1], resumed])
     assert row["break_even_epochs"] is None and row["refused"] is None
-    assert "resumed" in compare.break_even_text(row)
+    assert "resumed" in breakeven.break_even_text(row)
 
 
 def test_staged_run_without_its_source_run_says_so(staged) -> None:
-    (row,) = compare.staging_pairs([staged["staged"][1]])
+    (row,) = breakeven.staging_pairs([staged["staged"][1]])
     assert row["break_even_epochs"] is None and row["refused"].startswith("no in-place run of")
 
 
@@ -253,15 +253,15 @@ def test_repeated_staging_break_even_from_medians(staged, repeated) -> None:
     stage = {"median": 4.0, "min": 3.0, "max": 6.0, "cv": 0.3, "n": 3, "values": [3.0, 4.0, 6.0]}
     fast["staging"]["repeats"] = 3
     fast["staging"]["spread"] = {"stage_s": stage, "stage_MBps": None}
-    (row,) = compare.staging_pairs([fast, slow])
+    (row,) = breakeven.staging_pairs([fast, slow])
     assert row["break_even_epochs"] == pytest.approx(4.0 / (3.5 - 1.2))
     assert row["significant"] is True and row["stage_spread"] == stage
     line = compare.staging_line(row, {slow["run_id"]: 2, fast["run_id"]: 1})
     assert "in 4 [3-6] s" in line and "1.2 [1-1.5] s staged vs 3.5 [3-4] s in place" in line
     # epoch times within their spread: the break-even is marked not significant
     close = with_repeats(in_place, [[1.1, 1.1], [1.3, 1.3], [1.6, 1.6]], "close")
-    (row,) = compare.staging_pairs([close, fast])
-    assert row["significant"] is False and "n.s." in compare.break_even_text(row)
+    (row,) = breakeven.staging_pairs([close, fast])
+    assert row["significant"] is False and "n.s." in breakeven.break_even_text(row)
 
 
 def test_a_results_folder_as_users_fill_it(tmp_path, capsys):

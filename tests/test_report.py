@@ -21,8 +21,9 @@ from iobench import report, results
 from iobench.loaders.base import Batch, Loader
 from iobench.manifest import FileEntry, Manifest
 from iobench.probe import ProbeConfig, probe_storage
+from iobench.results import write_document
 from iobench.spread import run_spread
-from iobench.stage import StageConfig, stage_dataset, write_result
+from iobench.stage import StageConfig, stage_dataset
 from iobench.train import TrainConfig, run
 from iobench.world import World
 
@@ -89,8 +90,8 @@ def results_dir(tmp_path_factory) -> Path:
     for tier, label in ((slow, "pfs"), (fast, "nvme")):
         cfg = ProbeConfig(storage=tier, file_bytes=4 * 2**20, readers=(1, 2), runtime_s=0.1,
                           sample_bytes=3072, metadata_files=10, engine="python", label=label)
-        write_result(probe_storage(cfg), res, "probe")
-    write_result(stage_dataset(StageConfig("cifar10", "hdf5", slow, fast)), res, "stage")
+        write_document(probe_storage(cfg), res, "probe")
+    write_document(stage_dataset(StageConfig("cifar10", "hdf5", slow, fast)), res, "stage")
     for workers in (0, 1):
         _train(slow, res, 0.02, workers)
         _train(fast, res, 0.0, workers)

@@ -80,7 +80,7 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.stage import write_result
+    from iobench.results import write_document
     from iobench.world import get_world
 
     if get_world().size > 1:
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
                           "its --readers option sets the concurrency")
     cfg = config_from_args(args)
     doc = probe_storage(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-    path = write_result(doc, args.results, "probe")
+    path = write_document(doc, args.results, "probe")
     profile = _write_profile(doc, args.results, args.profile_out)
     s = doc["summary"]
     for w in doc["warnings"]:
@@ -115,7 +115,7 @@ def _write_profile(doc: dict[str, Any], results: str, out: str | None) -> Path:
     """Write the tier's emulated profile: to `out`, else a new name in `results`."""
     from iobench.jsonio import write_json_atomic
     from iobench.pfs.profiles import Profile, profile_document
-    from iobench.stage import write_result
+    from iobench.results import write_document
 
     pdoc = profile_document(Profile.from_dict(doc["emulator_profile"]), doc)
     if out is not None:
@@ -125,4 +125,4 @@ def _write_profile(doc: dict[str, Any], results: str, out: str | None) -> Path:
             raise StorageError(f"--profile-out {out}: its directory does not exist; create it "
                                "or give another path")
         return Path(write_json_atomic(out, pdoc))
-    return write_result(pdoc, results, "pfs-profile")
+    return write_document(pdoc, results, "pfs-profile")

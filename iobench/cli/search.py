@@ -58,7 +58,13 @@ def main(args: argparse.Namespace) -> int:
     from iobench.cli._workload import workload_of
     from iobench.errors import ConfigError
     from iobench.outputs import writable_dir
-    from iobench.search import SearchConfig, answer_line, run_search, write_search
+    from iobench.search import (
+        SearchConfig,
+        SearchInterrupted,
+        answer_line,
+        run_search,
+        write_search,
+    )
     from iobench.watchdog import Interrupted, interrupts
     from iobench.world import get_world
 
@@ -81,12 +87,12 @@ def main(args: argparse.Namespace) -> int:
     with interrupts(grace_s=None):
         try:
             doc = run_search(cfg, log=lambda m: print(m, flush=True))
+        except SearchInterrupted as e:
+            path = write_search(e.document, cfg.results)
+            print(f"iobench: interrupted ({e}); search result marked interrupted: {path}",
+                  file=sys.stderr, flush=True)
+            return e.exit_code
         except Interrupted as e:
-            doc = getattr(e, "document", None)
-            if doc is not None:
-                path = write_search(doc, cfg.results)
-                print(f"iobench: interrupted ({e}); search result marked interrupted: {path}",
-                      file=sys.stderr, flush=True)
             return e.exit_code
         for w in doc["warnings"]:
             print(f"warning: {w}", file=sys.stderr)

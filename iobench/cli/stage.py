@@ -17,7 +17,8 @@ from typing import Any
 
 from iobench.datasets import DATASETS
 from iobench.formats import FORMATS
-from iobench.stage import MODES, MiB, StageConfig, stage_dataset, write_result
+from iobench.results import write_document
+from iobench.stage import MODES, MiB, StageConfig, stage_dataset
 from iobench.world import get_world
 
 
@@ -99,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
         if torchrun:
             distributed.destroy_process_group()
     if world.rank == 0:
-        path = write_result(doc, args.results, "stage")
+        path = write_document(doc, args.results, "stage")
         print(f"staged {doc['dataset']['dataset']}/{doc['dataset']['format']} "
               f"({doc['mode']}) to {doc['to']['root']}: {doc['copied_files']} files copied, "
               f"{doc['skipped_files']} already complete, {_figures(doc)}; {_source(doc)}; "

@@ -219,7 +219,7 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
         return e.exit_code
     except IobenchError as e:
-        if getattr(e, "iobench_agreed", False) or world.size == 1:
+        if e.agreed or world.size == 1:
             if world.is_root:
                 raise  # the CLI prints it once
             return e.exit_code
@@ -245,7 +245,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
 
     import torch
 
-    from iobench import distributed, results, train
+    from iobench import distributed, faults, results, train
     from iobench.loaders import make_loader
     from iobench.watchdog import act_now
 
@@ -257,7 +257,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
             raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
                               "or drop --warm-source")
     except IobenchError as e:
-        e.iobench_agreed = True  # type: ignore[attr-defined]  # same on every rank
+        e.agreed = True  # same on every rank
         raise
     # the watchdog (--timeout without progress) names a stuck rank; a collective's own
     # timeout, later, is only the backstop
@@ -321,7 +321,7 @@ def _main(args: argparse.Namespace, world: Any) -> int:
 
         try:
             act_now()  # rank 0 alone from here: an interrupt stops the write at once
-            _signal_while_writing()  # tests only (IOBENCH_TEST_FAULT=...,action=sigint-write)
+            faults.at_result_write()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
             path = results.write_result(doc, config.results)
         except Interrupted as e:  # every epoch ran, but what is written after it says so
             doc["status"], doc["status_reason"] = "interrupted", str(e)
@@ -355,18 +355,6 @@ def _datasize_warning(args: argparse.Namespace, config: Any, world: Any) -> list
     return [f"the dataset holds {have:,} samples and MLPerf Storage asks for {need:,} for "
             f"{world.size} x {run.accelerator} ({run.workload.name}; iobench datasize): a "
             "smaller dataset is cached more easily by the storage"]
-
-
-def _signal_while_writing() -> None:
-    import os
-
-    from iobench.train import FAULT_ENV
-
-    spec = os.environ.get(FAULT_ENV, "")
-    if "action=sigint-write" in spec:  # rank 0, the one writing (the others are done)
-        import signal
-
-        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
