@@ -30,7 +30,8 @@ demo: venv system-deps
 	bash scripts/demo.sh
 
 # Two passes: most modules in parallel (TEST_JOBS processes, one module per process at a
-# time), then the `serial` ones alone (timing-sensitive or machine-wide; tests/conftest.py).
+# time), then the `serial` ones alone (timing-sensitive or evicting the whole page cache;
+# tests/conftest.py).
 TEST_JOBS ?= 2
 test: venv system-deps
 	$(BIN)/ruff check .

@@ -110,13 +110,13 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory):
 
 
 # Modules whose tests time things tightly (emulated steps within 5 %, shadow clocks, signals
-# at exact points, AU against a bandwidth), evict the whole page cache, or drive a
-# machine-wide service (GlusterFS, Slurm). `make test` runs every other module in parallel
-# (pytest-xdist) and these afterwards, alone, so no other test's load or eviction skews them.
+# at exact points, AU against a bandwidth) or evict the whole page cache (drop_caches).
+# `make test` runs every other module in parallel (pytest-xdist, one module per process at
+# a time, so the GlusterFS and Slurm modules each keep their service to themselves) and
+# these afterwards, alone, so no other test's load or eviction skews them.
 SERIAL_MODULES = frozenset({
-    "test_cache", "test_gluster", "test_honesty", "test_interrupts", "test_pfs",
-    "test_search", "test_slurm", "test_train", "test_train_mpi", "test_verdict",
-    "test_watchdog",
+    "test_cache", "test_honesty", "test_interrupts", "test_pfs", "test_search",
+    "test_train", "test_train_mpi", "test_verdict", "test_watchdog",
 })
 
 
