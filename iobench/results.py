@@ -79,8 +79,9 @@ _EPOCH_SUMMARY = Map({
     "ranks": Count, "steps": Count, "samples": Count, "batch_bytes": Count, "wall_s": NonNeg,
     "stall_s_mean": NonNeg, "stall_s_max": NonNeg, "stall_fraction_mean": _NUM,
     "stall_fraction_max": _NUM, "au_mean": _NUM, "au_min": _NUM, "samples_per_s": _NUM,
-    "read_MBps": _NUM, "os_read_bytes": Opt(Count),
-})
+    "read_MBps": _NUM, "os_read_bytes": Opt(Count), "au_mlperf_mean": _NUM,
+    "au_mlperf_min": _NUM,
+}, optional=("au_mlperf_mean", "au_mlperf_min"))  # (results before au_mlperf lack them)
 _SPREAD = Opt(Map({"median": Num, "min": Num, "max": Num, "cv": _NUM, "n": Count}))
 _STAGING = Map({"stage_s": NonNeg, "stage_bytes": Count, "stage_MBps": _NUM,
                 "from": ANY, "to": ANY, "skipped_files": Count,
