@@ -14,9 +14,6 @@ chunks "labels", `zarr.json` files "index".
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +23,10 @@ from iobench.errors import DatasetError
 from iobench.generators.base import Task, Writer, file_entry, make_sample, written_file
 from iobench.generators.synth import fill_samples, labels_array
 from iobench.manifest import FileEntry, check_magic
+from iobench.records import zarr_quiet
 
 _LEVELS = {"zstd": 3, "gzip": 4}
 
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """zarr-python warns that consolidated metadata and variable-length bytes are not (yet)
-    in the v3 specification; iobench writes both on purpose (xarray reads them)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(not part in the Zarr format 3|does not "
-                                                  "have a Zarr V3 specification)")
-        yield
 
 
 class ZarrWriter(Writer):
@@ -61,7 +50,7 @@ class ZarrWriter(Writer):
                   "gzip": (GzipCodec(level=_LEVELS["gzip"]),)}[self.compression]
         codecs = (*codecs, Crc32cCodec())
         keep = {"write_empty_chunks": True}  # every shard and chunk is a file, zeros or not
-        with _quiet():
+        with zarr_quiet():
             g = zarr.create_group(store=MemoryStore(keys), zarr_format=3,
                                   attributes={"dataset": spec.name, "iobench": "samples and "
                                               "labels by sample index; see iobench.json"})
@@ -109,7 +98,7 @@ class ZarrWriter(Writer):
             return [self._put(root, rel, keys[rel].to_bytes(), -1, 0, "index")
                     for rel in task.files]
         lo, hi = task.first, task.first + n
-        with _quiet():
+        with zarr_quiet():
             if spec.sample_kind == "jpeg":
                 blobs = np.empty(n, dtype=object)
                 blobs[:] = [make_sample(spec, self.seed, i)[0] for i in range(lo, hi)]
@@ -142,12 +131,12 @@ class ZarrWriter(Writer):
         from zarr.storage import LocalStore
 
         root = Path(str(path)[:-len(entry.path)])
-        with _quiet():
+        with zarr_quiet():
             return zarr.open_group(LocalStore(root, read_only=True), mode="r")
 
     def jpeg_sizes(self, path: Path, entry: FileEntry) -> list[int]:
         g = self._open(path, entry)
-        with _quiet():
+        with zarr_quiet():
             blobs = g["jpeg"][entry.first_sample:entry.first_sample + entry.num_samples]
         return [len(b) for b in blobs]
 
@@ -155,7 +144,7 @@ class ZarrWriter(Writer):
         spec = self.spec
         try:
             g = self._open(path, entry)
-            with _quiet():
+            with zarr_quiet():
                 data, labels = g[self.data_name], g["labels"]
                 if entry.role == "data":
                     got = data[entry.first_sample:entry.first_sample + entry.num_samples]

@@ -20,10 +20,8 @@ array bytes, or their compressed bytes, and a 4-byte crc32c); JPEG the JPEG byte
 
 from __future__ import annotations
 
-import contextlib
 import os
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +31,7 @@ from iobench.errors import IobenchError
 from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file, willneed
 from iobench.loaders._torch import TorchLoader
 from iobench.manifest import Manifest
+from iobench.records import zarr_quiet
 
 _INDEX_ENTRY = 16  # a shard index entry: (offset, nbytes), two little-endian uint64
 _INDEX_CRC = 4  # the index's crc32c, after it (zarr's default index codecs)
@@ -52,15 +51,6 @@ def _pool() -> ThreadPoolExecutor:
                                                        thread_name_prefix="iobench-zarr")
     return pool
 
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """zarr-python warns that variable-length bytes and consolidated metadata are not (yet)
-    in the v3 specification: iobench's own stores use both on purpose."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(not part in the Zarr format 3|does not "
-                                                  "have a Zarr V3 specification)")
-        yield
 
 
 class ZarrReader(BatchReader):
@@ -88,7 +78,7 @@ class ZarrReader(BatchReader):
             from zarr.storage import LocalStore
 
             try:
-                with _quiet():
+                with zarr_quiet():
                     g = zarr.open_group(LocalStore(self.manifest.root, read_only=True),
                                         mode="r")
                     data = g[self.data_name]
@@ -137,7 +127,7 @@ class ZarrReader(BatchReader):
     def _guard(self, read: Callable[[], Any], shards: list[int]) -> Any:
         """`read()`, with a failure inside zarr turned into an error naming the shard file."""
         try:
-            with _quiet():
+            with zarr_quiet():
                 return read()
         except IobenchError:
             raise
@@ -147,7 +137,7 @@ class ZarrReader(BatchReader):
             for pos in shards if len(shards) > 1 else ():  # which shard is it?
                 lo = int(self.starts[pos])
                 try:
-                    with _quiet():
+                    with zarr_quiet():
                         data[lo:lo + int(self.counts[pos])]
                 except Exception:
                     culprit = pos
