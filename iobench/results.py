@@ -122,7 +122,7 @@ RESULT_SPEC = Map({
                    optional=("spread", "verdict")),
     "warnings": List(Str),
     "staging": Opt(_STAGING),
-    "tier": Opt(Map({"profile": Map({}, extra=True)}, optional=("profile",))),
+    "tier": Opt(Map({"profile": Map({"name": Str})})),
     "loader": Opt(Map({}, extra=True)),
     "status": Enum("complete", "interrupted", "incomplete"), "status_reason": Opt(Str),
 }, optional=("staging", "tier", "loader", "status", "status_reason"), extra=False)

@@ -33,9 +33,9 @@ json_values = st.recursive(scalars, lambda inner: st.one_of(
     max_leaves=25)
 
 
-def _mutations(valid: dict) -> st.SearchStrategy:
-    """A valid document with one value somewhere replaced by anything, or a key dropped."""
-    paths = []
+def _paths(valid: dict) -> list[tuple]:
+    """Every key and (first three) list index in a document, as a path from the top."""
+    paths: list[tuple] = []
 
     def walk(node, path):
         if isinstance(node, dict):
@@ -48,19 +48,39 @@ def _mutations(valid: dict) -> st.SearchStrategy:
                 walk(v, (*path, i))
 
     walk(valid, ())
+    return paths
+
+
+_DROP = object()
+
+
+def _mutated(valid: dict, path: tuple, value) -> dict | None:
+    """A copy of `valid` with the value at `path` replaced (or its key dropped, for `_DROP`)."""
+    doc = copy.deepcopy(valid)
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    if value is _DROP:
+        if not isinstance(parent, dict):
+            return None
+        parent.pop(path[-1])
+    else:
+        parent[path[-1]] = copy.deepcopy(value)
+    return doc
+
+
+def _mutations(valid: dict) -> st.SearchStrategy:
+    """A valid document with one value somewhere replaced by anything, or a key dropped."""
+    paths = _paths(valid)
 
     @st.composite
     def mutate(draw):
-        doc = copy.deepcopy(valid)
         path = draw(st.sampled_from(paths))
-        parent = doc
+        parent = valid
         for k in path[:-1]:
             parent = parent[k]
-        if draw(st.booleans()) and isinstance(parent, dict):
-            parent.pop(path[-1])
-        else:
-            parent[path[-1]] = draw(json_values)
-        return doc
+        drop = draw(st.booleans()) and isinstance(parent, dict)
+        return _mutated(valid, path, _DROP if drop else draw(json_values))
 
     return mutate()
 
@@ -157,16 +177,44 @@ def test_deeply_nested_json(tmp_path) -> None:
 @given(data=st.data())
 def test_what_validates_compares_reports_and_gets_a_verdict(result_doc, data) -> None:
     """Whatever passes validation, compare, report and the verdict can read."""
-    import io
-
-    from rich.console import Console
-
-    from iobench import compare, report
     doc = data.draw(_mutations(result_doc))
     try:
         validate(doc)
     except IobenchError:
         return
-    compare.render_table([doc, result_doc], console=Console(file=io.StringIO()))
+    _read_by_everything(doc, result_doc)
+
+
+def _read_by_everything(doc: dict, valid: dict) -> None:
+    import io
+
+    from rich.console import Console
+
+    from iobench import compare, report
+
+    compare.render_table([doc, valid], console=Console(file=io.StringIO()))
     compare.run_verdict(doc)
     report.run_row(doc, [])
+
+
+def test_every_path_of_a_result_with_each_kind_of_wrong_value(result_doc) -> None:
+    """The same property as above, swept instead of sampled: each key of a real result dropped
+    or replaced by null, a string, a mapping (empty or not), a list or a negative number, one at a time. Random draws
+    found such holes one per CI run (a list for a number, a mapping without its `profile`);
+    this finds them all at once."""
+    failures = []
+    for path in _paths(result_doc):
+        for value in (_DROP, None, "x", {}, {"x": {}}, [{}], -1):
+            doc = _mutated(result_doc, path, value)
+            if doc is None:
+                continue
+            try:
+                validate(doc)
+            except IobenchError:
+                continue
+            try:
+                _read_by_everything(doc, result_doc)
+            except Exception as e:  # collected, then reported together
+                failures.append(f"{'/'.join(map(str, path))} = {value!r}: "
+                                f"{type(e).__name__}: {e}")
+    assert not failures, "validated but could not be read:\n" + "\n".join(failures[:20])
