@@ -25,7 +25,7 @@ from iobench.datasets import DatasetSpec, dataset_dirname, parse_dataset
 from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, parse_compression, parse_format
 from iobench.generators.base import Task, Writer, sha256_file
-from iobench.generators.synth import SYNTHESIS_VERSION
+from iobench.generators.synth import SAME_SAMPLES_SINCE, SYNTHESIS_VERSION
 from iobench.jsonio import write_json_atomic
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.world import World
@@ -267,7 +267,7 @@ def _existing_identity(root: Path) -> dict[str, Any] | None:
                     "samples_per_file": m.layout.get("generated_samples_per_file",
                                                      m.layout.get("samples_per_file")),
                     "compression": m.layout.get("compression"), "seed": m.seed,
-                    "synthesis_version": synthesis_version(m)}
+                    "synthesis_version": _same_samples_version(m)}
     except (OSError, ValueError, IobenchError):
         return None
     return None
@@ -276,6 +276,14 @@ def _existing_identity(root: Path) -> dict[str, Any] | None:
 def synthesis_version(manifest: Manifest) -> int:
     """The synthesis version a dataset's samples come from (1 when the manifest predates it)."""
     return int(manifest.extra.get("synthesis_version", 1))
+
+
+def _same_samples_version(manifest: Manifest) -> int:
+    """The manifest's synthesis version, or today's where the samples have not changed since
+    (a cosmoflow dataset of version 2 is today's: only cifar10 changed in version 3)."""
+    old = synthesis_version(manifest)
+    same = old >= SAME_SAMPLES_SINCE.get(manifest.dataset, 2)
+    return SYNTHESIS_VERSION if same else old
 
 
 def _describe(ident: dict[str, Any] | None) -> str:

@@ -191,8 +191,8 @@ def test_cosmoflow_parameters_recoverable_from_simple_statistics():
 def test_manifest_records_synthesis_version(tmp_path):
     m = generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=tmp_path,
                                         samples=20))
-    assert m.extra.get("synthesis_version") == synth.SYNTHESIS_VERSION == 2
-    assert generators.synthesis_version(m) == 2
+    assert m.extra.get("synthesis_version") == synth.SYNTHESIS_VERSION == 3
+    assert generators.synthesis_version(m) == 3
     doc = json.loads((m.root / MANIFEST_NAME).read_text())
     doc["extra"].pop("synthesis_version", None)  # what a manifest before version 2 holds
     (m.root / MANIFEST_NAME).write_text(json.dumps(doc))
@@ -215,9 +215,31 @@ def test_old_version_is_read_but_never_mixed(tmp_path, capsys):
     assert cli(*args) == 2  # same options, other synthesis: refused, not "already complete"
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "synthesis version 1" in err and "version 2" in err and "--force" in err
+    assert "synthesis version 1" in err and "version 3" in err and "--force" in err
     assert cli(*args, "--force") == 0
-    assert generators.synthesis_version(Manifest.load(root)) == 2
+    assert generators.synthesis_version(Manifest.load(root)) == 3
+
+
+def _set_version(root, version: int) -> None:
+    doc = json.loads((root / MANIFEST_NAME).read_text())
+    doc["extra"]["synthesis_version"] = version
+    (root / MANIFEST_NAME).write_text(json.dumps(doc))
+
+
+def test_a_version_counts_as_old_only_for_the_datasets_it_changed(tmp_path, capsys):
+    """Version 3 changed cifar10's pixels only: a version-2 cifar10 dataset is refused as
+    different samples, a version-2 imagenet one is today's and complete."""
+    cifar = ["generate", "--storage", tmp_path, "--samples", "40"]
+    imagenet = ["generate", "--dataset", "imagenet", "--format", "files", "--samples", "4",
+                "--storage", tmp_path]
+    assert cli(*cifar) == 0 and cli(*imagenet) == 0
+    _set_version(tmp_path / "cifar10-hdf5", 2)
+    _set_version(tmp_path / "imagenet-files", 2)
+    capsys.readouterr()
+    assert cli(*cifar) == 2
+    assert "synthesis version 2" in capsys.readouterr().err
+    assert cli(*imagenet) == 0
+    assert "already complete" in capsys.readouterr().err
 
 
 def test_old_partial_run_is_not_resumed(tmp_path, capsys):
