@@ -33,6 +33,7 @@ from iobench.compare import (
     error_bars,
     fmt_figure,
     mark,
+    node_spread,
     repetitions,
 )
 from iobench.errors import ConfigError, DatasetNotFoundError
@@ -199,7 +200,7 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
         "read_MBps": mbps, "limit_MBps": limit,
         "ratio": mbps / limit if mbps is not None and limit else None,
         "cache": cache, "staged": doc.get("staging") is not None,
-        "warnings": doc.get("warnings", []),
+        "warnings": doc.get("warnings", []), "node_spread": node_spread(doc),
     }
 
 
@@ -529,6 +530,28 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                             "'of probe limit': MB/s over the tier's random-read MB/s at the "
                             "probed sample size nearest the dataset's (n/a without a probe of "
                             "that tier)."))
+    spread_rows = [r for r in rows if r["node_spread"]]
+    if spread_rows:
+        def extremes(s: dict[str, Any] | None, spec: str) -> list[str]:
+            if not s:
+                return ["n/a"] * 3
+            return [f"{_f(s['min'], spec)} ({s['min_node']})", _f(s["median"], spec),
+                    f"{_f(s['max'], spec)} ({s['max_node']})"]
+
+        nrs = [[r["run_id"], f"{r['dataset']}/{r['loader']}", r["tier"],
+                str(r["node_spread"]["nodes"]),
+                *extremes(r["node_spread"].get("samples_per_s"), ".0f"),
+                *extremes(r["node_spread"].get("read_MBps"), ".1f"),
+                *extremes(r["node_spread"].get("stall_s"), ".2f")]
+               for r in sorted(spread_rows, key=lambda r: r["run_id"])]
+        tables.append(Table("Per-node spread (multi-node runs)",
+                            ["run", "dataset/loader", "storage tier", "nodes",
+                             "samples/s min", "median", "max", "MB/s min", "median", "max",
+                             "stall s min", "median", "max"], nrs,
+                            "Each node's figures over the whole run (all repetitions): "
+                            "samples/s and MB/s over its summed epoch walls, its summed "
+                            "stall; the nodes holding the extremes in brackets. A node far "
+                            "from the median is a straggler: the verdict names it."))
     st_rows = staging_rows(col, rows)
     if st_rows:
         trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",

@@ -304,3 +304,36 @@ def test_html_report_in_a_real_browser(results_dir, tmp_path):
     assert m.group(1) == m.group(2) == "4", m.group(0)  # all four pictures decoded
     console = [line for line in r.stderr.splitlines() if "CONSOLE" in line]
     assert not [c for c in console if "error" in c.lower() or "Uncaught" in c], console
+
+
+def test_report_shows_each_multi_node_runs_spread_over_its_nodes(results_dir, tmp_path):
+    """A run's per-node figures (v3 `epochs[i].per_node`) become one row of min / median /
+    max with the nodes that hold the extremes; single-node runs get no row."""
+    col = report.load_directory(results_dir)
+    doc = copy.deepcopy(col.runs[0])
+    doc["run_id"] += "-nodes"
+    for ep in doc["epochs"]:
+        # three nodes of 100 samples (30 MB) each: 2, 4 and 5 s of wall, n3 stalls most
+        ep["per_node"] = [
+            {"node": i, "name": f"n{i + 1}", "host": "h", "ranks": [i], "samples": 100,
+             "batch_bytes": 30_000_000, "wall_s": w, "stall_s": s, "stall_s_mean": s,
+             "stall_fraction": s / w, "samples_per_s": 100 / w, "read_MBps": 30 / w,
+             "os_read_bytes": None, "cache_resident_fraction_at_start": 0.0, "cache": None}
+            for i, (w, s) in enumerate([(2.0, 0.5), (4.0, 1.0), (5.0, 3.0)])]
+    out_dir = tmp_path / "res"
+    out_dir.mkdir()
+    results.write_result(results.validate(doc), out_dir)
+    results.write_result(col.runs[1], out_dir)
+    out = tmp_path / "report.md"
+    assert cli("report", out_dir, "--out", out) == 0
+    text = out.read_text()
+    assert "Per-node spread (multi-node runs)" in text
+    (row,) = [ln for ln in text.splitlines() if doc["run_id"] in ln and "(n1)" in ln]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    epochs = len(doc["epochs"])
+    # summed over the epochs: samples/s 100/5 (n3) / 100/4 / 100/2 (n1); stall 0.5 (n1) ..
+    assert cells[3:13] == ["3", "20 (n3)", "25", "50 (n1)", "6.0 (n3)", "7.5", "15.0 (n1)",
+                           f"{0.5 * epochs:.2f} (n1)", f"{1.0 * epochs:.2f}",
+                           f"{3.0 * epochs:.2f} (n3)"], cells
+    table = text.split("Per-node spread")[1].split("\n\n")[1]
+    assert doc["run_id"] in table and col.runs[1]["run_id"] not in table

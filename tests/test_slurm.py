@@ -190,6 +190,12 @@ def test_two_node_job_generates_then_trains_from_both_tiers(
     assert cli("compare", results) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "per node (2, " in ln]
     assert len(lines) == 2 and all("(n1)" in ln and "(n2)" in ln for ln in lines), lines
+    # and so does report, one row per run in its per-node table
+    assert cli("report", results, "--out", tmp_path / "report.md") == 0
+    table = (tmp_path / "report.md").read_text().split("Per-node spread")[1].split("\n\n")[1]
+    for doc in docs:
+        (row,) = [ln for ln in table.splitlines() if doc["run_id"] in ln]
+        assert "(n1)" in row and "(n2)" in row, row
 
 
 # posix_fadvise that does nothing on node n2 (and works elsewhere): a node whose eviction
