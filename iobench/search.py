@@ -294,8 +294,9 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     raised as `SearchInterrupted` carrying it as `document`.
     """
     from iobench.manifest import Manifest
+    from iobench.placement import resolve_dataset
     from iobench.results import load_result, new_run_id
-    from iobench.train import TrainConfig, resolve_dataset
+    from iobench.train import TrainConfig
 
     run = cfg.run
     w = run.workload

@@ -29,17 +29,17 @@ from typing import Any
 import torch
 
 from iobench import cache, faults, procio, sysinfo
-from iobench.datasets import DATASETS, dataset_dirname, parse_dataset
+from iobench.datasets import DATASETS, parse_dataset
 from iobench.errors import (
     ConfigError,
-    DatasetNotFoundError,
     IobenchError,
 )
-from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats, parse_format
+from iobench.formats import FORMATS, loader_formats, parse_format
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
 from iobench.models import build_model, count_parameters, parse_model, resolve_model
+from iobench.placement import check_same_dataset, resolve_dataset
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
@@ -189,33 +189,6 @@ class TrainConfig:
         return asdict(self)
 
 
-def resolve_dataset(config: TrainConfig) -> Path:
-    """The dataset root `STORAGE/<dataset>-<format>`; a clear error naming `iobench generate`.
-    With `--data`, the user's folder (or the folder of the user's file)."""
-    if config.data is not None:
-        p = Path(config.data).resolve()
-        return p if p.is_dir() else p.parent
-    storage = Path(config.storage)
-    if not storage.is_dir():
-        raise DatasetNotFoundError(f"--storage {storage} is not a directory; give the directory "
-                                   "you generated into (iobench generate --storage DIR)")
-    if config.format is not None or config.loader != "dali":
-        fmt = config.format or config.loader
-    else:  # dali: whichever format exists
-        found = [f for f in loader_formats("dali")
-                 if (storage / dataset_dirname(config.dataset, f) / "iobench.json").is_file()]
-        if len(found) > 1:
-            raise ConfigError(f"{storage} holds {config.dataset} in several formats "
-                              f"({', '.join(found)}); pick one with --format")
-        fmt = found[0] if found else DEFAULT_FORMAT
-    root = storage / dataset_dirname(config.dataset, fmt)
-    if not (root / "iobench.json").is_file():
-        raise DatasetNotFoundError(
-            f"no {config.dataset} dataset in {fmt} format at {root}; create it with: "
-            f"iobench generate --dataset {config.dataset} --format {fmt} --storage {storage}")
-    return root
-
-
 def check_results_dir(path: str | Path) -> Path:
     """Create the results directory if needed and prove it writable (before any training)."""
     from iobench.outputs import writable_dir
@@ -337,8 +310,6 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     except IobenchError as e:
         err = e
     agree(world, err)
-    from iobench.preflight import check_same_dataset
-
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
     node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
