@@ -55,11 +55,16 @@ class Collection:
 def load_directory(results_dir: str | Path) -> Collection:
     """Read every iobench document in `results_dir` (not recursive); damaged files are listed
     in `skipped`, never fatal. An empty or missing directory is an error."""
-    from iobench import probe, results, search, stage, sweep
+    from iobench import results, search
     from iobench.results import ResultError, validate
 
-    # the newest version each writer writes is what this reader reads
-    known = {m.SCHEMA: m.SCHEMA_VERSION for m in (results, stage, probe, sweep, search)}
+    # the newest version each writer writes is what this reader reads (iobench.results
+    # names them all, so this reader imports no workflow that writes one)
+    known = {results.SCHEMA: results.SCHEMA_VERSION,
+             results.STAGE_SCHEMA: results.STAGE_SCHEMA_VERSION,
+             results.PROBE_SCHEMA: results.PROBE_SCHEMA_VERSION,
+             results.SWEEP_SCHEMA: results.SWEEP_SCHEMA_VERSION,
+             results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION}
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "

@@ -220,6 +220,10 @@ STAGE_SCHEMA = "iobench.stage"
 STAGE_SCHEMA_VERSION = 3
 PROBE_SCHEMA = "iobench.probe"
 PROBE_SCHEMA_VERSION = 2  # v2: open_stat_close, first-byte latency, cache status, evict_cmd, profile
+SWEEP_SCHEMA = "iobench.sweep"
+SWEEP_SCHEMA_VERSION = 1
+SEARCH_SCHEMA = "iobench.search"
+SEARCH_SCHEMA_VERSION = 1
 
 
 def find_documents(paths: Iterable[str | Path]) -> Found:

@@ -27,6 +27,7 @@ from typing import Any
 
 from iobench.errors import ConfigError, IobenchError
 from iobench.jsonio import write_json_atomic
+from iobench.results import SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION
 from iobench.schema import (
     Bool,
     Count,
@@ -43,8 +44,7 @@ from iobench.schema import (
 from iobench.watchdog import Interrupted
 from iobench.workloads import WorkloadRun, resolve
 
-SCHEMA = "iobench.search"
-SCHEMA_VERSION = 1
+SCHEMA, SCHEMA_VERSION = SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION  # iobench.results says each version
 
 
 class SearchError(IobenchError):

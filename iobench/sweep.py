@@ -29,6 +29,7 @@ from typing import Any
 from iobench.datasets import DATASETS, dataset_dirname
 from iobench.errors import ConfigError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats
+from iobench.results import SWEEP_SCHEMA, SWEEP_SCHEMA_VERSION
 from iobench.sampling import SHUFFLES
 from iobench.schema import (
     ANY,
@@ -45,8 +46,7 @@ from iobench.schema import (
     check,
 )
 
-SCHEMA = "iobench.sweep"
-SCHEMA_VERSION = 1
+SCHEMA, SCHEMA_VERSION = SWEEP_SCHEMA, SWEEP_SCHEMA_VERSION  # iobench.results says each version
 LOADERS = ("native", *FORMATS, "dali")
 TOP_KEYS = {"name", "results", "report", "datasets", "formats", "loaders", "tiers", "workers",
             "batch_size", "shuffle", "epochs", "max_steps", "model", "compute_time", "decode",
