@@ -313,8 +313,9 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
     node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
-    run = _Run(config, manifest, mount, world, device, progress, counters,
-               live if world.is_root else None, int(live_interval_s * 1e9))
+    hooks = _Hooks(progress, counters, live if world.is_root else None,
+                   int(live_interval_s * 1e9))
+    run = _Run(config, manifest, mount, world, device, hooks)
     run.run_id = world.bcast(run.run_id)  # every rank beats under one name
     beats = Path(config.results) / ".iobench-heartbeats" / run.run_id
     dog = Watchdog(world, config.timeout_s, beats,
@@ -486,18 +487,23 @@ class _NotBuilt:
         self.threads = torch.get_num_threads()
 
 
+@dataclass(frozen=True)
+class _Hooks:
+    """What the caller of `run` hears while a rank trains, and the tier counters it reads."""
+
+    progress: Callable[[dict[str, Any]], None] | None  # after each epoch
+    counters: Callable[[], dict[str, int]] | None  # a storage tier's byte counters
+    live: Callable[[int, int, int, EpochClock], None] | None  # rank 0, during an epoch
+    live_interval_ns: int  # at most one `live` call per interval
+
+
 class _Run:
     """The repetitions and epochs of one `iobench train` on one rank, and its result."""
 
     def __init__(self, config: TrainConfig, manifest: Manifest, mount: sysinfo.MountInfo,
-                 world: World, device: torch.device,
-                 progress: Callable[[dict[str, Any]], None] | None,
-                 counters: Callable[[], dict[str, int]] | None,
-                 live: Callable[[int, int, int, EpochClock], None] | None,
-                 live_interval_ns: int) -> None:
+                 world: World, device: torch.device, hooks: _Hooks) -> None:
         self.config, self.manifest, self.mount, self.world = config, manifest, mount, world
-        self.device, self.progress, self.counters = device, progress, counters
-        self.live, self.live_interval_ns = live, live_interval_ns
+        self.device, self.hooks = device, hooks
         note = procio.read_bytes_unavailable(manifest.root)
         self.count_io = note is None
         self.io_note = f"os_read_bytes is null: {note}" if note else None
@@ -553,14 +559,14 @@ class _Run:
                                       evict_cmd=config.evict_cmd)
         self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
-        tier0 = self.counters() if self.counters and world.is_root else None
+        tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None
         io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
         compute.reset()
         clock, timing = self._steps(rep, epoch, loader, compute)
         io = procio.tree_io() - io0
         tier = None
-        if tier0 is not None and self.counters is not None:
-            tier1 = self.counters()
+        if tier0 is not None and self.hooks.counters is not None:
+            tier1 = self.hooks.counters()
             tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         fig = {"rank": world.rank, "host": world.hostname, "node": world.node,
@@ -607,8 +613,9 @@ class _Run:
                 self._at(f"waiting for the other ranks' batch {step + 1}", step)
                 compute.wait_for_all_ranks()
                 t_ready = clock.batch_ready()
-                if self.live is not None and t_ready - last_live >= self.live_interval_ns:
-                    self.live(epoch, step + 1, steps_total, clock)
+                if (self.hooks.live is not None
+                        and t_ready - last_live >= self.hooks.live_interval_ns):
+                    self.hooks.live(epoch, step + 1, steps_total, clock)
                     last_live = t_ready
                 self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
                 faults.at_step(self.fault, world.rank, epoch, step)
@@ -667,8 +674,8 @@ class _Run:
             if w not in self.warnings:
                 self.warnings.append(w)
         self.epochs.append(rec)
-        if self.progress is not None:
-            self.progress(rec)
+        if self.hooks.progress is not None:
+            self.hooks.progress(rec)
 
     def document(self, cluster_memory_bytes: int, status: str = "complete",
                  why: str | None = None) -> dict[str, Any]:
