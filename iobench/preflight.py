@@ -32,7 +32,7 @@ from typing import Any
 
 from iobench import cache
 from iobench.errors import ConfigError, IobenchError
-from iobench.manifest import MANIFEST_NAME, Manifest, locate
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, locate
 from iobench.placement import need_bytes, parse_mode
 from iobench.world import World
 
@@ -67,7 +67,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _spot(manifest: Manifest, node: int) -> list[Any]:
+def _spot(manifest: Manifest, node: int) -> list[FileEntry]:
     """The first and last file, and up to SPOT_FILES others spread over the list, starting
     at an offset that differs per node (together the nodes cover more of it)."""
     files = manifest.files
@@ -148,14 +148,14 @@ def _node_checks(cfg: PreflightConfig, world: World, ranks: list[int]) -> list[t
     out.append(("version", True, _sha256(root / MANIFEST_NAME)))
     bad = []
     spot = _spot(manifest, world.node)
-    for e in spot:
+    for entry in spot:
         try:
-            size = os.stat(manifest.path_of(e)).st_size
+            size = os.stat(manifest.path_of(entry)).st_size
         except OSError as err:
-            bad.append(f"{e.path}: {err.strerror}")
+            bad.append(f"{entry.path}: {err.strerror}")
             continue
-        if size != e.bytes:
-            bad.append(f"{e.path}: {size} bytes, the manifest says {e.bytes}")
+        if size != entry.bytes:
+            bad.append(f"{entry.path}: {size} bytes, the manifest says {entry.bytes}")
     out.append(("files", not bad, f"{len(bad)} of {len(spot)} files checked are wrong, first: "
                 f"{bad[0]}" if bad else f"{len(spot)} of {len(manifest.files)} files checked"))
     if cfg.stage_to is not None:

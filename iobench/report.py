@@ -32,6 +32,7 @@ from iobench.compare import (
     epoch_spreads,
     error_bars,
     fmt_figure,
+    integer_ticks,
     mark,
     repetitions,
 )
@@ -241,7 +242,7 @@ def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[d
 def environment(col: Collection) -> dict[str, Any]:
     """Host, CPU, memory, GPUs and library versions, from the newest document that has them."""
     docs = [*col.runs, *col.probes, *col.stages]
-    prov = next((d["provenance"] for d in sorted(docs, key=lambda d: d.get("created", ""),
+    prov: dict[str, Any] = next((d["provenance"] for d in sorted(docs, key=lambda d: d.get("created", ""),
                                                   reverse=True) if d.get("provenance")), {})
     hosts = sorted({d["provenance"]["host"] for d in docs if d.get("provenance")})
     return {"hosts": hosts, "os": prov.get("os"), "cpu": prov.get("cpu_model"),
@@ -314,12 +315,12 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
         ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
         ax_au.set_ylim(0, 1.05)
         ax_au.set_title("AU per epoch, by run")
-        ax_au.xaxis.get_major_locator().set_params(integer=True)
+        integer_ticks(ax_au.xaxis)
         ax_au.legend(fontsize=7, loc="lower right")
         _legend(ax, len(rows))
         save(fig, "stall")
 
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
         for r in rows if len({r["workers"] for r in rows}) > 1 else ():
             groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
                     r["staged"])].append(r)
@@ -340,7 +341,7 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
                           + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
             ax.set_title("Throughput by workers")
             ax.set_ylim(bottom=0)
-            ax.xaxis.get_major_locator().set_params(integer=True)
+            integer_ticks(ax.xaxis)
             _legend(ax, len(groups))
             save(fig, "throughput")
 
@@ -655,12 +656,12 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     title = title or f"iobench report: {Path(results_dir).resolve().name}"
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".md":
-        names = {}
+        png_files = {}
         for name, data in pngs.items():
             fname = f"{out.stem}-{name}.png"
             _write_atomic_bytes(out.parent / fname, data)
-            names[name] = fname
-        _write_atomic_bytes(out, render_markdown(title, tables, names).encode())
+            png_files[name] = fname
+        _write_atomic_bytes(out, render_markdown(title, tables, png_files).encode())
     else:
         _write_atomic_bytes(out, render_html(title, tables, pngs).encode())
     return out

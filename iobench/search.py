@@ -411,7 +411,8 @@ def validate(doc: Any, where: str = "search result") -> dict[str, Any]:
     from iobench.results import ResultError
 
     try:
-        return check(doc, SEARCH_SPEC, where)
+        checked: dict[str, Any] = check(doc, SEARCH_SPEC, where)
+        return checked
     except SchemaError as e:
         raise ResultError(str(e)) from None
 

@@ -299,6 +299,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
                 raise ConfigError(f"--data {config.data} is {manifest.format} data; read it "
                                   f"with --loader {manifest.format}")
             root = manifest.root
+            assert root is not None  # shared_manifest roots it at the user's folder
         else:
             root = resolve_dataset(config)
             manifest = Manifest.load(root)
@@ -396,6 +397,7 @@ class _Compute:
     def _build(self, world: World) -> None:
         config, device = self.config, self.device
         spec = DATASETS[config.dataset]
+        assert self.model_name is not None  # built for compute kind "model" only
         mspec = parse_model(self.model_name)
         self.task = mspec.task
         with torch.random.fork_rng(devices=[]):
@@ -404,7 +406,8 @@ class _Compute:
         self.params = count_parameters(model)
         model = model.to(device)
         if config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            # torch's stub of Module.to lacks the memory_format keyword that it takes
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if world.size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -504,6 +507,7 @@ class _Run:
                  world: World, device: torch.device, hooks: _Hooks) -> None:
         self.config, self.manifest, self.mount, self.world = config, manifest, mount, world
         self.device, self.hooks = device, hooks
+        assert manifest.root is not None  # run() loaded it from a folder
         note = procio.read_bytes_unavailable(manifest.root)
         self.count_io = note is None
         self.io_note = f"os_read_bytes is null: {note}" if note else None
@@ -661,7 +665,7 @@ class _Run:
                     "loss": tot_loss / tot_seen if tot_seen else None,
                     "accuracy": tot_correct / tot_seen if tot_seen and classification else None
                     } if compute.kind == "model" else None
-        rec = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
+        rec: dict[str, Any] = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
                "per_node": node_summaries(ranks, list(report.per_node), report.warn_above),
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
