@@ -30,6 +30,8 @@ from iobench.jsonio import write_json_atomic
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.world import World
 
+TaskDone = tuple[int, list[FileEntry], bool]  # (task id, its files' entries, resumed)
+
 JOURNAL = ".iobench-partial"  # per-task completion records while generation runs
 SCALES = ("small", "full")
 
@@ -74,6 +76,18 @@ class GenerateConfig:
             object.__setattr__(self, "samples_per_file", spec.default_samples_per_file)
 
     @property
+    def num_samples(self) -> int:
+        """`samples`, which `__post_init__` resolves (never None after it)."""
+        assert self.samples is not None
+        return self.samples
+
+    @property
+    def per_file(self) -> int:
+        """`samples_per_file`, which `__post_init__` resolves (never None after it)."""
+        assert self.samples_per_file is not None
+        return self.samples_per_file
+
+    @property
     def spec(self) -> DatasetSpec:
         return parse_dataset(self.dataset)
 
@@ -106,7 +120,8 @@ class GenerateStats:
 
 def get_writer(fmt: str, spec: DatasetSpec, seed: int, compression: str = "none") -> Writer:
     """Build the writer for format `fmt` (its module imported now, not before)."""
-    return parse_format(fmt).writer_class()(spec, seed, compression)
+    writer: Writer = parse_format(fmt).writer_class()(spec, seed, compression)
+    return writer
 
 
 # ------------------------------------------------------------------ target checks
@@ -190,7 +205,7 @@ def _check_space(cfg: GenerateConfig, root: Path) -> None:
     per_sample = parse_format(cfg.format).per_sample_files
     if cfg.spec.sample_kind == "jpeg" and not per_sample:
         # a container's JPEGs are encoded into memory, then written: per file and job
-        per_job = min(cfg.samples, cfg.samples_per_file) * 110_000 * 2
+        per_job = min(cfg.num_samples, cfg.per_file) * 110_000 * 2
         avail = _memory_available()
         if avail and per_job * cfg.jobs > avail:
             raise ConfigError(
@@ -198,7 +213,7 @@ def _check_space(cfg: GenerateConfig, root: Path) -> None:
                 f"{_size(per_job)} in memory per file in each of {cfg.jobs} job(s), and this "
                 f"machine has {_size(avail)} available; choose fewer --samples-per-file or "
                 "--jobs")
-    files = -(-cfg.samples // cfg.samples_per_file) if not per_sample else cfg.samples
+    files = -(-cfg.num_samples // cfg.per_file) if not per_sample else cfg.num_samples
     if st.f_files and files + 16 > st.f_favail:
         records = ", ".join(n for n, f in FORMATS.items() if not f.per_sample_files)
         raise StorageError(
@@ -314,7 +329,7 @@ def _resumable(root: Path, task: Task) -> list[FileEntry] | None:
     return entries
 
 
-def _run_task(writer: Writer, root: Path, task: Task) -> tuple[int, list[FileEntry], bool]:
+def _run_task(writer: Writer, root: Path, task: Task) -> TaskDone:
     """Write (or keep) one task's files; returns (task id, entries, resumed)."""
     entries = _resumable(root, task)
     if entries is not None:
@@ -367,7 +382,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
 
 
-def _pool_task(task: Task) -> tuple[int, list[FileEntry], bool] | IobenchError:
+def _pool_task(task: Task) -> TaskDone | IobenchError:
     try:
         return _run_task(_POOL_STATE["writer"], _POOL_STATE["root"], task)
     except IobenchError as e:
@@ -483,7 +498,7 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
         return Manifest.load(final)
     root = work.resolve()
 
-    tasks = writer.plan(cfg.samples, cfg.samples_per_file)
+    tasks = writer.plan(cfg.num_samples, cfg.per_file)
     est = _estimate_bytes(cfg, len(tasks))
     t0 = time.perf_counter()
     if world.size > 1:
@@ -509,12 +524,12 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
     stats.extra = extra
     spec = cfg.spec
     manifest = Manifest(
-        dataset=cfg.dataset, format=cfg.format, num_samples=cfg.samples,
+        dataset=cfg.dataset, format=cfg.format, num_samples=cfg.num_samples,
         num_classes=spec.num_classes,
         sample={"kind": spec.sample_kind, "shape": list(spec.sample_shape)
                 if spec.sample_shape else None, "dtype": spec.sample_dtype},
         label={"shape": list(spec.label_shape), "dtype": spec.label_dtype},
-        layout={**writer.layout(cfg.samples_per_file),
+        layout={**writer.layout(cfg.per_file),
                 "generated_samples_per_file": cfg.samples_per_file},
         files=tuple(entries), seed=cfg.seed, iobench_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
@@ -528,12 +543,13 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
 
 def _estimate_bytes(cfg: GenerateConfig, ntasks: int) -> int:
     per = cfg.spec.sample_nbytes or 110_000
-    return per * cfg.samples
+    return per * cfg.num_samples
 
 
 def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
-               progress: Progress | None, est: int):
-    results, done_bytes = [], 0
+               progress: Progress | None, est: int) -> tuple[list[TaskDone], IobenchError | None]:
+    results: list[TaskDone] = []
+    done_bytes = 0
     if jobs == 1:
         for t in tasks:
             try:
@@ -546,15 +562,15 @@ def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
                 progress(done_bytes, est)
         return results, None
     ctx = mp.get_context("fork")
-    err = None
+    err: IobenchError | None = None
     writer.prepare()  # the workers inherit the synthesis tables instead of each building them
     with ctx.Pool(jobs, initializer=_pool_init, initargs=(writer, root)) as pool:
-        for r in pool.imap_unordered(_pool_task, tasks):
-            if isinstance(r, IobenchError):
-                err = err or r
+        for done in pool.imap_unordered(_pool_task, tasks):
+            if isinstance(done, IobenchError):
+                err = err or done
                 continue
-            results.append(r)
-            done_bytes += sum(e.bytes for e in r[1])
+            results.append(done)
+            done_bytes += sum(e.bytes for e in done[1])
             if progress:
                 progress(done_bytes, est)
     return results, err
@@ -564,12 +580,12 @@ _TAG_TASK, _TAG_DONE = 71, 72
 
 
 def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
-             progress: Progress | None, est: int):
+             progress: Progress | None, est: int) -> tuple[list[TaskDone], IobenchError | None]:
     """Rank r writes tasks r::R; non-root ranks stream results to rank 0 as they finish."""
     comm = world.comm
     mine = tasks[world.rank::world.size]
+    err: IobenchError | None = None
     if not world.is_root:
-        err = None
         for t in mine:
             try:
                 comm.send(_run_task(writer, root, t), dest=0, tag=_TAG_TASK)
@@ -581,7 +597,8 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
         return [], err
     from mpi4py import MPI
 
-    results, err, done_bytes, pending = [], None, 0, world.size - 1
+    results: list[TaskDone] = []
+    done_bytes, pending = 0, world.size - 1
 
     def drain(block: bool) -> None:
         nonlocal done_bytes, pending, err

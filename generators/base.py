@@ -20,7 +20,7 @@ from iobench.datasets import DatasetSpec
 from iobench.errors import DatasetError
 from iobench.formats import parse_compression, parse_format
 from iobench.generators import synth
-from iobench.generators.synth import fill_samples, make_sample
+from iobench.generators.synth import fill_samples, make_jpeg
 from iobench.manifest import FileEntry, bad_label
 
 BLOCK_BYTES = 64 << 20  # samples synthesised and written together (bytes)
@@ -243,7 +243,7 @@ def sample_blocks(spec: DatasetSpec, seed: int, first: int, count: int,
     buffer: use each block before asking for the next.
     """
     per = max(1, min(count, block_bytes // (spec.sample_nbytes or 1)))
-    buf = np.empty((per, *spec.sample_shape), dtype=spec.sample_dtype)
+    buf = np.empty((per, *spec.array_shape), dtype=spec.sample_dtype)
     for lo in range(0, count, per):
         out = buf[:min(per, count - lo)]
         fill_samples(spec, seed, first + lo, out)
@@ -252,7 +252,7 @@ def sample_blocks(spec: DatasetSpec, seed: int, first: int, count: int,
 
 def jpeg_blobs(spec: DatasetSpec, seed: int, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
     """JPEGs of samples [first, first + count) back to back (uint8) and their offsets [count + 1]."""
-    blobs = [make_sample(spec, seed, i)[0] for i in range(first, first + count)]
+    blobs = [make_jpeg(spec, seed, i) for i in range(first, first + count)]
     offsets = np.zeros(count + 1, dtype=np.int64)
     np.cumsum([len(b) for b in blobs], out=offsets[1:])
     return np.frombuffer(b"".join(blobs), dtype=np.uint8), offsets
@@ -290,7 +290,7 @@ def each_sample(spec: DatasetSpec, seed: int, first: int, count: int
     from a reused block buffer: use each before asking for the next."""
     if spec.sample_kind == "jpeg":
         for i in range(first, first + count):
-            yield i, make_sample(spec, seed, i)[0]
+            yield i, make_jpeg(spec, seed, i)
         return
     for lo, block in sample_blocks(spec, seed, first, count):
         for j, arr in enumerate(block):

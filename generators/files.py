@@ -9,6 +9,7 @@ directories.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,8 @@ class FilesWriter(Writer):
         return {"samples_per_file": 1, "compression": "none", "tree": tree + ext,
                 "labels": LABELS}
 
-    def _encoded(self, first: int, count: int):
+    def _encoded(self, first: int, count: int
+                 ) -> Iterator[tuple[int, tuple[bytes] | tuple[bytes, memoryview]]]:
         """(index, buffers that make up the file) of samples [first, first + count)."""
         for i, x in each_sample(self.spec, self.seed, first, count):
             if isinstance(x, bytes):  # JPEG

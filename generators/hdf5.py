@@ -9,6 +9,7 @@ Object timestamps are off, so the same seed gives byte-identical files.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +27,9 @@ from iobench.generators.base import (
 from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry
 
-_FILTERS = {"none": {}, "gzip": {"compression": "gzip", "compression_opts": 4},
-            "lzf": {"compression": "lzf"}}
+_FILTERS: dict[str, dict[str, Any]] = {
+    "none": {}, "gzip": {"compression": "gzip", "compression_opts": 4},
+    "lzf": {"compression": "lzf"}}
 
 
 class HDF5Writer(ContainerWriter):
@@ -38,7 +40,8 @@ class HDF5Writer(ContainerWriter):
         import h5py
 
         with h5py.File(path, "r", locking=False) as f:
-            return np.diff(f["offsets"][...]).tolist()
+            sizes: list[int] = np.diff(f["offsets"][...]).tolist()
+            return sizes
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import h5py
@@ -52,8 +55,8 @@ class HDF5Writer(ContainerWriter):
                 f.create_dataset("offsets", data=offsets, track_times=False)
             else:
                 kw = _FILTERS[self.compression]
-                chunks = (1, *spec.sample_shape) if kw else None
-                dset = f.create_dataset("samples", shape=(n, *spec.sample_shape),
+                chunks = (1, *spec.array_shape) if kw else None
+                dset = f.create_dataset("samples", shape=(n, *spec.array_shape),
                                         dtype=spec.sample_dtype, chunks=chunks,
                                         track_times=False, **kw)
                 # blocks of ~64 MB straight from the synthesis buffer: large writes,
@@ -80,7 +83,7 @@ class HDF5Writer(ContainerWriter):
                     dtype = f["jpeg"].dtype
                     blobs = f["jpeg"][:] if ok else None
                 else:
-                    ok = f["samples"].shape == (n, *self.spec.sample_shape)
+                    ok = f["samples"].shape == (n, *self.spec.array_shape)
                     dtype, blobs = f["samples"].dtype, None
         except (OSError, KeyError) as e:
             raise DatasetError(f"{path}: cannot be read as HDF5 ({e})") from e

@@ -7,23 +7,24 @@ Key: the global sample index as 8-byte big-endian unsigned. Value: the record of
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from iobench.datasets import DatasetSpec
 from iobench.errors import DatasetError
 from iobench.generators.base import (
     BLOCK_BYTES,
     ContainerWriter,
     Task,
     file_entry,
-    make_sample,
     sample_blocks,
     start_writeback,
     written_file,
 )
-from iobench.generators.synth import fill_samples, labels_array
+from iobench.generators.synth import fill_samples, labels_array, make_sample
 from iobench.manifest import FileEntry, check_magic
 from iobench.records import HEADER, MAGIC, VERSION, key
 
@@ -42,8 +43,8 @@ def encode_record(label: np.ndarray, payload: bytes | np.ndarray) -> bytes:
     return HEADER.pack(MAGIC, VERSION, 0, 0, len(lb), len(pb)) + lb + pb
 
 
-def _label_nbytes(spec) -> int:
-    return int(np.prod(spec.label_shape, dtype=np.int64)) * np.dtype(spec.label_dtype).itemsize
+def _label_nbytes(spec: DatasetSpec) -> int:
+    return int(np.prod(spec.label_shape, dtype=np.int64)) * int(np.dtype(spec.label_dtype).itemsize)
 
 
 class LMDBWriter(ContainerWriter):
@@ -69,11 +70,12 @@ class LMDBWriter(ContainerWriter):
         import lmdb
 
         spec, n = self.spec, task.count
-        groups = self._records(task)
+        groups: Iterable[tuple[int, list[bytes] | list[np.ndarray]]] = self._records(task)
         if spec.sample_kind == "jpeg":
             groups = list(groups)  # sizes known before the map is sized
             payload = sum(len(r) for _, recs in groups for r in recs)
         else:
+            assert spec.sample_nbytes is not None  # array samples have a size
             payload = n * (HEADER.size + _label_nbytes(spec) + spec.sample_nbytes)
         # values over ~2 KB take whole overflow pages; the map is sparse, so be generous
         map_size = 2 * (payload + n * (4096 + 64)) + (64 << 20)
@@ -83,8 +85,10 @@ class LMDBWriter(ContainerWriter):
             try:
                 for lo, recs in groups:
                     with env.begin(write=True) as txn:
+                        # numpy's stubs give ndarray a buffer type only on Python >= 3.12
                         done, _ = txn.cursor().putmulti(zip(keys(task.first + lo, len(recs)),
-                                                            recs, strict=True), append=True)
+                                                            recs,  # type: ignore[arg-type]
+                                                            strict=True), append=True)
                     if done != len(recs):
                         raise lmdb.Error(f"stored {done} of {len(recs)} records")
                     start_writeback(wf.tmp)
@@ -93,12 +97,13 @@ class LMDBWriter(ContainerWriter):
                 env.close()
         return [file_entry(task.files[0], wf, task.first, n)]
 
-    def _records(self, task: Task):
+    def _records(self, task: Task) -> Iterator[tuple[int, list[bytes] | list[np.ndarray]]]:
         """(offset in the task, records) per write transaction; records are buffers."""
         spec, first, n = self.spec, task.first, task.count
         ldt = np.dtype(spec.label_dtype)
         if spec.sample_kind == "jpeg":
-            recs, size, lo = [], 0, 0
+            recs: list[bytes] = []
+            size = lo = 0
             for i in range(first, first + n):
                 payload, label = make_sample(spec, self.seed, i)
                 recs.append(encode_record(np.asarray(label, dtype=ldt), payload))
@@ -110,24 +115,25 @@ class LMDBWriter(ContainerWriter):
                 yield lo, recs
             return
         lb, pb = _label_nbytes(spec), spec.sample_nbytes
+        assert pb is not None  # array samples have a size
         header = np.frombuffer(HEADER.pack(MAGIC, VERSION, 0, 0, lb, pb), dtype=np.uint8)
         per = max(1, min(n, TXN_BYTES // (HEADER.size + lb + pb)))
         buf = np.empty((per, HEADER.size + lb + pb), dtype=np.uint8)
         buf[:, :HEADER.size] = header
         for lo in range(0, n, per):
             m = min(per, n - lo)
-            recs = buf[:m]
-            recs[:, HEADER.size:HEADER.size + lb] = labels_array(
+            rows = buf[:m]
+            rows[:, HEADER.size:HEADER.size + lb] = labels_array(
                 spec, self.seed, first + lo, m).view(np.uint8).reshape(m, lb)
-            payload = recs[:, HEADER.size + lb:]
+            payload = rows[:, HEADER.size + lb:]
             if pb >= BLOCK_BYTES // 64:  # large samples: synthesise into each record
                 for j in range(m):
                     fill_samples(spec, self.seed, first + lo + j,
-                                 payload[j].view(spec.sample_dtype).reshape(1, *spec.sample_shape))
+                                 payload[j].view(spec.sample_dtype).reshape(1, *spec.array_shape))
             else:  # small samples: vectorised blocks, copied into the records
                 for off, block in sample_blocks(spec, self.seed, first + lo, m):
                     payload[off:off + len(block)] = block.reshape(len(block), -1).view(np.uint8)
-            yield lo, list(recs)
+            yield lo, list(rows)
 
     def check(self, path: Path, entry: FileEntry) -> None:
         import lmdb

@@ -35,7 +35,8 @@ class NetCDFWriter(ContainerWriter):
         import netCDF4
 
         with netCDF4.Dataset(path) as ds:
-            return np.diff(ds.variables["offsets"][:]).tolist()
+            sizes: list[int] = np.diff(ds.variables["offsets"][:]).tolist()
+            return sizes
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         import netCDF4
@@ -53,17 +54,17 @@ class NetCDFWriter(ContainerWriter):
                                   contiguous=True)[:] = offsets
             else:
                 dims = ["sample"]
-                for i, size in enumerate(spec.sample_shape):
+                for i, size in enumerate(spec.array_shape):
                     ds.createDimension(f"d{i}", size)
                     dims.append(f"d{i}")
                 kw = ({"contiguous": True} if self.compression == "none" else
-                      {"zlib": True, "complevel": 4, "chunksizes": (1, *spec.sample_shape)})
+                      {"zlib": True, "complevel": 4, "chunksizes": (1, *spec.array_shape)})
                 v = ds.createVariable("samples", spec.sample_dtype, tuple(dims), **kw)
                 v.set_auto_maskandscale(False)
                 for lo, block in sample_blocks(spec, self.seed, task.first, n):
                     v[lo:lo + len(block)] = block
                     start_writeback(wf.tmp)
-            ldims = ("sample",)
+            ldims: tuple[str, ...] = ("sample",)
             if spec.label_shape:
                 ds.createDimension("param", spec.label_shape[0])
                 ldims = ("sample", "param")
@@ -94,7 +95,7 @@ class NetCDFWriter(ContainerWriter):
                     else:
                         blobs = None
                 else:
-                    ok = ds.variables["samples"].shape == (n, *self.spec.sample_shape)
+                    ok = ds.variables["samples"].shape == (n, *self.spec.array_shape)
                     dtype, blobs = ds.variables["samples"].dtype, None
         except (OSError, KeyError) as e:
             raise DatasetError(f"{path}: cannot be read as NetCDF-4 ({e})") from e

@@ -79,8 +79,9 @@ JPEG_QUALITY = 90
 JPEG_SUBSAMPLING = "444"
 
 __all__ = ["CIFAR_BLOCK", "DATASET_IDS", "IMAGENET_SIZES", "JPEG_QUALITY", "JPEG_SUBSAMPLING",
-           "LABEL_BLOCK", "SAME_SAMPLES_SINCE", "SYNTHESIS_VERSION", "fill_samples", "imagenet_planes",
-           "labels_array", "make_label", "make_sample", "prepare", "sample_rng"]
+           "LABEL_BLOCK", "SAME_SAMPLES_SINCE", "SYNTHESIS_VERSION", "fill_samples",
+           "imagenet_planes", "labels_array", "make_jpeg", "make_label", "make_sample",
+           "prepare", "sample_rng"]
 
 
 def _rng(spec: DatasetSpec, seed: int, stream: int, n: int) -> np.random.Generator:
@@ -100,7 +101,7 @@ def sample_rng(spec: DatasetSpec, seed: int, index: int) -> np.random.Generator:
 def _label_block(spec: DatasetSpec, seed: int, block: int) -> np.ndarray:
     rng = _rng(spec, seed, _LABELS, block)
     if spec.num_classes > 0:
-        out = rng.integers(spec.num_classes, size=LABEL_BLOCK, dtype=np.int64)
+        out: np.ndarray = rng.integers(spec.num_classes, size=LABEL_BLOCK, dtype=np.int64)
     else:
         out = rng.random((LABEL_BLOCK, *spec.label_shape), dtype=np.float32)
     out.flags.writeable = False
@@ -131,6 +132,11 @@ def make_label(spec: DatasetSpec, seed: int, index: int) -> int | np.ndarray:
 
 # ---------------------------------------------------------------- samples
 
+def make_jpeg(spec: DatasetSpec, seed: int, index: int) -> bytes:
+    """The JPEG bytes of sample `index` of a JPEG dataset (`make_sample`'s payload)."""
+    return _encode(*imagenet_planes(spec, seed, index))
+
+
 def make_sample(spec: DatasetSpec, seed: int, index: int) -> tuple[bytes | np.ndarray, int | np.ndarray]:
     """Ground truth of sample `index`: (payload, label).
 
@@ -139,8 +145,8 @@ def make_sample(spec: DatasetSpec, seed: int, index: int) -> tuple[bytes | np.nd
     """
     label = make_label(spec, seed, index)
     if spec.sample_kind == "jpeg":
-        return _encode(*imagenet_planes(spec, seed, index)), label
-    out = np.empty((1, *spec.sample_shape), dtype=spec.sample_dtype)
+        return make_jpeg(spec, seed, index), label
+    out = np.empty((1, *spec.array_shape), dtype=spec.sample_dtype)
     fill_samples(spec, seed, index, out)
     return out[0], label
 
@@ -197,7 +203,8 @@ def _cifar10_gratings() -> np.ndarray:
     theta = np.radians(18.0 * c)
     arg = (2 * np.pi * (2 + c % 3) * (x * np.cos(theta) + y * np.sin(theta))
            + 2 * np.pi * np.arange(_CIFAR_PHASES)[None, :, None, None] / _CIFAR_PHASES)
-    return np.rint(np.sin(arg) * _GRATING_ONE).astype(np.int16).reshape(10, _CIFAR_PHASES, 1024)
+    table: np.ndarray = np.rint(np.sin(arg) * _GRATING_ONE).astype(np.int16)
+    return table.reshape(10, _CIFAR_PHASES, 1024)
 
 
 @functools.lru_cache(maxsize=2)
@@ -207,7 +214,8 @@ def _cifar10_tables(seed: int) -> np.ndarray:
 
     rng = _rng(DATASETS["cifar10"], seed, _TABLES, 0)
     noise = rng.standard_normal(_CIFAR_NOISE + 3072, dtype=np.float32) * np.float32(18.0)
-    return np.clip(np.rint(noise), -127, 127).astype(np.int8)
+    table: np.ndarray = np.clip(np.rint(noise), -127, 127).astype(np.int8)
+    return table
 
 
 def _cifar10_synth(spec: DatasetSpec, seed: int, block: int, dest: np.ndarray) -> None:
@@ -542,13 +550,15 @@ def _grating(h: int, w: int, cycles: int, angle: int, phase: float) -> np.ndarra
     k = _GRATING_PHASES
     step = 2 * np.pi * cycles * math.sin(math.radians(18.0 * angle)) / h
     row_phase = (phase + np.arange(h) * step) * (k / (2 * np.pi))
-    return _grating_rows(w, cycles, angle)[np.rint(row_phase).astype(np.intp) % k]
+    rows: np.ndarray = _grating_rows(w, cycles, angle)[np.rint(row_phase).astype(np.intp) % k]
+    return rows
 
 
 def imagenet_planes(spec: DatasetSpec, seed: int, index: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Y, Cb, Cr planes (uint8 [h, w] each) that imagenet sample `index` encodes."""
     label = make_label(spec, seed, index)
+    assert isinstance(label, int)  # JPEG datasets' labels are classes
     rng = sample_rng(spec, seed, index)
     h, w = _imagenet_size(rng)
     luma, chroma = _imagenet_tables(seed)
@@ -582,4 +592,5 @@ def imagenet_planes(spec: DatasetSpec, seed: int, index: int
 def _encode(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> bytes:
     import simplejpeg
 
-    return simplejpeg.encode_jpeg_yuv_planes(y, cb, cr, quality=JPEG_QUALITY)
+    blob: bytes = simplejpeg.encode_jpeg_yuv_planes(y, cb, cr, quality=JPEG_QUALITY)
+    return blob

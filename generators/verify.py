@@ -79,6 +79,7 @@ def verify_dataset(root: str | Path, jobs: int = 1, world: World | None = None,
 
 def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
     """Files under the dataset root that the manifest does not list."""
+    assert manifest.root is not None  # loaded from its folder
     top = Path(manifest.root)
     listed = {f.path for f in manifest.files} | {MANIFEST_NAME}
     out = []

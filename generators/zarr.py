@@ -15,15 +15,18 @@ chunks "labels", `zarr.json` files "index".
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from iobench.errors import DatasetError
-from iobench.generators.base import Task, Writer, file_entry, make_sample, written_file
-from iobench.generators.synth import fill_samples, labels_array
+from iobench.generators.base import Task, Writer, file_entry, written_file
+from iobench.generators.synth import fill_samples, labels_array, make_jpeg
 from iobench.manifest import FileEntry, check_magic
 from iobench.records import zarr_quiet
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
 
 _LEVELS = {"zstd": 3, "gzip": 4}
 
@@ -49,7 +52,7 @@ class ZarrWriter(Writer):
         codecs = {"none": (), "zstd": (ZstdCodec(level=_LEVELS["zstd"]),),
                   "gzip": (GzipCodec(level=_LEVELS["gzip"]),)}[self.compression]
         codecs = (*codecs, Crc32cCodec())
-        keep = {"write_empty_chunks": True}  # every shard and chunk is a file, zeros or not
+        keep: ArrayConfigParams = {"write_empty_chunks": True}  # every shard and chunk is a file, zeros or not
         with zarr_quiet():
             g = zarr.create_group(store=MemoryStore(keys), zarr_format=3,
                                   attributes={"dataset": spec.name, "iobench": "samples and "
@@ -59,7 +62,7 @@ class ZarrWriter(Writer):
                                chunks=(1,), shards=(per,), compressors=codecs, fill_value=b"",
                                dimension_names=("sample",), config=keep)
             else:
-                shape = spec.sample_shape
+                shape = spec.array_shape
                 g.create_array("samples", shape=(n, *shape), dtype=spec.sample_dtype,
                                chunks=(1, *shape), shards=(per, *shape), compressors=codecs,
                                fill_value=0, config=keep,
@@ -101,10 +104,10 @@ class ZarrWriter(Writer):
         with zarr_quiet():
             if spec.sample_kind == "jpeg":
                 blobs = np.empty(n, dtype=object)
-                blobs[:] = [make_sample(spec, self.seed, i)[0] for i in range(lo, hi)]
+                blobs[:] = [make_jpeg(spec, self.seed, i) for i in range(lo, hi)]
                 g["jpeg"][lo:hi] = blobs
             else:
-                block = np.empty((n, *spec.sample_shape), dtype=spec.sample_dtype)
+                block = np.empty((n, *spec.array_shape), dtype=spec.sample_dtype)
                 fill_samples(spec, self.seed, lo, block)
                 g["samples"][lo:hi] = block
                 del block
@@ -158,7 +161,7 @@ class ZarrWriter(Writer):
         except Exception as e:  # zarr and its codecs raise many kinds for damaged stores
             raise DatasetError(f"{path}: cannot be read as Zarr ({type(e).__name__}: {e})") from e
         n = labels.shape[0]
-        want = (n,) if spec.sample_kind == "jpeg" else (n, *spec.sample_shape)
+        want = (n,) if spec.sample_kind == "jpeg" else (n, *spec.array_shape)
         if data.shape != want or labels.shape[1:] != spec.label_shape:
             raise DatasetError(f"{path}: the store holds {self.data_name} {list(data.shape)} and "
                                f"labels {list(labels.shape)}, expected {list(want)}")

@@ -188,7 +188,7 @@ def _mincore_pages(fd: int, size: int) -> int | None:
             return None
         import numpy as np
 
-        return int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1))
+        return int(np.count_nonzero(np.frombuffer(memoryview(vec), dtype=np.uint8) & 1))
     finally:
         _libc.munmap(addr, size)
 
@@ -596,10 +596,10 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     nodes = []
     for k in sorted(per_node):
         n = per_node[k]
-        r: Residency = n.pop("res")
-        n["resident_bytes"], n["total_bytes"] = r.resident_bytes, r.total_bytes
-        n["unknown_files"] = r.unknown_files
-        n["resident_fraction"] = r.fraction if measure else None
+        node_res: Residency = n.pop("res")
+        n["resident_bytes"], n["total_bytes"] = node_res.resident_bytes, node_res.total_bytes
+        n["unknown_files"] = node_res.unknown_files
+        n["resident_fraction"] = node_res.fraction if measure else None
         nodes.append(n)
     errors = tuple(e for m in everyone for e in m["errors"])
     unknown = tuple(n["node"] for n in nodes if n["resident_fraction"] is None)

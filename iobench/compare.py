@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from iobench.breakeven import root_of, staging_pairs
 from iobench.errors import IobenchError, StorageError
@@ -32,6 +32,9 @@ from iobench.results import (
     load_result,
 )
 from iobench.spread import HEADLINE, differs, fmt_spread, run_spread, spread
+
+if TYPE_CHECKING:
+    from matplotlib.axis import Axis
 
 
 def load_runs(paths: list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
@@ -195,8 +198,8 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
     for col in cols:
         table.add_column(col, justify="left" if col == "run" else "right")
     rows = comparison_rows(docs)
-    for k, r in enumerate(rows):
-        nxt = rows[k + 1] if k + 1 < len(rows) else None
+    for row_no, r in enumerate(rows):
+        nxt = rows[row_no + 1] if row_no + 1 < len(rows) else None
         table.add_row(f"{r['run'] + 1}", *([str(r["repeat"] + 1)] if repeated else []),
                       str(r["epoch"] + 1), _fmt(r["stall_s"], ".2f"),
                       _fmt(r["stall_fraction"] and 100 * r["stall_fraction"], ".1f"),
@@ -363,6 +366,15 @@ def error_bars(spreads: Sequence[Mapping[str, Any]]) -> list[list[float]] | None
     return [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
 
 
+def integer_ticks(axis: Axis) -> None:
+    """Whole-number ticks (epochs, workers) on `axis`, keeping its locator's other choices."""
+    from matplotlib.ticker import MaxNLocator
+
+    locator = axis.get_major_locator()
+    if isinstance(locator, MaxNLocator):  # matplotlib's default, AutoLocator, is one
+        locator.set_params(integer=True)
+
+
 def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
     """Training accuracy (classification) or loss (regression) per epoch, one line per run;
     with repetitions, the median per epoch with min-max error bars.
@@ -392,7 +404,7 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"training {metric} (all ranks)")
     ax.set_title(f"Training {metric} per epoch")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    integer_ticks(ax.xaxis)
     if metric == "accuracy":
         from iobench.datasets import DATASETS
 

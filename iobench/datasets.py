@@ -38,6 +38,12 @@ class DatasetSpec:
     default_batch_size: int = 64
 
     @property
+    def array_shape(self) -> tuple[int, ...]:
+        """`sample_shape` of an array dataset (a JPEG dataset has none: asking is a bug)."""
+        assert self.sample_shape is not None, f"{self.name} holds JPEG samples"
+        return self.sample_shape
+
+    @property
     def sample_nbytes(self) -> int | None:
         """Bytes of one raw sample, or None when samples vary in size."""
         if self.sample_shape is None:

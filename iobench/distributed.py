@@ -35,7 +35,8 @@ def _rendezvous_address(world: World) -> str:
     if world.num_hosts == 1:  # every rank on this host (virtual nodes included)
         return "127.0.0.1"
     try:
-        addrs = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+        addrs = {str(ai[4][0])
+                 for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
     except OSError:
         addrs = set()
     routable = sorted(a for a in addrs if not a.startswith("127."))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
 
 from iobench.errors import ConfigError, UnsupportedError
 
@@ -72,12 +71,13 @@ class FormatSpec:
         return load_class(self.loader, self.install)
 
 
-def load_class(target: str, install: str) -> Any:
+def load_class(target: str, install: str) -> type:
     """The class at `target` ("module:Class"), imported now; an UnsupportedError naming what
     to install when its library is missing."""
     module, _, cls = target.partition(":")
     try:
-        return getattr(importlib.import_module(module), cls)
+        found: type = getattr(importlib.import_module(module), cls)
+        return found
     except ImportError as e:
         raise UnsupportedError(f"{target} needs a missing package ({e.name}): {install}") from e
 

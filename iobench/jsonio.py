@@ -11,7 +11,8 @@ from typing import Any
 from iobench.errors import DatasetError, StorageError
 
 
-def write_json_atomic(path: str | Path, doc: dict[str, Any], *, exclusive: bool = False) -> Path:
+def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
+                      exclusive: bool = False) -> Path:
     """Write `doc` to `path` so readers see the old file or the whole new one.
 
     With `exclusive=True` an existing file is never replaced (result files

@@ -56,7 +56,8 @@ class SmallCNN(nn.Module):
         self.head = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.flatten(self.features(x), 1))
+        out: torch.Tensor = self.head(torch.flatten(self.features(x), 1))
+        return out
 
 
 class BasicBlock(nn.Module):
@@ -127,7 +128,8 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))
-        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        out: torch.Tensor = self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+        return out
 
 
 class CosmoFlow(nn.Module):
@@ -153,7 +155,8 @@ class CosmoFlow(nn.Module):
             nn.Linear(64, num_outputs))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        out: torch.Tensor = self.head(self.features(x))
+        return out
 
 
 MODELS: dict[str, ModelSpec] = {

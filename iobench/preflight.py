@@ -32,7 +32,8 @@ from typing import Any
 
 from iobench import cache
 from iobench.errors import ConfigError, IobenchError
-from iobench.manifest import MANIFEST_NAME, Manifest, locate
+from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, locate
+from iobench.placement import need_bytes, parse_mode
 from iobench.world import World
 
 CHECKS = ("dataset", "version", "files", "staging", "eviction", "ranks")
@@ -53,8 +54,6 @@ class PreflightConfig:
     warn_above: float = cache.DEFAULT_WARN_ABOVE
 
     def __post_init__(self) -> None:
-        from iobench.stage import parse_mode
-
         parse_mode(self.stage_mode)
         if not 0.0 <= self.warn_above <= 1.0:
             raise ConfigError(f"warn_above={self.warn_above} must be a fraction in [0, 1]")
@@ -68,7 +67,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _spot(manifest: Manifest, node: int) -> list[Any]:
+def _spot(manifest: Manifest, node: int) -> list[FileEntry]:
     """The first and last file, and up to SPOT_FILES others spread over the list, starting
     at an offset that differs per node (together the nodes cover more of it)."""
     files = manifest.files
@@ -83,7 +82,6 @@ def _spot(manifest: Manifest, node: int) -> list[Any]:
 def _staging_need(cfg: PreflightConfig, manifest: Manifest, world: World,
                   ranks: list[int]) -> tuple[str, bool, str]:
     """(check, ok, detail) for the node's staging target."""
-    from iobench.stage import _need_bytes
     from iobench.sysinfo import mount_of
 
     assert cfg.stage_to is not None
@@ -91,7 +89,7 @@ def _staging_need(cfg: PreflightConfig, manifest: Manifest, world: World,
     root = dest / Path(manifest.root or ".").name
     scope = "local" if cfg.stage_mode == "shard" else "global"
     entries = cache.files_for_node(manifest, ranks, world.size, scope)
-    need = _need_bytes(entries, root) if root.is_dir() else sum(e.bytes for e in entries)
+    need = need_bytes(entries, root) if root.is_dir() else sum(e.bytes for e in entries)
     probe = dest
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -150,14 +148,14 @@ def _node_checks(cfg: PreflightConfig, world: World, ranks: list[int]) -> list[t
     out.append(("version", True, _sha256(root / MANIFEST_NAME)))
     bad = []
     spot = _spot(manifest, world.node)
-    for e in spot:
+    for entry in spot:
         try:
-            size = os.stat(manifest.path_of(e)).st_size
+            size = os.stat(manifest.path_of(entry)).st_size
         except OSError as err:
-            bad.append(f"{e.path}: {err.strerror}")
+            bad.append(f"{entry.path}: {err.strerror}")
             continue
-        if size != e.bytes:
-            bad.append(f"{e.path}: {size} bytes, the manifest says {e.bytes}")
+        if size != entry.bytes:
+            bad.append(f"{entry.path}: {size} bytes, the manifest says {entry.bytes}")
     out.append(("files", not bad, f"{len(bad)} of {len(spot)} files checked are wrong, first: "
                 f"{bad[0]}" if bad else f"{len(spot)} of {len(manifest.files)} files checked"))
     if cfg.stage_to is not None:
@@ -237,21 +235,3 @@ def lines(report: dict[str, Any]) -> list[str]:
     out.append(f"preflight {verdict}: {len(report['nodes'])} node(s) "
                f"({', '.join(report['nodes'])}) in {report['seconds']:.2f} s")
     return out
-
-
-def check_same_dataset(world: World, manifest: Manifest) -> None:
-    """Raise on every rank (agreed) unless every node loaded the same dataset version as
-    rank 0 (the manifest's identity, root aside): the cheap part of `version`, which `train`
-    and `stage` run at their start. A collective."""
-    mine = {k: v for k, v in manifest.identity().items() if k != "root"}
-    seen = world.allgather((world.node_name, mine))
-    ref_node, ref = seen[0]
-    bad = sorted({node for node, ident in seen if ident != ref})
-    if bad:
-        other = next(ident for node, ident in seen if node == bad[0])
-        diff = ", ".join(f"{k} {other[k]!r} vs {ref[k]!r}" for k in ref if other.get(k) != ref[k])
-        err = ConfigError(f"node(s) {', '.join(bad)} see another version of the dataset than "
-                          f"{ref_node} ({diff}): every node must read the same copy; run "
-                          "`iobench preflight` and fix the stale copy")
-        err.agreed = True  # every rank raises it
-        raise err

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import mmap
 import os
@@ -96,6 +97,12 @@ class ProbeConfig:
     # mount such as `iobench emulate-pfs`): files are written there and read through `storage`
     write_via: Path | None = None
     evict_cmd: str | None = None  # the site's command emptying server caches, before reads
+
+    @property
+    def sample_sizes(self) -> tuple[int, ...]:
+        """`sample_bytes` as a tuple (which `__post_init__` makes it)."""
+        s = self.sample_bytes
+        return (s,) if isinstance(s, int) else s
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage", Path(self.storage))
@@ -524,7 +531,11 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
     out["cold_open_ms"] = pcts(ops_ms[:, 0])  # name lookup and open
     out["cold_read_ms"] = pcts(ops_ms[:, 1])  # the first read of a cold small file
     out["close_ms"] = pcts(ops_ms[:, 2])
-    ops, s = phase(lambda p: (os.unlink(p), 0)[1])
+    def unlink(p: Path) -> int:
+        os.unlink(p)
+        return 0
+
+    ops, s = phase(unlink)
     out["unlink_per_s"] = ops / s
     shutil.rmtree(base, ignore_errors=True)
     return out
@@ -599,7 +610,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
             warnings.append(f"{cfg.storage} is {mount.fstype}: its data lives in memory, so "
                             "these figures are memory bandwidth, not storage")
         eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, read_work, direct)
-        block = {s: -(-s // ALIGN) * ALIGN if direct else s for s in cfg.sample_bytes}
+        block = {s: -(-s // ALIGN) * ALIGN if direct else s for s in cfg.sample_sizes}
         for s, bs in block.items():
             if bs != s:
                 notes.append(f"O_DIRECT needs aligned reads: {s}-byte sample reads use {bs} "
@@ -611,17 +622,17 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
             log(f"  {tests[-1].MBps:.1f} MB/s, {tests[-1].iops:.0f} IOPS")
 
         for n in cfg.readers:
-            measure(f"sequential write, {n} writer(s)", lambda n=n: eng.write(n))
+            measure(f"sequential write, {n} writer(s)", functools.partial(eng.write, n))
         _complete_files(work, nmax, cfg.file_bytes)  # a time-capped fio write leaves them short
         for n in cfg.readers:
-            measure(f"sequential read, {n} reader(s)", lambda n=n: eng.read(n))
+            measure(f"sequential read, {n} reader(s)", functools.partial(eng.read, n))
         for n in cfg.readers:
             measure(f"random 4 KiB reads, {n} reader(s)",
-                    lambda n=n: eng.randread(n, 4 * KiB, "4k"))
+                    functools.partial(eng.randread, n, 4 * KiB, "4k"))
         for s, bs in block.items():
             for n in cfg.readers:
                 measure(f"random {bs}-byte reads, {n} reader(s)",
-                        lambda n=n, bs=bs, s=s: eng.randread(n, bs, f"{s}B"))
+                        functools.partial(eng.randread, n, bs, f"{s}B"))
         for n in cfg.readers:
             log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
             meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work,
@@ -645,9 +656,9 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         "seq_read_MBps": best("read"),
         "rand4k_read_MBps": best("randread", 4 * KiB),
         "rand4k_read_iops": best("randread", 4 * KiB, "iops"),
-        "sample_read_MBps": best("randread", block[cfg.sample_bytes[0]]),
-        "sample_read_iops": best("randread", block[cfg.sample_bytes[0]], "iops"),
-        "sample_bytes": cfg.sample_bytes[0],
+        "sample_read_MBps": best("randread", block[cfg.sample_sizes[0]]),
+        "sample_read_iops": best("randread", block[cfg.sample_sizes[0]], "iops"),
+        "sample_bytes": cfg.sample_sizes[0],
         "sample_reads": [{"sample_bytes": s, "bs_bytes": bs, "MBps": best("randread", bs),
                           "iops": best("randread", bs, "iops")} for s, bs in block.items()],
         "create_per_s": max(m["create_per_s"] for m in meta),

@@ -32,6 +32,7 @@ from iobench.compare import (
     epoch_spreads,
     error_bars,
     fmt_figure,
+    integer_ticks,
     mark,
     node_spread,
     repetitions,
@@ -56,11 +57,16 @@ class Collection:
 def load_directory(results_dir: str | Path) -> Collection:
     """Read every iobench document in `results_dir` (not recursive); damaged files are listed
     in `skipped`, never fatal. An empty or missing directory is an error."""
-    from iobench import probe, results, search, stage, sweep
+    from iobench import results, search
     from iobench.results import ResultError, validate
 
-    # the newest version each writer writes is what this reader reads
-    known = {m.SCHEMA: m.SCHEMA_VERSION for m in (results, stage, probe, sweep, search)}
+    # the newest version each writer writes is what this reader reads (iobench.results
+    # names them all, so this reader imports no workflow that writes one)
+    known = {results.SCHEMA: results.SCHEMA_VERSION,
+             results.STAGE_SCHEMA: results.STAGE_SCHEMA_VERSION,
+             results.PROBE_SCHEMA: results.PROBE_SCHEMA_VERSION,
+             results.SWEEP_SCHEMA: results.SWEEP_SCHEMA_VERSION,
+             results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION}
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
@@ -237,7 +243,7 @@ def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[d
 def environment(col: Collection) -> dict[str, Any]:
     """Host, CPU, memory, GPUs and library versions, from the newest document that has them."""
     docs = [*col.runs, *col.probes, *col.stages]
-    prov = next((d["provenance"] for d in sorted(docs, key=lambda d: d.get("created", ""),
+    prov: dict[str, Any] = next((d["provenance"] for d in sorted(docs, key=lambda d: d.get("created", ""),
                                                   reverse=True) if d.get("provenance")), {})
     hosts = sorted({d["provenance"]["host"] for d in docs if d.get("provenance")})
     return {"hosts": hosts, "os": prov.get("os"), "cpu": prov.get("cpu_model"),
@@ -310,12 +316,12 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
         ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
         ax_au.set_ylim(0, 1.05)
         ax_au.set_title("AU per epoch, by run")
-        ax_au.xaxis.get_major_locator().set_params(integer=True)
+        integer_ticks(ax_au.xaxis)
         ax_au.legend(fontsize=7, loc="lower right")
         _legend(ax, len(rows))
         save(fig, "stall")
 
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
         for r in rows if len({r["workers"] for r in rows}) > 1 else ():
             groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
                     r["staged"])].append(r)
@@ -336,7 +342,7 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
                           + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
             ax.set_title("Throughput by workers")
             ax.set_ylim(bottom=0)
-            ax.xaxis.get_major_locator().set_params(integer=True)
+            integer_ticks(ax.xaxis)
             _legend(ax, len(groups))
             save(fig, "throughput")
 
@@ -673,12 +679,12 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     title = title or f"iobench report: {Path(results_dir).resolve().name}"
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".md":
-        names = {}
+        png_files = {}
         for name, data in pngs.items():
             fname = f"{out.stem}-{name}.png"
             _write_atomic_bytes(out.parent / fname, data)
-            names[name] = fname
-        _write_atomic_bytes(out, render_markdown(title, tables, names).encode())
+            png_files[name] = fname
+        _write_atomic_bytes(out, render_markdown(title, tables, png_files).encode())
     else:
         _write_atomic_bytes(out, render_html(title, tables, pngs).encode())
     return out

@@ -130,14 +130,15 @@ RESULT_SPEC = Map({
 
 def is_complete(doc: dict[str, Any]) -> bool:
     """Whether a result holds a whole run (results before v2's `status` always do)."""
-    return doc.get("status", "complete") == "complete"
+    return bool(doc.get("status", "complete") == "complete")
 
 
 def validate(doc: Any, where: str = "result") -> dict[str, Any]:
     """Check a result document against `RESULT_SPEC`; raise ResultError naming the first
     bad field by its path (docs/results-schema.md documents every field)."""
     try:
-        return check(doc, RESULT_SPEC, where)
+        checked: dict[str, Any] = check(doc, RESULT_SPEC, where)
+        return checked
     except SchemaError as e:
         raise ResultError(str(e)) from None
 
@@ -220,6 +221,10 @@ STAGE_SCHEMA = "iobench.stage"
 STAGE_SCHEMA_VERSION = 3
 PROBE_SCHEMA = "iobench.probe"
 PROBE_SCHEMA_VERSION = 2  # v2: open_stat_close, first-byte latency, cache status, evict_cmd, profile
+SWEEP_SCHEMA = "iobench.sweep"
+SWEEP_SCHEMA_VERSION = 1
+SEARCH_SCHEMA = "iobench.search"
+SEARCH_SCHEMA_VERSION = 1
 
 
 def find_documents(paths: Iterable[str | Path]) -> Found:

@@ -27,6 +27,7 @@ from typing import Any
 
 from iobench.errors import ConfigError, IobenchError
 from iobench.jsonio import write_json_atomic
+from iobench.results import SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION
 from iobench.schema import (
     Bool,
     Count,
@@ -43,8 +44,7 @@ from iobench.schema import (
 from iobench.watchdog import Interrupted
 from iobench.workloads import WorkloadRun, resolve
 
-SCHEMA = "iobench.search"
-SCHEMA_VERSION = 1
+SCHEMA, SCHEMA_VERSION = SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION  # iobench.results says each version
 
 
 class SearchError(IobenchError):
@@ -294,8 +294,9 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     raised as `SearchInterrupted` carrying it as `document`.
     """
     from iobench.manifest import Manifest
+    from iobench.placement import resolve_dataset
     from iobench.results import load_result, new_run_id
-    from iobench.train import TrainConfig, resolve_dataset
+    from iobench.train import TrainConfig
 
     run = cfg.run
     w = run.workload
@@ -410,7 +411,8 @@ def validate(doc: Any, where: str = "search result") -> dict[str, Any]:
     from iobench.results import ResultError
 
     try:
-        return check(doc, SEARCH_SPEC, where)
+        checked: dict[str, Any] = check(doc, SEARCH_SPEC, where)
+        return checked
     except SchemaError as e:
         raise ResultError(str(e)) from None
 

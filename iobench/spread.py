@@ -52,7 +52,7 @@ def differs(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool | 
     if not a or not b or (a["n"] < 2 and b["n"] < 2):
         return None
     width = max(a["max"] - a["min"], b["max"] - b["min"])
-    return abs(a["median"] - b["median"]) > width
+    return bool(abs(a["median"] - b["median"]) > width)
 
 
 def _num(v: float, spec: str | None) -> str:

@@ -47,21 +47,15 @@ from iobench.errors import (
 )
 from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
+from iobench.placement import check_same_dataset, need_bytes, parse_mode, resolve_dataset
 from iobench.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.spread import spread
 from iobench.watchdog import pending
 from iobench.world import World, agree
 
 SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.results says each version
-MODES = ("replicate", "shard")
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
-
-
-def parse_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ConfigError(f"unknown staging mode {mode!r}; choose one of: {', '.join(MODES)}")
-    return mode
 
 
 def parse_repeat(repeat: int) -> int:
@@ -399,18 +393,6 @@ def _check_dest(dest_root: Path, need: Callable[[], int]) -> None:
                            "space, stage elsewhere, or use --mode shard")
 
 
-def _need_bytes(entries: list[FileEntry], dest_root: Path) -> int:
-    need = 0
-    for e in entries:
-        try:
-            have = os.stat(dest_root / e.path).st_size
-        except OSError:
-            have = -1
-        if have != e.bytes:
-            need += e.bytes
-    return need
-
-
 def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any]:
     """Stage the dataset; return the staging result (the `iobench.stage` v2 document).
 
@@ -453,7 +435,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         node_files = cache.files_for_node(manifest, ranks, world.size, cfg.shuffle_scope)
         mine = cache.split_files(node_files, local_index, len(ranks))
         if local_index == 0:
-            _check_dest(dest_root, lambda: _need_bytes(node_files, dest_root))
+            _check_dest(dest_root, lambda: need_bytes(node_files, dest_root))
             # an older, different dataset here must not pass for this one mid-way
             with contextlib.suppress(FileNotFoundError):
                 (dest_root / MANIFEST_NAME).unlink()
@@ -461,8 +443,6 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         error = e
     agree(world, error, "staging")
     assert manifest is not None and src_root is not None and dest_root is not None
-    from iobench.preflight import check_same_dataset
-
     check_same_dataset(world, manifest)  # every node copies the same version, or none does
 
     reps: list[dict[str, Any]] = []
@@ -732,8 +712,6 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
     failure is raised on every rank (marked as agreed, so the CLI prints it once).
     """
     import dataclasses
-
-    from iobench.train import resolve_dataset
 
     cfg = error = None
     try:

@@ -29,6 +29,7 @@ from typing import Any
 from iobench.datasets import DATASETS, dataset_dirname
 from iobench.errors import ConfigError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats
+from iobench.results import SWEEP_SCHEMA, SWEEP_SCHEMA_VERSION
 from iobench.sampling import SHUFFLES
 from iobench.schema import (
     ANY,
@@ -45,8 +46,7 @@ from iobench.schema import (
     check,
 )
 
-SCHEMA = "iobench.sweep"
-SCHEMA_VERSION = 1
+SCHEMA, SCHEMA_VERSION = SWEEP_SCHEMA, SWEEP_SCHEMA_VERSION  # iobench.results says each version
 LOADERS = ("native", *FORMATS, "dali")
 TOP_KEYS = {"name", "results", "report", "datasets", "formats", "loaders", "tiers", "workers",
             "batch_size", "shuffle", "epochs", "max_steps", "model", "compute_time", "decode",
@@ -152,8 +152,7 @@ def _one_or_list(spec: Any) -> Any:
 class _Either(Spec):
     def __init__(self, a: Spec, b: Spec) -> None:
         super().__init__(f"{a.name} or {b.name}")
-        object.__setattr__(self, "a", a)
-        object.__setattr__(self, "b", b)
+        self.a, self.b = a, b
 
     def check(self, v: Any, at: str) -> None:
         try:
@@ -370,7 +369,7 @@ def result_key(doc: dict[str, Any]) -> tuple[Any, ...]:
 
 def done_keys(results_dir: Path) -> set[tuple[Any, ...]]:
     """Configurations of the training results already in `results_dir`."""
-    out = set()
+    out: set[tuple[Any, ...]] = set()
     if not results_dir.is_dir():
         return out
     for p in results_dir.glob("*.json"):
@@ -582,8 +581,8 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
             "counts": {s: sum(o.status == s for o in outcomes if o.step == "train")
                        for s in ("done", "skipped", "failed")},
         }
-        path = write_document(record, results, "sweep")
-        log(f"sweep record: {path}")
+        record_path = write_document(record, results, "sweep")
+        log(f"sweep record: {record_path}")
     if write_report and cfg.report:
         from iobench.report import write_report as _write
 

@@ -103,7 +103,7 @@ def _unescape(s: str) -> str:
     return s.encode().decode("unicode_escape") if "\\" in s else s
 
 
-def mount_of(path: str | Path, mountinfo: str = "/proc/self/mountinfo") -> MountInfo:
+def mount_of(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mountinfo") -> MountInfo:
     """Find the mount holding `path` (which must exist)."""
     p = Path(path)
     if not p.exists():

@@ -29,17 +29,17 @@ from typing import Any
 import torch
 
 from iobench import cache, faults, procio, sysinfo
-from iobench.datasets import DATASETS, dataset_dirname, parse_dataset
+from iobench.datasets import DATASETS, parse_dataset
 from iobench.errors import (
     ConfigError,
-    DatasetNotFoundError,
     IobenchError,
 )
-from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats, parse_format
+from iobench.formats import FORMATS, loader_formats, parse_format
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
 from iobench.models import build_model, count_parameters, parse_model, resolve_model
+from iobench.placement import check_same_dataset, resolve_dataset
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
@@ -189,33 +189,6 @@ class TrainConfig:
         return asdict(self)
 
 
-def resolve_dataset(config: TrainConfig) -> Path:
-    """The dataset root `STORAGE/<dataset>-<format>`; a clear error naming `iobench generate`.
-    With `--data`, the user's folder (or the folder of the user's file)."""
-    if config.data is not None:
-        p = Path(config.data).resolve()
-        return p if p.is_dir() else p.parent
-    storage = Path(config.storage)
-    if not storage.is_dir():
-        raise DatasetNotFoundError(f"--storage {storage} is not a directory; give the directory "
-                                   "you generated into (iobench generate --storage DIR)")
-    if config.format is not None or config.loader != "dali":
-        fmt = config.format or config.loader
-    else:  # dali: whichever format exists
-        found = [f for f in loader_formats("dali")
-                 if (storage / dataset_dirname(config.dataset, f) / "iobench.json").is_file()]
-        if len(found) > 1:
-            raise ConfigError(f"{storage} holds {config.dataset} in several formats "
-                              f"({', '.join(found)}); pick one with --format")
-        fmt = found[0] if found else DEFAULT_FORMAT
-    root = storage / dataset_dirname(config.dataset, fmt)
-    if not (root / "iobench.json").is_file():
-        raise DatasetNotFoundError(
-            f"no {config.dataset} dataset in {fmt} format at {root}; create it with: "
-            f"iobench generate --dataset {config.dataset} --format {fmt} --storage {storage}")
-    return root
-
-
 def check_results_dir(path: str | Path) -> Path:
     """Create the results directory if needed and prove it writable (before any training)."""
     from iobench.outputs import writable_dir
@@ -326,6 +299,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
                 raise ConfigError(f"--data {config.data} is {manifest.format} data; read it "
                                   f"with --loader {manifest.format}")
             root = manifest.root
+            assert root is not None  # shared_manifest roots it at the user's folder
         else:
             root = resolve_dataset(config)
             manifest = Manifest.load(root)
@@ -337,13 +311,12 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     except IobenchError as e:
         err = e
     agree(world, err)
-    from iobench.preflight import check_same_dataset
-
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
     node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
-    run = _Run(config, manifest, mount, world, device, progress, counters,
-               live if world.is_root else None, int(live_interval_s * 1e9))
+    hooks = _Hooks(progress, counters, live if world.is_root else None,
+                   int(live_interval_s * 1e9))
+    run = _Run(config, manifest, mount, world, device, hooks)
     run.run_id = world.bcast(run.run_id)  # every rank beats under one name
     beats = Path(config.results) / ".iobench-heartbeats" / run.run_id
     dog = Watchdog(world, config.timeout_s, beats,
@@ -424,6 +397,7 @@ class _Compute:
     def _build(self, world: World) -> None:
         config, device = self.config, self.device
         spec = DATASETS[config.dataset]
+        assert self.model_name is not None  # built for compute kind "model" only
         mspec = parse_model(self.model_name)
         self.task = mspec.task
         with torch.random.fork_rng(devices=[]):
@@ -432,7 +406,8 @@ class _Compute:
         self.params = count_parameters(model)
         model = model.to(device)
         if config.channels_last:
-            model = model.to(memory_format=torch.channels_last)
+            # torch's stub of Module.to lacks the memory_format keyword that it takes
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if world.size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -515,18 +490,24 @@ class _NotBuilt:
         self.threads = torch.get_num_threads()
 
 
+@dataclass(frozen=True)
+class _Hooks:
+    """What the caller of `run` hears while a rank trains, and the tier counters it reads."""
+
+    progress: Callable[[dict[str, Any]], None] | None  # after each epoch
+    counters: Callable[[], dict[str, int]] | None  # a storage tier's byte counters
+    live: Callable[[int, int, int, EpochClock], None] | None  # rank 0, during an epoch
+    live_interval_ns: int  # at most one `live` call per interval
+
+
 class _Run:
     """The repetitions and epochs of one `iobench train` on one rank, and its result."""
 
     def __init__(self, config: TrainConfig, manifest: Manifest, mount: sysinfo.MountInfo,
-                 world: World, device: torch.device,
-                 progress: Callable[[dict[str, Any]], None] | None,
-                 counters: Callable[[], dict[str, int]] | None,
-                 live: Callable[[int, int, int, EpochClock], None] | None,
-                 live_interval_ns: int) -> None:
+                 world: World, device: torch.device, hooks: _Hooks) -> None:
         self.config, self.manifest, self.mount, self.world = config, manifest, mount, world
-        self.device, self.progress, self.counters = device, progress, counters
-        self.live, self.live_interval_ns = live, live_interval_ns
+        self.device, self.hooks = device, hooks
+        assert manifest.root is not None  # run() loaded it from a folder
         note = procio.read_bytes_unavailable(manifest.root)
         self.count_io = note is None
         self.io_note = f"os_read_bytes is null: {note}" if note else None
@@ -582,14 +563,14 @@ class _Run:
                                       evict_cmd=config.evict_cmd)
         self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
-        tier0 = self.counters() if self.counters and world.is_root else None
+        tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None
         io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
         compute.reset()
         clock, timing = self._steps(rep, epoch, loader, compute)
         io = procio.tree_io() - io0
         tier = None
-        if tier0 is not None and self.counters is not None:
-            tier1 = self.counters()
+        if tier0 is not None and self.hooks.counters is not None:
+            tier1 = self.hooks.counters()
             tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         fig = {"rank": world.rank, "host": world.hostname, "node": world.node,
@@ -636,8 +617,9 @@ class _Run:
                 self._at(f"waiting for the other ranks' batch {step + 1}", step)
                 compute.wait_for_all_ranks()
                 t_ready = clock.batch_ready()
-                if self.live is not None and t_ready - last_live >= self.live_interval_ns:
-                    self.live(epoch, step + 1, steps_total, clock)
+                if (self.hooks.live is not None
+                        and t_ready - last_live >= self.hooks.live_interval_ns):
+                    self.hooks.live(epoch, step + 1, steps_total, clock)
                     last_live = t_ready
                 self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
                 faults.at_step(self.fault, world.rank, epoch, step)
@@ -683,7 +665,7 @@ class _Run:
                     "loss": tot_loss / tot_seen if tot_seen else None,
                     "accuracy": tot_correct / tot_seen if tot_seen and classification else None
                     } if compute.kind == "model" else None
-        rec = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
+        rec: dict[str, Any] = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
                "per_node": node_summaries(ranks, list(report.per_node), report.warn_above),
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
@@ -696,8 +678,8 @@ class _Run:
             if w not in self.warnings:
                 self.warnings.append(w)
         self.epochs.append(rec)
-        if self.progress is not None:
-            self.progress(rec)
+        if self.hooks.progress is not None:
+            self.hooks.progress(rec)
 
     def document(self, cluster_memory_bytes: int, status: str = "complete",
                  why: str | None = None) -> dict[str, Any]:

@@ -248,7 +248,7 @@ def _listing(arrays: dict[str, tuple[tuple[int, ...], Any]]) -> str:
 
 
 def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
-    return int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return int(np.prod(shape)) * int(np.dtype(dtype).itemsize)
 
 
 def _choose(path: Path, arrays: dict[str, tuple[tuple[int, ...], Any]],
@@ -374,7 +374,7 @@ def _lmdb(p: Path, label_key: str | None) -> tuple[Any, ...]:
                             "docs/training.md")
             n = len(index)
             labels = _npy_labels(p, lk, txn.get(lk), n)
-            first = bytes(txn.get(index[0]))
+            first = bytes(txn.get(index[0], b""))  # listed by this transaction: there
     finally:
         env.close()
     if first.startswith(NPY_MAGIC):
@@ -390,7 +390,8 @@ def _lmdb(p: Path, label_key: str | None) -> tuple[Any, ...]:
             raise _fail(f"{p}: record {index[0]!r} holds {dt}{list(shape)} (fortran order "
                         f"{fortran}) in {len(first)} bytes; iobench reads C-order numeric .npy "
                         "values")
-        sample = {"kind": "array", "shape": list(shape), "dtype": np.dtype(dt).str}
+        sample: dict[str, Any] = {"kind": "array", "shape": list(shape),
+                                  "dtype": np.dtype(dt).str}
         record, header = "npy", f.tell()
     elif first.startswith(JPEG_MAGIC):
         sample, record, header = {"kind": "jpeg", "shape": None, "dtype": "uint8"}, "jpeg", 0
@@ -447,7 +448,7 @@ def _index_keys(p: Path, keys: list[bytes], label_key: str | None
 
 def _npy_labels(p: Path, key: bytes, value: Any, n: int) -> np.ndarray:
     try:
-        labels = np.load(io.BytesIO(bytes(value)), allow_pickle=False)
+        labels: np.ndarray = np.load(io.BytesIO(bytes(value)), allow_pickle=False)
     except (ValueError, OSError, TypeError) as e:
         raise _fail(f"{p}: the labels record {key!r} is not a .npy array ({e}); name the "
                     "labels record with --label-key") from None

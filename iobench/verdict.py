@@ -84,9 +84,12 @@ def probe_for(path: str | None, probes: Sequence[Mapping[str, Any]]) -> Mapping[
 def probe_limit(probe: Mapping[str, Any], sample_bytes: float | None) -> float | None:
     """The probe's random-read MB/s at the sample size nearest the run's (log scale)."""
     reads = [r for r in probe["summary"].get("sample_reads") or [] if r.get("MBps")]
+    limit: float | None
     if not reads or not sample_bytes:
-        return probe["summary"].get(LIMIT_KEY)
-    return min(reads, key=lambda r: abs(math.log(r["sample_bytes"] / sample_bytes)))["MBps"]
+        limit = probe["summary"].get(LIMIT_KEY)
+    else:
+        limit = min(reads, key=lambda r: abs(math.log(r["sample_bytes"] / sample_bytes)))["MBps"]
+    return limit
 
 
 def loader_time(doc: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -41,7 +41,7 @@ from iobench.world import World
 
 GRACE_S = 5.0  # after an interrupt, how long a rank may take to stop by itself
 DEFER_LIMIT_S = 30.0  # several ranks: how long a recorded interrupt may wait for a collective
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: not an error

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +94,7 @@ class World:
             self._comm.Abort(code)
 
 
-def launched_by_mpi(env: dict[str, str] | None = None) -> bool:
+def launched_by_mpi(env: Mapping[str, str] | None = None) -> bool:
     """Whether an MPI launcher (mpiexec, srun with PMI) started this process."""
     env = os.environ if env is None else env
     return any(k in env for k in _MPI_ENV)
@@ -104,7 +105,7 @@ def launched_by_mpi(env: dict[str, str] | None = None) -> bool:
 NODE_NAME_ENV = ("SLURMD_NODENAME",)
 
 
-def node_name(env: dict[str, str] | None = None, host: str | None = None) -> str:
+def node_name(env: Mapping[str, str] | None = None, host: str | None = None) -> str:
     """This process's node as its scheduler names it (SLURMD_NODENAME), else the host name."""
     env = os.environ if env is None else env
     for k in NODE_NAME_ENV:

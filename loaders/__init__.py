@@ -33,4 +33,5 @@ def make_loader(name: str, dataset: Manifest | str | Path, config: LoaderConfig,
         raise DatasetError(f"loader {name!r} cannot read {manifest.root}: it is a "
                            f"{manifest.format!r} dataset; use --loader {manifest.format}{also}")
     target, hint = LOADERS[name]
-    return load_class(target, hint)(manifest, config, rank=rank, world=world)
+    loader: Loader = load_class(target, hint)(manifest, config, rank=rank, world=world)
+    return loader

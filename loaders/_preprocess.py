@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,6 +31,8 @@ from numpy.lib.stride_tricks import as_strided
 from iobench.errors import DatasetError
 from iobench.loaders._reader import Alloc, RawBatch
 from iobench.loaders.base import Batch, Finish
+
+_U64 = TypeVar("_U64", np.ndarray, np.uint64)  # _mix: an array of keys, or one
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -53,13 +55,14 @@ class DecodeError(DatasetError):
         self.index, self.cause = index, cause
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def _mix(x: _U64) -> _U64:
     """splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
     x = x ^ (x >> np.uint64(30))
     x = x * np.uint64(0xBF58476D1CE4E5B9)
     x = x ^ (x >> np.uint64(27))
     x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    mixed: _U64 = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def uniform(seed: int, epoch: int, indices: np.ndarray, stream: int) -> np.ndarray:
@@ -79,7 +82,8 @@ def uniforms(seed: int, epoch: int, indices: np.ndarray, streams: tuple[int, ...
         keys = _mix(np.array([(base + s * 0x8CB92BA72F3D8DD7) & 0xFFFFFFFFFFFFFFFF
                               for s in streams], dtype=np.uint64))
         x = _mix(np.asarray(indices, dtype=np.int64).astype(np.uint64)[None, :] ^ keys[:, None])
-    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    u: np.ndarray = (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    return u
 
 
 def cifar_params(seed: int, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -182,7 +186,8 @@ def decode_jpeg(data: memoryview | bytes) -> np.ndarray:
     except ImportError:  # pragma: no cover - simplejpeg is a dependency
         simplejpeg = None
     if simplejpeg is not None:
-        return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        image: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        return image
     import io
 
     from PIL import Image
@@ -211,7 +216,8 @@ def _resize(x: torch.Tensor) -> torch.Tensor:
     kernel it dispatches to, when this torch has it under that name.
     """
     if _AA is not None:
-        return _AA(x, [CROP, CROP], False)
+        out: torch.Tensor = _AA(x, [CROP, CROP], False)
+        return out
     import torch.nn.functional as F
 
     return F.interpolate(x, size=(CROP, CROP), mode="bilinear", antialias=True,
@@ -239,7 +245,7 @@ def imagenet(data: np.ndarray, offsets: np.ndarray, indices: np.ndarray, seed: i
     import simplejpeg
 
     n = len(indices)
-    mv = memoryview(data)
+    mv = data.data
     jpegs = [mv[offsets[i]:offsets[i + 1]] for i in range(n)]
     hs = np.empty(n, dtype=np.int64)
     ws = np.empty(n, dtype=np.int64)
@@ -281,7 +287,8 @@ def pipeline(manifest: Any) -> str:
     """The preprocessing a dataset's batches get (`to_batch`'s `dataset`): the generated
     dataset's own, or for the user's data (`--data`) the one its layout names: "imagenet"
     for JPEG samples, "raw" (delivered as stored) for arrays."""
-    return manifest.layout.get("preprocess", manifest.dataset)
+    name: str = manifest.layout.get("preprocess", manifest.dataset)
+    return name
 
 
 def warm_up(dataset: str, decode: bool) -> None:

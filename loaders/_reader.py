@@ -14,7 +14,7 @@ import os
 import stat
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -293,6 +293,7 @@ class BatchReader(ABC):
             raise DatasetError(f"{manifest.root} is a {manifest.format!r} dataset; the "
                                f"{self.format!r} reader cannot read it")
         self.manifest = manifest
+        self.root: Path = manifest.root  # checked above: the folder it was loaded from
         self.kind: str = manifest.sample["kind"]
         shape = manifest.sample.get("shape")
         self.sample_shape: tuple[int, ...] | None = tuple(shape) if shape is not None else None
@@ -314,6 +315,12 @@ class BatchReader(ABC):
         # False (cold runs): the format library keeps no data cache of its own between reads
         self.library_cache = library_cache
 
+    @property
+    def array_shape(self) -> tuple[int, ...]:
+        """`sample_shape` of array samples (JPEG samples have none: asking is a bug)."""
+        assert self.sample_shape is not None, f"{self.manifest.root} holds JPEG samples"
+        return self.sample_shape
+
     def warm_up(self) -> None:  # noqa: B027 - optional hook
         """Import what reading needs, in the process that will read (no data is read)."""
 
@@ -331,8 +338,9 @@ class BatchReader(ABC):
         self.__dict__.update(d)
         self._local = threading.local()
 
-    def _state(self) -> dict[str, Any]:
-        """This thread's open handles; dropped (not reused) in a forked child."""
+    def _state(self) -> dict[Any, Any]:
+        """This thread's open handles (keyed as each reader likes: file positions, names);
+        dropped (not reused) in a forked child."""
         if self._pid != os.getpid():  # forked: inherited handles belong to the parent
             self._local = threading.local()
             self._pid = os.getpid()
@@ -348,7 +356,7 @@ class BatchReader(ABC):
             self._close_state(st)
         self._local = threading.local()
 
-    def _close_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def _close_state(self, state: dict[Any, Any]) -> None:  # noqa: B027 - optional hook
         """Close the handles in `state`."""
 
     # -- reading -----------------------------------------------------------------------------
@@ -390,8 +398,7 @@ class BatchReader(ABC):
             for k, p in zip(order.tolist(), parts, strict=True):  # sorted j -> batch order[j]
                 data[offsets[k]:offsets[k + 1]] = np.frombuffer(p, dtype=np.uint8)
             return RawBatch(data, labels[inv], nbytes[inv], offsets)
-        assert self.sample_shape is not None
-        out = alloc((len(indices), *self.sample_shape), self.sample_dtype)
+        out = alloc((len(indices), *self.array_shape), self.sample_dtype)
         labels, nbytes = self._read_sorted_arrays(sorted_idx, order, out)
         self._check_labels(sorted_idx, labels)
         return RawBatch(out, labels[inv], nbytes[inv])
@@ -445,6 +452,7 @@ def advise_batch(reader: FileOpener, groups: list[tuple[int, int, int]],
             continue
         first, count = int(reader.starts[pos]), int(reader.counts[pos])
         local = sorted_idx[s:e] - first
+        spans: Iterable[tuple[int, int]]
         if block:
             b = np.unique(sorted_idx[s:e] // block)
             spans = zip((np.maximum(b * block, first) - first).tolist(),
@@ -497,7 +505,7 @@ def read_jpeg_runs(reader: FileOpener, sorted_idx: np.ndarray,
         assert off is not None  # a JPEG file's OpenFile has them
         for a, b in contiguous_runs(local):
             lo, hi = int(off[local[a]]), int(off[local[b - 1] + 1])
-            mv = memoryview(read_span(pos, f, lo, hi))
+            mv = read_span(pos, f, lo, hi).data
             rel = off[local[a]:local[b - 1] + 2] - lo
             parts.extend(mv[int(rel[k]):int(rel[k + 1])] for k in range(b - a))
     return parts, labels, stored

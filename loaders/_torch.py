@@ -20,7 +20,7 @@ import collections
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -71,7 +71,10 @@ class Delivery(NamedTuple):
     timing: tuple[int, int, int, int] | None
 
 
-class BatchFetcher(Dataset):
+Fetched = Delivery | Batch | WorkerFailure | None  # what a worker hands back for a batch key
+
+
+class BatchFetcher(Dataset[Fetched]):
     """Map-style dataset whose key is (epoch, indices of one batch, pass tag); returns a
     `Delivery` (process workers) or a `Batch`."""
 
@@ -86,7 +89,7 @@ class BatchFetcher(Dataset):
         self.raw_delivered = delivers_raw(dataset, decode, convert)
 
     def __getitem__(self, key: tuple[int, np.ndarray, int]
-                    ) -> Delivery | Batch | WorkerFailure | None:
+                    ) -> Fetched:
         epoch, idx, tag = key
         if epoch == WARM_UP:
             try:
@@ -100,7 +103,7 @@ class BatchFetcher(Dataset):
         slots = self.slots if info is not None else None
 
         def deliver(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-            if slots is None:
+            if slots is None or info is None:  # one is None exactly when the other is
                 pool = self.local if self.local is not None else self.scratch
                 return pool.array(shape, dtype)
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -137,7 +140,7 @@ class BatchFetcher(Dataset):
         return self.reader.manifest.num_samples
 
 
-class EpochBatches(Sampler):
+class EpochBatches(Sampler[tuple[int, np.ndarray, int]]):
     """Yields (epoch, batch indices) keys of the epoch set before each `iter()`."""
 
     def __init__(self, order: EpochOrder, batch_size: int) -> None:
@@ -187,7 +190,7 @@ def unwrap(item: Batch | WorkerFailure | None) -> Batch:
 def thread_prefetch(fetch: Callable[[Any], Any], keys: Iterator[Any], pool: ThreadPoolExecutor,
                     depth: int) -> Iterator[Any]:
     """Run `fetch` over `keys` on `pool`, at most `depth` in flight, results in key order."""
-    pending: collections.deque = collections.deque()
+    pending: collections.deque[Future[Any]] = collections.deque()
     try:
         for key in keys:
             pending.append(pool.submit(fetch, key))
@@ -228,14 +231,14 @@ class TorchLoader(Loader):
         self.fetcher = BatchFetcher(self.reader, _preprocess.pipeline(m), config.seed, config.decode,
                                     config.convert, self.slots, local)
         self.sampler = EpochBatches(EpochOrder(self), config.batch_size)
-        self._dl: DataLoader | None = None
+        self._dl: DataLoader[Fetched] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     def check(self) -> None:
         """Cheap pre-flight in the main process: every data file is there, at its size."""
         check_files(self.manifest)
 
-    def _dataloader(self) -> DataLoader:
+    def _dataloader(self) -> DataLoader[Fetched]:
         if self._dl is None:
             c = self.config
             kw: dict[str, Any] = {}

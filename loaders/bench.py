@@ -15,6 +15,7 @@ median and spread (`iobench.spread`) of its figures and paired ratios.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -300,9 +301,9 @@ def _cells(cfg: BenchReadConfig, manifest: Manifest, nm: Manifest | None,
             for base, per_sample in BASELINES.items():
                 cells.append(_Cell(
                     {"loader": base, "workers": w, "worker_type": "process", "shuffle": "global"},
-                    lambda nm=nm, w=w, per_sample=per_sample: NaiveLoader(
-                        nm, cfg.batch_size, w, True, cfg.decode, cfg.seed, world.rank,
-                        world.size, open_per_sample=per_sample),
+                    functools.partial(NaiveLoader, nm, cfg.batch_size, w, True, cfg.decode,
+                                      cfg.seed, world.rank, world.size,
+                                      open_per_sample=per_sample),
                     nm))
         for name in cfg.loaders:
             for shuffle in cfg.shuffles:
@@ -314,8 +315,7 @@ def _cells(cfg: BenchReadConfig, manifest: Manifest, nm: Manifest | None,
                 wtype = "process" if name == "dali" else cfg.worker_type  # DALI: processes
                 cells.append(_Cell(
                     {"loader": name, "workers": w, "worker_type": wtype, "shuffle": shuffle},
-                    lambda name=name, lc=lc: make_loader(name, manifest, lc, world.rank,
-                                                         world.size),
+                    functools.partial(make_loader, name, manifest, lc, world.rank, world.size),
                     manifest))
     return cells
 
@@ -334,7 +334,7 @@ def combine(reps: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"repeat": len(reps)}
     for keys, median in ((MEDIAN_KEYS, statistics.median), (COUNT_KEYS, statistics.median_low)):
         for k in keys:
-            vals = [r.get(k) for r in reps]
+            vals: list[Any] = [r.get(k) for r in reps]
             out[k] = None if any(v is None for v in vals) else median(vals)
     res = [r["cache_resident_fraction_at_start"] for r in reps]
     out["cache_resident_fraction_at_start"] = None if any(v is None for v in res) else max(res)

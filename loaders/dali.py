@@ -41,7 +41,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -71,6 +71,15 @@ def _dali() -> Any:
         raise UnsupportedError("the 'dali' loader needs NVIDIA DALI: pip install "
                                "'iobench[dali]' (nvidia-dali-cuda130)") from e
     return dali
+
+
+@runtime_checkable
+class _PerFileReader(Protocol):
+    """What native mode asks of its reader (the files format's): labels, file sizes."""
+
+    sizes: np.ndarray
+
+    def labels(self) -> np.ndarray: ...
 
 
 class _BatchSource:
@@ -283,7 +292,8 @@ class DaliLoader(Loader):
     def _to_torch(self, tl: Any, n: int) -> torch.Tensor:
         """First n samples of a uniform DALI TensorList as one torch tensor."""
         if hasattr(tl, "as_cpu") and type(tl).__name__.endswith("GPU"):
-            from nvidia.dali.plugin.pytorch import feed_ndarray
+            # documented here; DALI's __init__ imports it without marking it exported
+            from nvidia.dali.plugin.pytorch import feed_ndarray  # type: ignore[attr-defined]
 
             dense = tl.as_tensor()
             out = torch.empty(tuple(dense.shape()), dtype=_TORCH_DTYPES[str(dense.dtype)],
@@ -341,6 +351,10 @@ class DaliLoader(Loader):
         idx_all = self.order(epoch)
         steps = self.steps_per_epoch()
         files = self.native
+        per_file: _PerFileReader | None = None
+        if files:
+            assert isinstance(self.reader, _PerFileReader), "native mode reads one file a sample"
+            per_file = self.reader
         try:
             if files:
                 self.close()
@@ -359,9 +373,9 @@ class DaliLoader(Loader):
             idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
             n = len(idx)
             outs = self._run(pipe, idx_all, k)
-            if files:
-                labels = torch.from_numpy(np.ascontiguousarray(self.reader.labels()[idx]))
-                nbytes = int(self.reader.sizes[idx].sum())
+            if per_file is not None:
+                labels = torch.from_numpy(np.ascontiguousarray(per_file.labels()[idx]))
+                nbytes = int(per_file.sizes[idx].sum())
             else:
                 labels = self._to_torch(outs[1], n)
                 got = np.asarray(outs[2].as_tensor())

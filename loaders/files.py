@@ -73,6 +73,7 @@ class FilesReader(BatchReader):
             st["labels"] = np.array([pos[f.path.split("/", 1)[0]] for f in self.files],
                                     dtype=self.label_dtype)
         if "labels" not in st:
+            assert self.labels_entry is not None  # else the classes gave the labels above
             path = self.manifest.path_of(self.labels_entry)
             try:
                 lab = np.load(path, allow_pickle=False)
@@ -82,7 +83,8 @@ class FilesReader(BatchReader):
             if lab.shape != want:
                 raise self.fail(path, f"labels have shape {lab.shape}, expected {want}")
             st["labels"] = lab.astype(self.label_dtype, copy=False)
-        return st["labels"]
+        labels: np.ndarray = st["labels"]
+        return labels
 
     def _read_npy(self, i: int, dest: np.ndarray, fd: int) -> None:
         path = self.paths[i]
@@ -95,7 +97,7 @@ class FilesReader(BatchReader):
                 if tuple(shape) != dest.shape or dtype != dest.dtype or fortran:
                     raise self.fail(path, f"holds {dtype}{list(shape)}, expected "
                                           f"{dest.dtype}{list(dest.shape)}")
-                got = f.readinto(memoryview(dest).cast("B"))
+                got = f.readinto(dest.data.cast("B"))
         except (OSError, ValueError) as e:
             raise self.fail(path, "not a readable .npy file", e) from None
         if got != dest.nbytes:

@@ -96,7 +96,7 @@ class HDF5Reader(BatchReader):
     def open_file(self, pos: int) -> OpenFile:
         """File `pos`, opened once per process and thread."""
         st = self._state()
-        f = st.get(pos)
+        f: OpenFile | None = st.get(pos)
         if f is not None:
             return f
         path = self.paths[pos]
@@ -119,11 +119,11 @@ class HDF5Reader(BatchReader):
                 stored, item = np.diff(offsets), 1
             else:
                 ds = h[self.data_key]
-                if ds.shape != (n, *self.sample_shape) or ds.dtype != self.sample_dtype:
+                if ds.shape != (n, *self.array_shape) or ds.dtype != self.sample_dtype:
                     raise self.fail(path, f"samples are {ds.dtype}{list(ds.shape)}, expected "
-                                          f"{self.sample_dtype}{[n, *self.sample_shape]}")
+                                          f"{self.sample_dtype}{[n, *self.array_shape]}")
                 stored = stored_sizes(ds, n)
-                item = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
+                item = int(np.prod(self.array_shape)) * self.sample_dtype.itemsize
             base = ds.id.get_offset()
         except KeyError as e:
             h.close()
@@ -152,7 +152,7 @@ class HDF5Reader(BatchReader):
             chunk = sieve = 0
         return {"hdf5_chunk_cache_bytes": chunk, "hdf5_sieve_buffer_bytes": sieve}
 
-    def _close_state(self, state: dict[str, Any]) -> None:
+    def _close_state(self, state: dict[Any, Any]) -> None:
         for f in state.values():
             f.handle.close()
             if f.fd is not None:

@@ -226,7 +226,8 @@ class LMDBReader(BatchReader):
                 raise self.fail(path, f"labels record {key!r} has shape {lab.shape}, expected "
                                       f"({self.manifest.num_samples},)")
             st["labels"] = lab.astype(self.label_dtype, copy=False)
-        return st["labels"]
+        labels: np.ndarray = st["labels"]
+        return labels
 
     def _record(self, path: Any, idx: int, value: Any) -> tuple[int, int]:
         """(offset, length) of the payload in one record, checked."""

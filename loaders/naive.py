@@ -42,7 +42,7 @@ from iobench.manifest import Manifest
 BASELINES: dict[str, bool] = {"naive-h5py": False, "naive-h5py-open-per-sample": True}
 
 
-class NaiveH5Dataset(Dataset):
+class NaiveH5Dataset(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
     """One sample per `__getitem__`; the file kept open per process, or opened per sample."""
 
     def __init__(self, manifest: Manifest, decode: bool, seed: int = 0,
@@ -150,8 +150,8 @@ class NaiveLoader:
                  open_per_sample: bool = False) -> None:
         self.ds = NaiveH5Dataset(manifest, decode, seed, open_per_sample)
         # what users write for several ranks: DistributedSampler, a 1/world share each
-        self.sampler = DistributedSampler(self.ds, num_replicas=world, rank=rank,
-                                          shuffle=shuffle, seed=seed, drop_last=True)
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            self.ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         # default DataLoader: workers (if any) start afresh every epoch
         self.dl = DataLoader(self.ds, batch_size=batch_size, sampler=self.sampler,
                              num_workers=workers, collate_fn=_collate)

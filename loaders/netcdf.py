@@ -51,7 +51,7 @@ class NetCDFReader(BatchReader):
     def open_file(self, pos: int) -> OpenFile:
         """File `pos`, opened once per process and thread."""
         st = self._state()
-        f = st.get(pos)
+        f: OpenFile | None = st.get(pos)
         if f is not None:
             return f
         nc4 = _netcdf4()
@@ -79,14 +79,14 @@ class NetCDFReader(BatchReader):
                     base = self._h5_layout(pos, "jpeg", n)[0]
                 else:
                     var = v[self.data_key]
-                    if var.shape != (n, *self.sample_shape) or var.dtype != self.sample_dtype:
+                    if var.shape != (n, *self.array_shape) or var.dtype != self.sample_dtype:
                         raise self.fail(path, f"samples are {var.dtype}{list(var.shape)}, "
                                               f"expected {self.sample_dtype}"
-                                              f"{[n, *self.sample_shape]}")
+                                              f"{[n, *self.array_shape]}")
                     filters = var.filters() or {}
                     compressed = any(filters.get(k) for k in
                                      ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle"))
-                    item = int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
+                    item = int(np.prod(self.array_shape)) * self.sample_dtype.itemsize
                     base, stored = self._h5_layout(pos, self.data_key, n)
                     if not compressed:
                         stored = np.full(n, item, dtype=np.int64)
@@ -133,7 +133,7 @@ class NetCDFReader(BatchReader):
         except (OSError, KeyError) as e:
             raise self.fail(self.paths[pos], "cannot read its HDF5 layout", e) from None
 
-    def _close_state(self, state: dict[str, Any]) -> None:
+    def _close_state(self, state: dict[Any, Any]) -> None:
         with _NC_LOCK:
             for f in state.values():
                 f.handle.close()

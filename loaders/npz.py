@@ -157,7 +157,7 @@ class NPZReader(BatchReader):
         else:
             head, tail = bytearray(len(lay.head)), bytearray(len(lay.tail))
             try:
-                preadv_into(fd, [memoryview(head), memoryview(dest).cast("B"),
+                preadv_into(fd, [memoryview(head), dest.data.cast("B"),
                                  memoryview(tail)], 0)
             except OSError as e:
                 raise self.fail(self.paths[i], "read failed", e) from None

@@ -21,7 +21,8 @@ def reader_for(manifest: Manifest, library_cache: bool = False) -> BatchReader:
     if spec is None:
         raise DatasetError(f"{manifest.root} has format {manifest.format!r}, which no reader "
                            f"reads; formats: {', '.join(FORMATS)}")
-    return spec.reader_class()(manifest, library_cache)
+    reader: BatchReader = spec.reader_class()(manifest, library_cache)
+    return reader
 
 
 def deep_check(manifest: Manifest, batch: int = 256, first: int = 0, step: int = 1

@@ -79,16 +79,18 @@ class ZarrReader(BatchReader):
 
             try:
                 with zarr_quiet():
-                    g = zarr.open_group(LocalStore(self.manifest.root, read_only=True),
+                    g = zarr.open_group(LocalStore(self.root, read_only=True),
                                         mode="r")
                     data = g[self.data_name]
+                    if not isinstance(data, zarr.Array):
+                        raise ValueError(f"{self.data_name} is a group, not an array")
                     # samples per shard: the shard index has this many entries, the last
                     # shard's included (whatever it holds)
                     per = (data.shards or data.chunks)[0]
                     st.update(data=data, labels=g["labels"], per=per, label_of={},
                               index_of={})
             except (KeyError, ValueError, OSError) as e:
-                raise self.fail(self.manifest.root / "zarr.json", "zarr cannot open the group",
+                raise self.fail(self.root / "zarr.json", "zarr cannot open the group",
                                 e) from None
         return st
 
@@ -99,7 +101,8 @@ class ZarrReader(BatchReader):
             lo, n = int(self.starts[pos]), int(self.counts[pos])
             lab = st["label_of"][pos] = self._guard(
                 lambda: st["labels"][lo:lo + n], [pos]).astype(self.label_dtype, copy=False)
-        return lab
+        labels: np.ndarray = lab
+        return labels
 
     def _shard_index(self, pos: int) -> np.ndarray:
         """Shard `pos`'s index, [n, 2] (byte offset, stored bytes) of each sample's inner
@@ -122,7 +125,8 @@ class ZarrReader(BatchReader):
                 raise self.fail(path, f"shard index is {len(tail)} bytes, expected {size}")
             entries = np.frombuffer(tail[:-_INDEX_CRC], dtype="<u8").reshape(per, 2)
             index = st["index_of"][pos] = entries[:int(self.counts[pos])].astype(np.int64)
-        return index
+        found: np.ndarray = index
+        return found
 
     def _guard(self, read: Callable[[], Any], shards: list[int]) -> Any:
         """`read()`, with a failure inside zarr turned into an error naming the shard file."""

@@ -294,7 +294,7 @@ def test_regression_model_reports_loss(tmp_path: Path) -> None:
 
 
 def test_dali_format_found_or_asked(tmp_path: Path) -> None:
-    from iobench.train import resolve_dataset
+    from iobench.placement import resolve_dataset
 
     (tmp_path / "cifar10-lmdb").mkdir()
     (tmp_path / "cifar10-lmdb" / "iobench.json").write_text("{}")

@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--data {args.data} is {fmt} data, not {args.format}: drop "
                               "--format")
         args.storage, args.dataset, args.format = args.data, USER_DATASET, fmt
-        default = (fmt,)  # DALI has no pipeline for data iobench knows nothing about
+        default: tuple[str, ...] = (fmt,)  # DALI has no pipeline for data iobench knows nothing about
     elif args.storage is None:
         raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
                           "(your own data) is required")

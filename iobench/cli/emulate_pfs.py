@@ -121,10 +121,11 @@ def main(args: argparse.Namespace) -> int:
         evict_backing=not args.no_evict_backing, client_cache=not args.no_client_cache)
     if args.foreground:
         from iobench.pfs._daemon import run_daemon
+        from iobench.pfs.config import state_paths
 
         control.require_fuse()
         control.check_paths(config)
-        control.state_paths(config.mountpoint).pid.parent.mkdir(parents=True, exist_ok=True)
+        state_paths(config.mountpoint).pid.parent.mkdir(parents=True, exist_ok=True)
         print(f"iobench: serving {config.profile.describe()}")
         print(f"  at {config.mountpoint} (backing {config.backing}) in the foreground; "
               "Ctrl-C or `iobench emulate-pfs --unmount` stops it")

@@ -17,7 +17,7 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from iobench.datasets import DATASETS
     from iobench.formats import FORMATS
-    from iobench.stage import MODES
+    from iobench.placement import MODES
 
     p.add_argument("--storage", required=True, metavar="DIR",
                    help="directory holding <dataset>-<format>/ (or a dataset root)")

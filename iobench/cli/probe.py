@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ProbeConfig:
     if args.sample_size is not None:
-        sample = tuple(parse_size(x) for x in args.sample_size.split(","))
+        sample: int | tuple[int, ...] = tuple(parse_size(x) for x in args.sample_size.split(","))
     elif args.dataset is not None:
         sample = sample_size_for(args.dataset, args.storage)
     else:

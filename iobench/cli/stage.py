@@ -17,8 +17,9 @@ from typing import Any
 
 from iobench.datasets import DATASETS
 from iobench.formats import FORMATS
+from iobench.placement import MODES
 from iobench.results import write_document
-from iobench.stage import MODES, MiB, StageConfig, stage_dataset
+from iobench.stage import MiB, StageConfig, stage_dataset
 from iobench.world import get_world
 
 

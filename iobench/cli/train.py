@@ -340,7 +340,7 @@ def _datasize_warning(args: argparse.Namespace, config: Any, world: Any) -> list
     accelerators (`iobench datasize`), else nothing."""
     from iobench.cli._workload import workload_of
     from iobench.manifest import Manifest
-    from iobench.train import resolve_dataset
+    from iobench.placement import resolve_dataset
 
     run = workload_of(args)
     if run is None:
@@ -365,7 +365,7 @@ def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
     `tier_bytes`. They are per mount, so rank 0 reads its node's.
     """
     from iobench import pfs
-    from iobench.train import resolve_dataset
+    from iobench.placement import resolve_dataset
 
     try:
         root = resolve_dataset(config)

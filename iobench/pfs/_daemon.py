@@ -364,11 +364,12 @@ def _stat_dict(st: os.stat_result) -> dict[str, Any]:
 
 
 def _make_fuse_class(mfusepy: Any) -> type:
-    class _ZeroCopyFUSE(mfusepy.FUSE):  # type: ignore[misc,name-defined]
+    class _ZeroCopyFUSE(mfusepy.FUSE):  # type: ignore[misc]  # mfusepy is untyped: FUSE is Any
         """mfusepy's FUSE, with `read` going straight into the kernel's buffer (no copy)."""
 
         def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-            return self.operations.read_into(fip.contents.fh, buf, size, offset)
+            n: int = self.operations.read_into(fip.contents.fh, buf, size, offset)
+            return n
 
     return _ZeroCopyFUSE
 

@@ -132,6 +132,7 @@ def bench_profile(name: str, root: Path, files: list[Path], mnt: Path, threads: 
         s0 = control.stats_for(mnt)
         wall, nbytes = _seq(Path(h.mountpoint), names, threads)
         s1 = control.stats_for(mnt)
+        assert s0 is not None and s1 is not None  # `mnt` is the emulated mount just made
         out["seq_MBps"] = nbytes / wall / 1e6
         out["seq"] = delta(s0, s1)
         out["open_ms"] = _opens(Path(h.mountpoint), 100)
@@ -143,6 +144,7 @@ def bench_profile(name: str, root: Path, files: list[Path], mnt: Path, threads: 
         s0 = control.stats_for(mnt)
         wall, n = _small(Path(h.mountpoint), names[0], files[0].stat().st_size, threads, seconds)
         s1 = control.stats_for(mnt)
+        assert s0 is not None and s1 is not None
         out["small_reads_per_s"] = n / wall
         out["small"] = delta(s0, s1)
     finally:

@@ -393,7 +393,8 @@ def unmount(mountpoint: str | Path, *, lazy: bool = False, timeout_s: float = 10
                 break
     paths.pid.unlink(missing_ok=True)
     try:
-        return json.loads(paths.final_stats.read_text())
+        final: dict[str, Any] = json.loads(paths.final_stats.read_text())
+        return final
     except (OSError, ValueError):
         return None
 
