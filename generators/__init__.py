@@ -23,9 +23,9 @@ from typing import Any
 from iobench import __version__
 from iobench.datasets import DatasetSpec, dataset_dirname, parse_dataset
 from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
-from iobench.formats import DEFAULT_FORMAT, FORMATS, parse_compression, parse_format
+from iobench.formats import DEFAULT_FORMAT, FORMATS, NPZ, parse_compression, parse_format
 from iobench.generators.base import Task, Writer, sha256_file
-from iobench.generators.synth import SAME_SAMPLES_SINCE, SYNTHESIS_VERSION
+from iobench.generators.synth import SYNTHESIS_VERSION, has_depth_spread, synthesis_version_of
 from iobench.jsonio import write_json_atomic
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.world import World
@@ -65,6 +65,10 @@ class GenerateConfig:
         if self.samples_per_file is not None and self.samples_per_file < 1:
             raise ConfigError(f"--samples-per-file {self.samples_per_file} must be >= 1")
         parse_compression(self.format, self.compression, spec.sample_kind)
+        if has_depth_spread(spec) and self.format != NPZ:
+            raise ConfigError(f"--format {self.format}: {self.dataset} samples vary in size "
+                              "(MLPerf's spread), which only one file per sample stores; "
+                              "use --format npz")
         if self.seed < 0:
             raise ConfigError(f"--seed {self.seed} must be >= 0")
         if self.jobs < 1:
@@ -99,7 +103,7 @@ class GenerateConfig:
         """What makes two generations the same dataset (parallelism excluded)."""
         return {"dataset": self.dataset, "format": self.format, "samples": self.samples,
                 "samples_per_file": self.samples_per_file, "compression": self.compression,
-                "seed": self.seed, "synthesis_version": SYNTHESIS_VERSION}
+                "seed": self.seed, "synthesis_version": synthesis_version_of(self.dataset)}
 
 
 @dataclass
@@ -160,12 +164,11 @@ def _prepare_target(cfg: GenerateConfig) -> tuple[bool, Path]:
         found = _existing_identity(root)
         if found != ident:
             if not cfg.force:
-                old = (found or {}).get("synthesis_version")
-                if found and old != SYNTHESIS_VERSION and \
-                        {**found, "synthesis_version": SYNTHESIS_VERSION} == ident:
+                old, new = (found or {}).get("synthesis_version"), ident["synthesis_version"]
+                if found and old != new and {**found, "synthesis_version": new} == ident:
                     raise DatasetError(
                         f"{root} holds this dataset from synthesis version {old}, whose "
-                        f"samples differ from the version {SYNTHESIS_VERSION} this iobench "
+                        f"samples differ from the version {new} this iobench "
                         "writes (it can still be read and verified); pass --force to "
                         "replace it, or choose another --storage")
                 what = ("a different dataset" if found else "files that are not an iobench "
@@ -282,7 +285,7 @@ def _existing_identity(root: Path) -> dict[str, Any] | None:
                     "samples_per_file": m.layout.get("generated_samples_per_file",
                                                      m.layout.get("samples_per_file")),
                     "compression": m.layout.get("compression"), "seed": m.seed,
-                    "synthesis_version": _same_samples_version(m)}
+                    "synthesis_version": synthesis_version(m)}
     except (OSError, ValueError, IobenchError):
         return None
     return None
@@ -291,14 +294,6 @@ def _existing_identity(root: Path) -> dict[str, Any] | None:
 def synthesis_version(manifest: Manifest) -> int:
     """The synthesis version a dataset's samples come from (1 when the manifest predates it)."""
     return int(manifest.extra.get("synthesis_version", 1))
-
-
-def _same_samples_version(manifest: Manifest) -> int:
-    """The manifest's synthesis version, or today's where the samples have not changed since
-    (a cosmoflow dataset of version 2 is today's: only cifar10 changed in version 3)."""
-    old = synthesis_version(manifest)
-    same = old >= SAME_SAMPLES_SINCE.get(manifest.dataset, 2)
-    return SYNTHESIS_VERSION if same else old
 
 
 def _describe(ident: dict[str, Any] | None) -> str:
@@ -634,11 +629,16 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
 def _statistics(cfg: GenerateConfig, writer: Writer, root: Path,
                 entries: list[FileEntry]) -> dict[str, Any]:
     """Generation statistics kept in the manifest (JPEG size distribution for imagenet)."""
-    out: dict[str, Any] = {"synthesis_version": SYNTHESIS_VERSION,
+    import numpy as np
+
+    out: dict[str, Any] = {"synthesis_version": synthesis_version_of(cfg.dataset),
                            "total_bytes": sum(e.bytes for e in entries)}
+    if has_depth_spread(cfg.spec):  # one sample per file: the files' sizes are the samples'
+        b = np.array([e.bytes for e in entries if e.role == "data"], dtype=np.float64)
+        out["sample_bytes"] = {"mean": float(b.mean()), "std": float(b.std()),
+                               "min": int(b.min()), "max": int(b.max()), "count": int(b.size)}
     if cfg.spec.sample_kind != "jpeg":
         return out
-    import numpy as np
 
     s = np.concatenate([np.asarray(writer.jpeg_sizes(root / e.path, e), dtype=np.float64)
                         for e in entries if e.role == "data"])

@@ -5,6 +5,9 @@
 (STORED) zip of two `.npy` files, read back with
 `numpy.load(path, allow_pickle=False)`. Unlike `numpy.savez` the zip entries
 carry a fixed date (1980-01-01), so the same seed gives byte-identical files.
+A dataset with a depth spread (unet3d) stores each `x` at its own first-axis
+length (`synth.sample_depth`) and says so in the manifest's
+`layout.variable_depth`, which the reader turns into crop-or-pad.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from iobench.generators.base import (
     per_sample_tasks,
     write_sample_file,
 )
-from iobench.generators.synth import labels_array
+from iobench.generators.synth import (
+    DEPTH_SPREAD,
+    has_depth_spread,
+    labels_array,
+    sample_depth,
+    stored_sample,
+)
 from iobench.manifest import FileEntry, check_magic
 
 _DATE = (1980, 1, 1, 0, 0, 0)  # the zip epoch: no clock in the bytes
@@ -52,15 +61,23 @@ class NPZWriter(Writer):
         return per_sample_tasks(num_samples, self.sample_path)
 
     def layout(self, samples_per_file: int) -> dict[str, object]:
-        return {"samples_per_file": 1, "compression": "none", "tree": "train/<index:08d>.npz",
-                "members": {"x": "sample (JPEG: its bytes, uint8)", "y": "label"}}
+        out: dict[str, object] = {
+            "samples_per_file": 1, "compression": "none", "tree": "train/<index:08d>.npz",
+            "members": {"x": "sample (JPEG: its bytes, uint8)", "y": "label"}}
+        if has_depth_spread(self.spec):
+            # readers crop or zero-pad x's first axis to sample.shape[0] (a fixed patch)
+            mean, std = DEPTH_SPREAD[self.spec.name]
+            out["variable_depth"] = {"distribution": "lognormal", "mean": mean, "std": std,
+                                     "patch": "first sample.shape[0] slices, zeros below"}
+        return out
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         labels = labels_array(self.spec, self.seed, task.first, task.count)
         out = []
         for rel, (i, x) in zip(task.files, each_sample(self.spec, self.seed, task.first,
                                                        task.count), strict=True):
-            arr = np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes) else x
+            arr = (np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes)
+                   else stored_sample(self.spec, self.seed, i, x))
             out.append(write_sample_file(root, rel, i, (npz_bytes(arr, labels[i - task.first]),)))
         return out
 
@@ -87,8 +104,10 @@ class NPZWriter(Writer):
                 raise DatasetError(f"{path}: x is {x.dtype}{list(x.shape)}, expected JPEG bytes")
             check_magic(path, x[:3].tobytes(), ".jpeg")
         else:
-            if x.shape != spec.sample_shape:
-                raise DatasetError(f"{path}: x has shape {x.shape}, expected {spec.sample_shape}")
+            assert spec.sample_shape is not None
+            want = (sample_depth(spec, self.seed, entry.first_sample), *spec.sample_shape[1:])
+            if x.shape != want:
+                raise DatasetError(f"{path}: x has shape {x.shape}, expected {want}")
             self.check_dtype(path, x.dtype)
         if y.shape != spec.label_shape or y.dtype != np.dtype(spec.label_dtype):
             raise DatasetError(f"{path}: y is {y.dtype}{list(y.shape)}, expected "

@@ -1,10 +1,10 @@
 """Synthetic samples: the ground truth every writer stores and every loader test compares against.
 
-Synthesis version 3 (`SYNTHESIS_VERSION`, recorded in every manifest as
-`extra.synthesis_version`; version 1 was a per-sample FFT synthesis, version 2
-the same as 3 except cifar10's pixels, which 3 computes in int16 fixed point,
-1.3x faster: `SAME_SAMPLES_SINCE` says, per dataset, the oldest version whose
-samples are the ones written today). Every sample is a pure function of `(seed, dataset, index)`: the
+Synthesis versions are per dataset (`DATASET_SYNTHESIS_VERSION`, recorded in
+every manifest as `extra.synthesis_version`): version 1 was a per-sample FFT
+synthesis; version 2 the vectorised one below; version 3 changed two
+datasets only: cifar10's pixels in int16 fixed point (1.3x faster than
+version 2's float32) and unet3d's per-sample depth spread. Every sample is a pure function of `(seed, dataset, index)`: the
 same bytes whatever the number of ranks or jobs, and whatever range a writer
 asks for. The random streams, each a `np.random.default_rng([seed,
 DATASET_IDS[dataset], stream, n])`:
@@ -54,21 +54,34 @@ What each dataset looks like, and the signal that makes its label learnable:
   log-normal density with mean nbar, where g_z = growth^(3 - z) and delta is
   quantised to sigma8 / 1024 (within +-8 sigma8) so that all four channels
   come from one 16,384-entry table lookup; clipped to [0, 32767].
+- cosmoflow-mlperf and unet3d: the same field on a 71^3 and a 264^3 box.
+  unet3d's stored samples vary in depth (synthesis version 3, `DEPTH_SPREAD`):
+  sample i holds d_i x 264 x 264 x 4, the 264^3 field cropped to its first
+  d_i slices or repeated along the first axis (the field is periodic, so the
+  seam is invisible), with d_i log-normal of MLPerf's mean and standard
+  deviation (146,600,628 B +- 68,341,808, KiTS19's varying slice counts),
+  drawn at the quantiles of a golden-ratio sequence so that even a few
+  samples have about the right mean and spread (`sample_depth`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import statistics
 import threading
 
 import numpy as np
 
 from iobench.datasets import DatasetSpec
 
-SYNTHESIS_VERSION = 3
-# per dataset, the oldest synthesis version whose samples equal this one's (2 by default)
-SAME_SAMPLES_SINCE: dict[str, int] = {"cifar10": 3}
+SYNTHESIS_VERSION = 3  # the newest; each dataset's own is `synthesis_version_of`
+# each dataset's synthesis version, recorded in its manifests: a dataset whose bytes did not
+# change in a later version keeps its number, so it is not refused as stale. 3: cifar10's
+# pixels in int16 fixed point; unet3d's per-sample depth spread
+DATASET_SYNTHESIS_VERSION: dict[str, int] = {
+    "imagenet": 2, "cifar10": 3, "cosmoflow": 2, "cosmoflow-mlperf": 2, "unet3d": 3,
+    "openimages": 2}
 DATASET_IDS: dict[str, int] = {"imagenet": 1, "cifar10": 2, "cosmoflow": 3, "cosmoflow-mlperf": 4,
                                "unet3d": 5, "openimages": 6}
 _LABELS, _PIXELS, _TABLES = 1, 2, 3  # random streams of a dataset
@@ -78,10 +91,11 @@ CIFAR_BLOCK = 1024  # cifar10 samples synthesised together (divides LABEL_BLOCK)
 JPEG_QUALITY = 90
 JPEG_SUBSAMPLING = "444"
 
-__all__ = ["CIFAR_BLOCK", "DATASET_IDS", "IMAGENET_SIZES", "JPEG_QUALITY", "JPEG_SUBSAMPLING",
-           "LABEL_BLOCK", "SAME_SAMPLES_SINCE", "SYNTHESIS_VERSION", "fill_samples",
-           "imagenet_planes", "labels_array", "make_jpeg", "make_label", "make_sample",
-           "prepare", "sample_rng"]
+__all__ = ["CIFAR_BLOCK", "DATASET_IDS", "DATASET_SYNTHESIS_VERSION", "DEPTH_SPREAD",
+           "IMAGENET_SIZES", "JPEG_QUALITY", "JPEG_SUBSAMPLING", "LABEL_BLOCK",
+           "SYNTHESIS_VERSION", "fill_samples", "has_depth_spread", "imagenet_planes",
+           "labels_array", "make_jpeg", "make_label", "make_sample", "prepare", "sample_depth",
+           "sample_rng", "stored_sample", "synthesis_version_of"]
 
 
 def _rng(spec: DatasetSpec, seed: int, stream: int, n: int) -> np.random.Generator:
@@ -132,23 +146,72 @@ def make_label(spec: DatasetSpec, seed: int, index: int) -> int | np.ndarray:
 
 # ---------------------------------------------------------------- samples
 
+def synthesis_version_of(dataset: str) -> int:
+    """The synthesis version of `dataset`'s bytes as this iobench writes them."""
+    return DATASET_SYNTHESIS_VERSION.get(dataset, SYNTHESIS_VERSION)
+
+
 def make_jpeg(spec: DatasetSpec, seed: int, index: int) -> bytes:
     """The JPEG bytes of sample `index` of a JPEG dataset (`make_sample`'s payload)."""
     return _encode(*imagenet_planes(spec, seed, index))
 
 
 def make_sample(spec: DatasetSpec, seed: int, index: int) -> tuple[bytes | np.ndarray, int | np.ndarray]:
-    """Ground truth of sample `index`: (payload, label).
+    """Ground truth of sample `index` as stored: (payload, label).
 
-    payload: JPEG bytes (imagenet) or an ndarray of the spec's shape and dtype;
-    label: int class, or float32 [4] cosmological parameters in [0, 1).
+    payload: JPEG bytes (imagenet) or an ndarray of the spec's shape and dtype
+    (unet3d: its first axis `sample_depth` long); label: int class, or float32
+    [4] cosmological parameters in [0, 1).
     """
     label = make_label(spec, seed, index)
     if spec.sample_kind == "jpeg":
         return make_jpeg(spec, seed, index), label
     out = np.empty((1, *spec.array_shape), dtype=spec.sample_dtype)
     fill_samples(spec, seed, index, out)
-    return out[0], label
+    return stored_sample(spec, seed, index, out[0]), label
+
+
+# ---------------------------------------------------------------- depth spread
+
+# MLPerf Storage unet3d: 146,600,628 B +- 68,341,808 per sample (iobench/workloads.py), as
+# (mean, standard deviation) of the first axis in slices of 264 x 264 x 4 int16 (557,568 B)
+DEPTH_SPREAD: dict[str, tuple[float, float]] = {
+    "unet3d": (146_600_628 / 557_568, 68_341_808 / 557_568)}
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def has_depth_spread(spec: DatasetSpec) -> bool:
+    """Whether `spec`'s stored samples vary in their first axis."""
+    return spec.name in DEPTH_SPREAD
+
+
+def sample_depth(spec: DatasetSpec, seed: int, index: int) -> int:
+    """First-axis length of stored sample `index`: the spec's, or for a dataset with a
+    `DEPTH_SPREAD` a log-normal draw of that mean and standard deviation, taken at the
+    quantile (golden-ratio sequence, offset by the seed) so any run of samples spreads."""
+    assert spec.sample_shape is not None
+    spread = DEPTH_SPREAD.get(spec.name)
+    if spread is None:
+        return spec.sample_shape[0]
+    mean, std = spread
+    s2 = math.log1p((std / mean) ** 2)
+    u = ((index + 1) * _GOLDEN + seed * math.sqrt(2.0)) % 1.0
+    u = min(max(u, 1e-9), 1 - 1e-9)
+    z = statistics.NormalDist().inv_cdf(u)
+    return max(1, round(math.exp(math.log(mean) - s2 / 2 + math.sqrt(s2) * z)))
+
+
+def stored_sample(spec: DatasetSpec, seed: int, index: int, base: np.ndarray) -> np.ndarray:
+    """Sample `index` as stored, from its base volume (`fill_samples`): `base` itself, or
+    cut to `sample_depth` slices, or repeated along the first axis up to it (the field is
+    periodic: no seam)."""
+    if not has_depth_spread(spec):
+        return base
+    d, n = sample_depth(spec, seed, index), base.shape[0]
+    if d <= n:
+        return base[:d]
+    out: np.ndarray = np.take(base, np.arange(d) % n, axis=0)
+    return out
 
 
 def fill_samples(spec: DatasetSpec, seed: int, first: int, out: np.ndarray) -> None:

@@ -88,8 +88,9 @@ DATASETS: dict[str, DatasetSpec] = {
             imitates="MLPerf Storage cosmoflow: 524,288 samples of 2,828,486 B +- 71,311",
             default_batch_size=1,
         ),
-        # MLPerf Storage's unet3d workload: the same field on a 264^3 box, 147,197,952 B of
-        # int16 per sample (+0.4% on MLPerf's mean 146,600,628 B), one .npz per sample
+        # MLPerf Storage's unet3d workload: the same field on a 264^3 box, one .npz per
+        # sample; stored depths vary (generators/synth.py DEPTH_SPREAD: MLPerf's mean and
+        # spread), and the shape here is the fixed patch loaders crop or pad them to
         DatasetSpec(
             name="unet3d", sample_kind="array", sample_shape=(264, 264, 264, 4),
             sample_dtype="int16", label_shape=(4,), label_dtype="float32", num_classes=0,

@@ -60,10 +60,11 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
         batch={"a100": 7, "h100": 7, "b200": 7},
         compute_s={"a100": 0.636, "h100": 0.323, "b200": 0.162},
         au_threshold=0.90, epochs=5, dataset="unet3d", format=NPZ,
-        note="one .npz per sample holding a 264^3 x 4 int16 volume of iobench's learnable "
-             "CosmoFlow field (147,198,458 B with its zip and .npy headers, +0.4%) instead "
-             "of KiTS19 CT volumes: every sample the same size, where MLPerf's spread is "
-             "+-68,341,808 B (47%)"),
+        note="one .npz per sample holding a d x 264 x 264 x 4 int16 volume of iobench's "
+             "learnable CosmoFlow field instead of a KiTS19 CT volume; d varies per sample "
+             "(log-normal, seeded) so sizes have MLPerf's mean and spread (146,600,628 B "
+             "+- 68,341,808); the loader reads each file whole and crops or zero-pads it to a "
+             "264-slice patch, so a batch stacks"),
     Workload(
         name="resnet50", mlperf_format="tfrecord", sample_bytes=114_660, sample_bytes_stdev=0,
         samples_per_file=1251, batch={"a100": 400, "h100": 400},

@@ -11,7 +11,12 @@ file once per process, each file is one `preadv` that scatters its zip and
 batch array and the label into the batch's labels; the headers are compared
 with the first file's (CRC fields aside). A file laid out otherwise (another
 writer, compressed members) is read whole and parsed by `numpy.load`. JPEG
-samples are read whole (one read) and sliced.
+samples are read whole (one read) and sliced. A dataset whose samples vary in
+their first axis (unet3d's MLPerf size spread: the manifest's
+`layout.variable_depth`) is read whole, file by file (every stored byte comes
+from storage, as MLPerf's reader loads each whole .npz), and each sample is
+cropped or zero-padded to the fixed patch `sample.shape` (its first slices),
+as MLPerf's unet3d crops fixed-size patches, so that a batch stacks.
 
 `payload_bytes`: each sample file's size.
 """
@@ -95,6 +100,7 @@ class NPZReader(BatchReader):
         self._open_flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (
             os.O_NOFOLLOW if len(self.files) > CONTAINMENT_FILES else 0)
         self._layout: _Layout | None = None
+        self.variable_depth = "variable_depth" in manifest.layout and self.kind == "array"
 
     # -- one file, any layout numpy reads ----------------------------------------------------
     def _whole(self, i: int, fd: int) -> bytes:
@@ -129,6 +135,12 @@ class NPZReader(BatchReader):
             if x.ndim != 1 or x.dtype != np.uint8:
                 raise self.fail(self.paths[i], f"x is {x.dtype}{list(x.shape)}, expected "
                                                "JPEG bytes (uint8)")
+        elif self.variable_depth and self.sample_shape is not None:
+            if x.ndim != len(self.sample_shape) or x.shape[1:] != self.sample_shape[1:] \
+                    or x.dtype != self.sample_dtype or x.shape[0] < 1:
+                raise self.fail(self.paths[i], f"x is {x.dtype}{list(x.shape)}, expected "
+                                               f"{self.sample_dtype}[depth, "
+                                               f"{', '.join(map(str, self.sample_shape[1:]))}]")
         elif x.shape != self.sample_shape or x.dtype != self.sample_dtype:
             raise self.fail(self.paths[i], f"x is {x.dtype}{list(x.shape)}, expected "
                                            f"{self.sample_dtype}{list(self.sample_shape or ())}")
@@ -149,7 +161,19 @@ class NPZReader(BatchReader):
                        slice(y.header_at - end + _CRC.start, y.header_at - end + _CRC.stop),
                        y.data_at - end)
 
+    def _read_patch(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int) -> None:
+        """A variable-depth sample, read whole, into `dest`: its first slices, zeros below."""
+        x, y = self._members(i, self._whole(i, fd))
+        self._check_x(i, x)
+        d = min(len(x), len(dest))
+        dest[:d] = x[:d]
+        dest[d:] = 0
+        label[...] = y
+
     def _read_array(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int) -> None:
+        if self.variable_depth:
+            self._read_patch(i, dest, label, fd)
+            return
         lay, data = self._layout, None
         if lay is None:  # the first file this process reads: learn the layout from it
             data = self._whole(i, fd)

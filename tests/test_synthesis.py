@@ -1,4 +1,4 @@
-"""Synthesis version 2: the vectorised paths give the same bytes for any range, labels and
+"""The vectorised synthesis (versions 2 and 3) paths give the same bytes for any range, labels and
 shapes hold, each dataset keeps its learnable signal, imagenet sizes look like ILSVRC-2012,
 and the manifest records the version (an old dataset is never silently mixed with a new one)."""
 
@@ -191,7 +191,7 @@ def test_cosmoflow_parameters_recoverable_from_simple_statistics():
 def test_manifest_records_synthesis_version(tmp_path):
     m = generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=tmp_path,
                                         samples=20))
-    assert m.extra.get("synthesis_version") == synth.SYNTHESIS_VERSION == 3
+    assert m.extra.get("synthesis_version") == synth.synthesis_version_of("cifar10") == 3
     assert generators.synthesis_version(m) == 3
     doc = json.loads((m.root / MANIFEST_NAME).read_text())
     doc["extra"].pop("synthesis_version", None)  # what a manifest before version 2 holds
@@ -227,8 +227,9 @@ def _set_version(root, version: int) -> None:
 
 
 def test_a_version_counts_as_old_only_for_the_datasets_it_changed(tmp_path, capsys):
-    """Version 3 changed cifar10's pixels only: a version-2 cifar10 dataset is refused as
-    different samples, a version-2 imagenet one is today's and complete."""
+    """Versions are per dataset: version 3 changed cifar10's pixels (and unet3d), so a
+    version-2 cifar10 dataset is refused as different samples, while imagenet's version is
+    still 2 and such a dataset is complete."""
     cifar = ["generate", "--storage", tmp_path, "--samples", "40"]
     imagenet = ["generate", "--dataset", "imagenet", "--format", "files", "--samples", "4",
                 "--storage", tmp_path]
