@@ -334,7 +334,8 @@ def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch:
     else:
         from iobench.errors import ConfigError
 
-        raise ConfigError(f"no preprocessing for dataset {dataset!r}; use decode=False")
+        raise ConfigError(f"no preprocessing for dataset {dataset!r}: pass --no-decode "
+                          "(its stored arrays are delivered as they are)")
     if finish is not None and convert == "loader":
         x = finish.numpy(x, alloc(x.shape, np.float32))
         samples = torch.from_numpy(x)

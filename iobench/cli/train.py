@@ -93,8 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "coefficient of variation (MLPerf Storage uses 5)")
     p.add_argument("--no-step-sync", action="store_true",
                    help="with --compute-time or --model none on several ranks: let ranks run "
-                        "free (DLIO's behaviour) instead of waiting for every rank's batch "
-                        "at each step as data-parallel training does")
+                        "free instead of waiting for every rank's batch at each step as "
+                        "data-parallel training (and DLIO 2.0, a barrier per step) does")
     p.add_argument("--server-cache-gb", type=float, default=None, metavar="GB",
                    help="size of the storage servers' caches (GPFS pagepool, Lustre OSS "
                         "memory); a dataset under 5x this (default: 5x the nodes' RAM) on a "
