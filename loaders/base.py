@@ -232,7 +232,7 @@ class Loader(ABC):
     def indices(self, epoch: int) -> np.ndarray:
         """Global sample indices this rank reads in `epoch`, in order."""
         c, m = self.config, self.manifest
-        ranges = [(f.first_sample, f.num_samples) for f in m.data_files]
+        ranges = sampling.FileRanges.of(m) if c.scope == "local" else None
         return sampling.rank_indices(m.num_samples, c.shuffle, c.seed, epoch, self.rank,
                                      self.world, c.block_size, c.shuffle_window,
                                      file_ranges=ranges, scope=c.scope)

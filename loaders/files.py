@@ -28,7 +28,7 @@ from iobench.loaders._reader import (
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import CONTAINMENT_FILES, Manifest, refuse_irregular
+from iobench.manifest import CONTAINMENT_FILES, DataColumn, Manifest, refuse_irregular
 
 
 class FilesReader(BatchReader):
@@ -39,11 +39,12 @@ class FilesReader(BatchReader):
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
         check_one_file_per_sample(manifest, self.files, self.starts)
-        self.sizes = np.array([f.bytes for f in self.files], dtype=np.int64)
+        self.sizes: Any = (DataColumn(manifest.compact, "bytes") if manifest.compact
+                           else np.array([f.bytes for f in self.files], dtype=np.int64))
         # an ImageFolder tree (the user's data, `--data`): a sample's class is the position
         # of its top folder among `classes`, so nothing needs writing beside the images
         self.classes: list[str] | None = manifest.layout.get("classes")
-        labels = [f for f in manifest.files if f.role == "labels"]
+        labels = [f for f in manifest.aux_files if f.role == "labels"]
         if not labels and self.classes is None:
             raise DatasetError(f"manifest of {manifest.root} lists no labels file (role "
                                "'labels'); regenerate the dataset")
@@ -75,7 +76,9 @@ class FilesReader(BatchReader):
         if "labels" not in st:
             path = self.manifest.path_of(self.labels_entry)
             try:
-                lab = np.load(path, allow_pickle=False)
+                # a compact manifest's millions of labels: mapped, not each read whole
+                lab = np.load(path, allow_pickle=False,
+                              mmap_mode="r" if self.manifest.compact else None)
             except (OSError, ValueError) as e:
                 raise self.fail(path, "cannot load the labels", e) from None
             want = (self.manifest.num_samples, *self.label_shape)
@@ -154,4 +157,4 @@ class FilesLoader(TorchLoader):
     def check(self) -> None:
         # One stat per sample file would cost minutes on a parallel filesystem with
         # millions of files: check the labels file here, each sample file when read.
-        check_files(self.manifest, tuple(f for f in self.manifest.files if f.role != "data"))
+        check_files(self.manifest, self.manifest.aux_files)
