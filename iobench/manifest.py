@@ -59,8 +59,8 @@ class CompactFiles(Sequence[FileEntry]):
 
     Data file i holds samples [i*k, min((i+1)*k, N)) (k = samples_per_file) and is
     `dirs[dir[i]]/<prefix><i:0{width}d><suffix>`; its size and SHA-256 are rows of
-    `TABLE_DIR/{bytes,sha256}.npy`, memory-mapped (a rank reads the pages of its own
-    rows only). Auxiliary files (labels, index) are listed as in version 1, after the
+    `TABLE_DIR/{bytes,sha256}.npy`, read with pread when asked for (`NpyRows`: a rank
+    reads its own rows only, and keeps none of the table mapped). Auxiliary files (labels, index) are listed as in version 1, after the
     data files. Indexing and slicing build `FileEntry`s for what is asked, so a rank
     of a 10M-file dataset pays for its slice, not for the table.
     """
@@ -85,8 +85,9 @@ class CompactFiles(Sequence[FileEntry]):
                 "dirs": list(self.dirs), "prefix": self.prefix, "width": self.width,
                 "suffix": self.suffix, "data_bytes": self.data_bytes}
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The side arrays (memory-mapped from `root`, opened once per process)."""
+    def arrays(self) -> dict[str, Any]:
+        """The side arrays: `NpyRows` read from `root`, or arrays in memory (not written
+        yet)."""
         if self._arrays is None:
             if self.root is None:
                 raise DatasetError("compact manifest has no root directory; load it with "
@@ -96,7 +97,7 @@ class CompactFiles(Sequence[FileEntry]):
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        if self.root is not None:  # a memmap pickles as a full copy: workers reopen instead
+        if self.root is not None:  # workers reopen the files (an array would travel whole)
             d["_arrays"] = None
         return d
 
@@ -107,8 +108,13 @@ class CompactFiles(Sequence[FileEntry]):
         top.mkdir(exist_ok=True)
         for name in TABLE_ARRAYS:
             tmp = top / f"{name}.npy.tmp"
+            src = a[name]
             with open(tmp, "wb") as f:
-                np.save(f, np.ascontiguousarray(a[name]), allow_pickle=False)
+                np.lib.format.write_array_header_1_0(f, {
+                    "descr": np.lib.format.dtype_to_descr(src.dtype), "fortran_order": False,
+                    "shape": tuple(src.shape)})
+                for lo in range(0, len(src), 1 << 20):  # a chunk at a time (a stage's copy)
+                    f.write(np.ascontiguousarray(src[lo:lo + (1 << 20)]).tobytes())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, top / f"{name}.npy")
@@ -151,7 +157,7 @@ class CompactFiles(Sequence[FileEntry]):
         return out
 
     def data_sizes(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """Sizes of data files lo..hi-1 (a read-only view of the memory-mapped array)."""
+        """Sizes of data files lo..hi-1."""
         return self.arrays()["bytes"][lo:self.count if hi is None else hi]
 
     def data_path(self, i: int) -> str:
@@ -196,7 +202,7 @@ class CompactFiles(Sequence[FileEntry]):
             if (self.table_dict(), self.aux) != (other.table_dict(), other.aux):
                 return False
             a, b = self.arrays(), other.arrays()
-            return all(np.array_equal(a[k], b[k]) for k in TABLE_ARRAYS)
+            return all(np.array_equal(a[k][:], b[k][:]) for k in TABLE_ARRAYS)
         if isinstance(other, Sequence):
             return len(other) == len(self) and all(x == y for x, y in zip(self, other, strict=True))
         return NotImplemented
@@ -286,16 +292,101 @@ class DataFiles(Sequence[FileEntry]):
             yield from self.table.data_entries(lo, lo + 65_536)
 
 
-def open_table(root: Path, count: int, ndirs: int) -> dict[str, np.ndarray]:
-    """The compact table's side arrays under `root`, memory-mapped, their headers checked
-    (kind, shape); a one-line DatasetError naming a missing or wrong one."""
+class NpyRows:
+    """Rows of a .npy file read on demand with pread, never mapped: a memory map of a
+    table read at random ends up wholly resident in the process (the kernel maps a 2 MB
+    folio around each touched row), so a rank would count the whole table as its own.
+
+    Indexable like a read-only array by an int, a slice or an int array; `[:]` reads it
+    all. Picklable: the file descriptor is per process, opened when first needed.
+    """
+
+    SPAN = 16  # an index array is read as one span when that reads <= SPAN x its rows
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any],
+                 offset: int) -> None:
+        self.path, self.shape, self.dtype, self.offset = Path(path), shape, dtype, offset
+        self.row_shape = shape[1:]
+        self.row_bytes = dtype.itemsize * math.prod(self.row_shape)
+        self._fd: tuple[int, int] | None = None  # (pid, fd)
+
+    @classmethod
+    def open(cls, path: str | Path) -> NpyRows:
+        """A .npy file's rows (its header read and checked: C order, a plain dtype)."""
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read(f)
+            if fortran or dtype.hasobject:
+                raise ValueError("not a C-ordered array of numbers")
+            return cls(Path(path), tuple(shape), dtype, f.tell())
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._fd[0] == os.getpid():
+            os.close(self._fd[1])
+
+    def _read(self, first: int, count: int) -> np.ndarray:
+        out = np.empty((count, *self.row_shape), dtype=self.dtype)
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY | os.O_CLOEXEC))
+        view = memoryview(out).cast("B")
+        done, at = 0, self.offset + first * self.row_bytes
+        while done < len(view):
+            n = os.preadv(self._fd[1], [view[done:]], at + done)
+            if n <= 0:
+                raise DatasetError(f"{self.path} ends before row {first + count}: it is "
+                                   "truncated; regenerate or re-stage the dataset")
+            done += n
+        return out
+
+    def __getitem__(self, key: Any) -> Any:
+        n = len(self)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            rows = self._read(start, max(0, stop - start)) if stop > start else \
+                np.empty((0, *self.row_shape), dtype=self.dtype)
+            return rows[::step] if step != 1 else rows
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (n if key < 0 else 0)
+            if not 0 <= i < n:
+                raise IndexError(f"row {key} of {n}")
+            return self._read(i, 1)[0]
+        idx = np.asarray(key, dtype=np.int64)
+        if idx.size == 0:
+            return np.empty((*idx.shape, *self.row_shape), dtype=self.dtype)
+        lo, hi = int(idx.min()), int(idx.max()) + 1
+        if lo < 0 or hi > n:
+            raise IndexError(f"rows {lo}..{hi - 1} of {n}")
+        if hi - lo <= self.SPAN * idx.size:
+            return self._read(lo, hi - lo)[idx - lo]
+        out = np.empty((*idx.shape, *self.row_shape), dtype=self.dtype)
+        flat = out.reshape(-1, *self.row_shape)
+        for j, i in enumerate(idx.ravel().tolist()):  # one pread a row: the kernel reads
+            flat[j] = self._read(i, 1)[0]             # pages, the process keeps rows only
+        return out
+
+
+def open_table(root: Path, count: int, ndirs: int) -> dict[str, Any]:
+    """The compact table's side arrays under `root` (`NpyRows`, read on demand), their
+    headers checked (kind, shape); a one-line DatasetError naming a missing or wrong one."""
     want = {"dir": ((count,), "iu"), "bytes": ((count,), "iu"), "sha256": ((count, 32), "u")}
     out = {}
     for name, (shape, kinds) in want.items():
         path = Path(root) / TABLE_DIR / f"{name}.npy"
         refuse_irregular(path)
         try:
-            a = np.load(path, mmap_mode="r", allow_pickle=False)
+            a = NpyRows.open(path)
         except FileNotFoundError:
             raise DatasetError(f"{path} is missing: the compact manifest of {root} needs it; "
                                "regenerate or re-stage the dataset") from None
@@ -441,10 +532,14 @@ class Manifest:
             return dataclasses.replace(self, files=tuple(t))
         return self
 
-    def write(self, root: str | Path, compact: bool | None = False) -> Path:
+    def write(self, root: str | Path, form: str = "keep") -> Path:
         """Write atomically as `root/iobench.json` (the compact form's side arrays first,
-        `TABLE_DIR`); `compact` as `with_compact` (default: the form it has)."""
-        m = self.with_compact(compact) if compact is not False else self
+        in `TABLE_DIR`), in the form it has (`keep`), the one its size calls for (`auto`,
+        see `with_compact`), `compact` (when the files follow one pattern) or `json`."""
+        choice = {"keep": "keep", "auto": None, "compact": True, "json": False}
+        if form not in choice:
+            raise ValueError(f"form {form!r}: one of {', '.join(choice)}")
+        m = self if form == "keep" else self.with_compact(choice[form])  # type: ignore[arg-type]
         if (t := m.compact) is not None:
             t.write_arrays(Path(root))
         return write_json_atomic(Path(root) / MANIFEST_NAME, m.to_dict())

@@ -154,8 +154,12 @@ def rank_indices(num_samples: int, mode: str, seed: int, epoch: int, rank: int, 
         raise ConfigError(f"{rank=} must be in [0, {world=})")
     dtype = _index_dtype(num_samples)
     if scope == "global":
-        order = epoch_order(np.arange(num_samples, dtype=dtype), mode, seed, epoch,
-                            block_size, window)
+        if mode == "global":  # in place: one array of N, not the arange and its permutation
+            order = np.arange(num_samples, dtype=dtype)
+            _rng(seed, epoch).shuffle(order)
+        else:
+            order = epoch_order(np.arange(num_samples, dtype=dtype), mode, seed, epoch,
+                                block_size, window)
         per_rank = num_samples // world
         return order[rank * per_rank:(rank + 1) * per_rank].astype(np.int64)
     if scope == "local":

@@ -28,7 +28,13 @@ from iobench.loaders._reader import (
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import CONTAINMENT_FILES, DataColumn, Manifest, refuse_irregular
+from iobench.manifest import (
+    CONTAINMENT_FILES,
+    DataColumn,
+    Manifest,
+    NpyRows,
+    refuse_irregular,
+)
 
 
 class FilesReader(BatchReader):
@@ -76,15 +82,16 @@ class FilesReader(BatchReader):
         if "labels" not in st:
             path = self.manifest.path_of(self.labels_entry)
             try:
-                # a compact manifest's millions of labels: mapped, not each read whole
-                lab = np.load(path, allow_pickle=False,
-                              mmap_mode="r" if self.manifest.compact else None)
+                # a compact manifest's millions of labels: rows read when asked for
+                lab = (NpyRows.open(path) if self.manifest.compact
+                       else np.load(path, allow_pickle=False))
             except (OSError, ValueError) as e:
                 raise self.fail(path, "cannot load the labels", e) from None
             want = (self.manifest.num_samples, *self.label_shape)
             if lab.shape != want:
                 raise self.fail(path, f"labels have shape {lab.shape}, expected {want}")
-            st["labels"] = lab.astype(self.label_dtype, copy=False)
+            st["labels"] = (lab if isinstance(lab, NpyRows) and lab.dtype == self.label_dtype
+                            else np.asarray(lab[:]).astype(self.label_dtype, copy=False))
         return st["labels"]
 
     def _read_npy(self, i: int, dest: np.ndarray, fd: int) -> None:

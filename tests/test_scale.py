@@ -24,7 +24,7 @@ ONE_PER_FILE = ("files", "npz")
 def compact_copy(src: Path, dst: Path) -> Manifest:
     """A copy of a dataset with its manifest rewritten in the compact form (version 2)."""
     shutil.copytree(src, dst)
-    Manifest.load(dst).write(dst, compact=True)
+    Manifest.load(dst).write(dst, form="compact")
     return Manifest.load(dst)
 
 

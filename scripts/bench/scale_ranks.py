@@ -10,7 +10,7 @@ and memory-mapped side arrays). Only the files rank 0 reads in its first batch e
 (real .npy files of the size the manifest records, and a real labels.npy of N labels),
 so the first batch is a real read through the real `files` loader. Then a fresh
 process, as rank 0 of --world ranks (one rank per node), times each step and the peak
-resident memory (ru_maxrss) after it: loading the manifest (`Manifest.load`,
+resident memory (ru_maxrss) after it, and the private (RssAnon) part at the end: loading the manifest (`Manifest.load`,
 containment checks included), the epoch's sample order (`sampling.rank_indices`,
 global shuffle), the eviction plan (`cache.rank_share`, what this rank evicts), and
 importing the loaders (torch), and building the real loader (workers=0) and taking
@@ -41,6 +41,10 @@ from iobench.manifest import Manifest
 root, world, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 out = {"import_s": time.perf_counter() - t0}
 def rss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def now():  # current private (anonymous) and file-backed resident bytes
+    st = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in open("/proc/self/status")
+          if l.startswith(("RssAnon", "RssFile"))}
+    return st["RssAnon"], st["RssFile"]
 out["rss_import_bytes"] = rss()
 t = time.perf_counter(); m = Manifest.load(root)
 out["manifest_load_s"] = time.perf_counter() - t; out["rss_manifest_bytes"] = rss()
@@ -53,6 +57,7 @@ t = time.perf_counter()
 share = cache.rank_share(m, [0], 0, world)
 out["evict_files"] = len(share)
 out["evict_plan_s"] = time.perf_counter() - t; out["rss_evict_plan_bytes"] = rss()
+out["anon_evict_plan_bytes"], out["file_evict_plan_bytes"] = now()
 del share
 t = time.perf_counter()
 from iobench.loaders import LoaderConfig, make_loader  # torch: ~300 MB, whatever the dataset
@@ -63,6 +68,7 @@ with make_loader("files", m, cfg, rank=0, world=world) as ld:
     b = next(iter(ld.epoch(0)))
     out["first_batch_samples"] = int(len(b.indices))
 out["first_batch_s"] = time.perf_counter() - t; out["rss_first_batch_bytes"] = rss()
+out["anon_first_batch_bytes"], out["file_first_batch_bytes"] = now()
 out["total_s"] = time.perf_counter() - t0
 print(json.dumps(out))
 """
@@ -139,12 +145,15 @@ def main() -> int:
     ap.add_argument("--samples", default="1000000,10000000")
     ap.add_argument("--world", type=int, default=64)
     ap.add_argument("--form", default="compact,json", help="manifest forms: compact, json")
+    ap.add_argument("--json-max", type=int, default=1_000_000,
+                    help="the json form only up to this N (10M: ~410 s and 8.4 GB a run)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/iobench-bench-scale"))
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    cases = [(int(s), f) for s in a.samples.split(",") for f in a.form.split(",")]
+    cases = [(int(s), f) for s in a.samples.split(",") for f in a.form.split(",")
+             if f != "json" or int(s) <= a.json_max]
     for n, form in cases:
         root = a.work / f"cifar10-files-{form}-{n}"
         if not (root / "iobench.json").is_file():
@@ -174,11 +183,14 @@ def main() -> int:
         med = {k: statistics.median(r[k] for r in rs) for k in keys}
         peak = [r["rss_first_batch_bytes"] / 1e6 for r in rs]
         plan = [r["rss_evict_plan_bytes"] / 1e6 for r in rs]
+        anon = [r["anon_first_batch_bytes"] / 1e6 for r in rs]
         line = ", ".join(f"{k[:-2]} {med[k]:.2f} s ({min(r[k] for r in rs):.2f}-"
                          f"{max(r[k] for r in rs):.2f})" for k in keys)
         print(f"N={n:,} {form} (iobench.json {man / 1e6:.1f} MB): {line}; peak RSS "
               f"{statistics.median(peak):.0f} MB ({min(peak):.0f}-{max(peak):.0f}), before "
-              f"torch {statistics.median(plan):.0f} MB ({min(plan):.0f}-{max(plan):.0f}); "
+              f"torch {statistics.median(plan):.0f} MB ({min(plan):.0f}-{max(plan):.0f}), "
+              f"private (RssAnon) at the first batch {statistics.median(anon):.0f} MB "
+              f"({min(anon):.0f}-{max(anon):.0f}); "
               f"rank samples {rs[0]['rank_samples']:,}, evicts {rs[0]['evict_files']:,} files")
         summary.append({"samples": n, "form": form, "world": a.world, "manifest_bytes": man,
                         "runs": rs})
