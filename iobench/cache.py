@@ -487,7 +487,7 @@ class FileShare(Sequence["FileEntry"]):
                                                        dtype=np.int64))
         yield from self.aux
 
-    def paths(self) -> Iterable[Path]:
+    def paths(self) -> Iterable[str]:
         """The share's absolute paths, built as they are walked (re-iterable)."""
         return _Paths(self)
 
@@ -496,10 +496,15 @@ class _Paths:
     def __init__(self, share: FileShare) -> None:
         self.share = share
 
-    def __iter__(self) -> Iterator[Path]:
-        root = self.share.root
+    def __iter__(self) -> Iterator[str]:
+        share, root = self.share, self.share.root
         assert root is not None
-        return (root / e.path for e in self.share)
+        p = share.positions
+        for c in range(0, len(p), share.CHUNK):
+            part = p[c:c + share.CHUNK]
+            yield from share.table.paths_at(root, np.arange(part.start, part.stop, part.step,
+                                                            dtype=np.int64))
+        yield from (str(root / e.path) for e in share.aux)
 
     def __len__(self) -> int:
         return len(self.share)
@@ -536,7 +541,7 @@ def rank_share(manifest: Manifest, node_ranks: Sequence[int], local_index: int,
                      aux)
 
 
-def share_paths(manifest: Manifest, share: Sequence[FileEntry]) -> Iterable[Path]:
+def share_paths(manifest: Manifest, share: Sequence[FileEntry]) -> Iterable[str | Path]:
     """Absolute paths of a rank's share, re-iterable (lazy for a compact manifest's)."""
     if isinstance(share, FileShare):
         return share.paths()

@@ -146,15 +146,32 @@ class CompactFiles(Sequence[FileEntry]):
             raise DatasetError(f"{self.root}/{TABLE_DIR}/bytes.npy holds a negative size: "
                                "the table is damaged; regenerate the dataset")
         shas = np.asarray(a["sha256"][rows])
+        hexes = shas.tobytes().hex()  # one conversion for the chunk, sliced per row below
+        known = shas.any(axis=1).tolist()  # an all-zero row: no checksum recorded
         k, n = self.samples_per_file, self.num_samples
-        out = []
-        for i, d, b, h in zip(positions.tolist(), dirs.tolist(), sizes.tolist(), shas,
-                              strict=True):
-            first = i * k
-            out.append(FileEntry(path=f"{self.dirs[d]}/{self.name(i)}", bytes=b,
-                                 sha256=h.tobytes().hex() if h.any() else "",
-                                 first_sample=first, num_samples=min(k, n - first)))
-        return out
+        pre, suf, width, names = self.prefix, self.suffix, self.width, self.dirs
+        return [FileEntry(path=f"{names[d]}/{pre}{i:0{width}d}{suf}", bytes=b,
+                          sha256=hexes[64 * j:64 * j + 64] if known[j] else "",
+                          first_sample=i * k, num_samples=min(k, n - i * k))
+                for j, (i, d, b) in enumerate(zip(positions.tolist(), dirs.tolist(),
+                                                  sizes.tolist(), strict=True))]
+
+    def paths_at(self, root: Path, positions: np.ndarray) -> list[str]:
+        """Absolute paths (strings) of the data files at `positions` (ascending): what
+        eviction walks, without building their entries."""
+        if not len(positions):
+            return []
+        lo, hi = int(positions[0]), int(positions[-1]) + 1
+        rows: Any = (slice(lo, hi) if hi - lo == len(positions) else positions)
+        dirs = np.asarray(self.arrays()["dir"][rows])
+        if int(dirs.min()) < 0 or int(dirs.max()) >= len(self.dirs):
+            raise DatasetError(f"{self.root}/{TABLE_DIR}/dir.npy names a folder outside the "
+                               f"{len(self.dirs)} the manifest lists: the table is damaged; "
+                               "regenerate the dataset")
+        tops = [f"{root}/{d}/{self.prefix}" for d in self.dirs]
+        suf, width = self.suffix, self.width
+        return [f"{tops[d]}{i:0{width}d}{suf}"
+                for i, d in zip(positions.tolist(), dirs.tolist(), strict=True)]
 
     def data_sizes(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Sizes of data files lo..hi-1."""
