@@ -139,6 +139,25 @@ def _expand(first: np.ndarray, counts: np.ndarray, dtype: type[np.integer[Any]])
             ).astype(dtype, copy=False)
 
 
+def rank_count(num_samples: int, world: int, *,
+               file_ranges: Sequence[tuple[int, int]] | FileRanges | None = None,
+               scope: str = "global") -> int:
+    """len(rank_indices(...)) for any rank, epoch and shuffle, without building an order."""
+    if scope == "global":
+        return num_samples // world
+    if scope == "local":
+        if file_ranges is None:
+            raise ConfigError("scope='local' needs the dataset's file ranges")
+        ranges = (file_ranges if isinstance(file_ranges, FileRanges)
+                  else FileRanges(num_samples, file_ranges))
+        if len(ranges) < world:
+            raise ConfigError(f"local shuffle scope needs at least one file per rank: "
+                              f"{len(ranges)} files for {world} ranks; regenerate with "
+                              "a smaller --samples-per-file")
+        return min(ranges.rank_counts(world))
+    raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")
+
+
 def rank_indices(num_samples: int, mode: str, seed: int, epoch: int, rank: int, world: int,
                  block_size: int = 256, window: int = 16, *,
                  file_ranges: Sequence[tuple[int, int]] | FileRanges | None = None,

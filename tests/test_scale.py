@@ -230,6 +230,18 @@ def test_orders_are_the_int64_permutation_of_before(mode):
         np.testing.assert_array_equal(got, ref[:n // world * world])
 
 
+def test_rank_count_is_the_length_of_every_rank_order():
+    ranges = [(a, min(10, 1003 - a)) for a in range(0, 1003, 10)]
+    for scope, fr in (("global", None), ("local", ranges),
+                      ("local", sampling.FileRanges(1003, samples_per_file=10))):
+        for world in (1, 2, 7):
+            want = sampling.rank_count(1003, world, file_ranges=fr, scope=scope)
+            for mode in sampling.SHUFFLES:
+                for r in range(world):
+                    assert len(sampling.rank_indices(1003, mode, 1, 2, r, world, 8, 2,
+                                                     file_ranges=fr, scope=scope)) == want
+
+
 def test_local_scope_from_samples_per_file_equals_the_list_of_ranges():
     for n, k, world in ((1000, 1, 7), (1003, 10, 4), (64, 16, 4), (65, 16, 3)):
         listed = [(a, min(k, n - a)) for a in range(0, n, k)]

@@ -17,7 +17,9 @@ importing the loaders (torch), and building the real loader (workers=0) and taki
 its first batch. Forms and sizes run interleaved, --runs times; the medians and
 spreads (min-max) are printed. Torch alone holds ~300 MB in any rank that reads data
 (the `import loaders` step): a tiny N shows those fixed costs, and what a larger N
-adds on top of them is the dataset's.
+adds on top of them is the dataset's. With --walk, after the first batch, the rank
+also walks the paths it would evict before a cold epoch (no system calls: the cost
+of listing them, which one rank per node pays for every file).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from iobench import cache, sampling
 from iobench.manifest import Manifest
-root, world, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+root, world, batch, walk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 out = {"import_s": time.perf_counter() - t0}
 def rss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 def now():  # current private (anonymous) and file-backed resident bytes
@@ -70,6 +72,10 @@ with make_loader("files", m, cfg, rank=0, world=world) as ld:
 out["first_batch_s"] = time.perf_counter() - t; out["rss_first_batch_bytes"] = rss()
 out["anon_first_batch_bytes"], out["file_first_batch_bytes"] = now()
 out["total_s"] = time.perf_counter() - t0
+if walk:  # after the first batch, not in it: what eviction walks before each cold epoch
+    t = time.perf_counter()
+    out["walked_paths"] = sum(1 for _ in cache.share_paths(m, cache.rank_share(m, [0], 0, world)))
+    out["evict_walk_s"] = time.perf_counter() - t; out["rss_walk_bytes"] = rss()
 print(json.dumps(out))
 """
 
@@ -149,6 +155,8 @@ def main() -> int:
                     help="the json form only up to this N (10M: ~410 s and 8.4 GB a run)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--walk", action="store_true",
+                    help="then walk the paths this rank evicts (one rank per node: all)")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/iobench-bench-scale"))
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -165,7 +173,8 @@ def main() -> int:
         for n, form in cases:  # interleaved: each run measures every case once
             root = a.work / f"cifar10-files-{form}-{n}"
             r = subprocess.run([sys.executable, "-c", STEP, str(root), str(a.world),
-                                str(a.batch)], capture_output=True, text=True, timeout=3600)
+                                str(a.batch), "1" if a.walk else "0"], capture_output=True,
+                               text=True, timeout=3600)
             if r.returncode != 0:
                 print(r.stderr, file=sys.stderr)
                 return 1
@@ -192,6 +201,11 @@ def main() -> int:
               f"private (RssAnon) at the first batch {statistics.median(anon):.0f} MB "
               f"({min(anon):.0f}-{max(anon):.0f}); "
               f"rank samples {rs[0]['rank_samples']:,}, evicts {rs[0]['evict_files']:,} files")
+        if a.walk:
+            w = [r["evict_walk_s"] for r in rs]
+            print(f"    walking the {rs[0]['walked_paths']:,} paths it evicts: "
+                  f"{statistics.median(w):.2f} s ({min(w):.2f}-{max(w):.2f}), peak RSS then "
+                  f"{statistics.median(r['rss_walk_bytes'] for r in rs) / 1e6:.0f} MB")
         summary.append({"samples": n, "form": form, "world": a.world, "manifest_bytes": man,
                         "runs": rs})
     if a.json:
