@@ -60,8 +60,8 @@ class CompactFiles(Sequence[FileEntry]):
     Data file i holds samples [i*k, min((i+1)*k, N)) (k = samples_per_file) and is
     `dirs[dir[i]]/<prefix><i:0{width}d><suffix>`; its size and SHA-256 are rows of
     `TABLE_DIR/{bytes,sha256}.npy`, read with pread when asked for (`NpyRows`: a rank
-    reads its own rows only, and keeps none of the table mapped). Auxiliary files (labels, index) are listed as in version 1, after the
-    data files. Indexing and slicing build `FileEntry`s for what is asked, so a rank
+    reads its own rows only, and keeps none of the table mapped). Auxiliary files
+    (labels, index) are listed as in version 1, after the data files. Indexing and slicing build `FileEntry`s for what is asked, so a rank
     of a 10M-file dataset pays for its slice, not for the table.
     """
 
@@ -92,7 +92,7 @@ class CompactFiles(Sequence[FileEntry]):
             if self.root is None:
                 raise DatasetError("compact manifest has no root directory; load it with "
                                    "Manifest.load()")
-            self._arrays = open_table(self.root, self.count, len(self.dirs))
+            self._arrays = open_table(self.root, self.count)
         return self._arrays
 
     def __getstate__(self) -> dict[str, Any]:
@@ -172,14 +172,6 @@ class CompactFiles(Sequence[FileEntry]):
         suf, width = self.suffix, self.width
         return [f"{tops[d]}{i:0{width}d}{suf}"
                 for i, d in zip(positions.tolist(), dirs.tolist(), strict=True)]
-
-    def data_sizes(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """Sizes of data files lo..hi-1."""
-        return self.arrays()["bytes"][lo:self.count if hi is None else hi]
-
-    def data_path(self, i: int) -> str:
-        """Data file i's path relative to the root (checks its row of dir.npy)."""
-        return self.data_entries(i, i + 1)[0].path if 0 <= i < self.count else self[i].path
 
     # -- Sequence --------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -394,7 +386,7 @@ class NpyRows:
         return out
 
 
-def open_table(root: Path, count: int, ndirs: int) -> dict[str, Any]:
+def open_table(root: Path, count: int) -> dict[str, Any]:
     """The compact table's side arrays under `root` (`NpyRows`, read on demand), their
     headers checked (kind, shape); a one-line DatasetError naming a missing or wrong one."""
     want = {"dir": ((count,), "iu"), "bytes": ((count,), "iu"), "sha256": ((count, 32), "u")}
@@ -416,7 +408,6 @@ def open_table(root: Path, count: int, ndirs: int) -> dict[str, Any]:
                                f"{'uint8' if name == 'sha256' else 'integers'}{list(shape)}: "
                                "it is damaged or from another dataset; regenerate it")
         out[name] = a
-    del ndirs  # folder indexes are checked per range, when rows are read
     return out
 
 
