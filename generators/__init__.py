@@ -528,7 +528,7 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
                 "generated_samples_per_file": cfg.samples_per_file},
         files=tuple(entries), seed=cfg.seed, iobench_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
-    manifest.write(root)
+    manifest.write(root, form="auto")  # the compact form beyond COMPACT_FILES files
     shutil.rmtree(root / JOURNAL, ignore_errors=True)
     if root != final:
         _swap_in(root, final, entries)

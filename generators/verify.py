@@ -11,7 +11,14 @@ from pathlib import Path
 from iobench.errors import IobenchError
 from iobench.generators import get_writer
 from iobench.generators.base import sha256_file
-from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, file_kind
+from iobench.manifest import (
+    MANIFEST_NAME,
+    TABLE_ARRAYS,
+    TABLE_DIR,
+    FileEntry,
+    Manifest,
+    file_kind,
+)
 from iobench.world import World
 
 
@@ -81,7 +88,8 @@ def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
     """Files under the dataset root that the manifest does not list."""
     assert manifest.root is not None  # loaded from its folder
     top = Path(manifest.root)
-    listed = {f.path for f in manifest.files} | {MANIFEST_NAME}
+    listed = {f.path for f in manifest.files} | {MANIFEST_NAME} | (
+        {f"{TABLE_DIR}/{n}.npy" for n in TABLE_ARRAYS} if manifest.compact else set())
     out = []
     for dirpath, _dirs, names in os.walk(top):
         for n in names:

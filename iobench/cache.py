@@ -35,10 +35,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from iobench.errors import ConfigError, StorageError, UnsupportedError
 
@@ -450,6 +452,102 @@ def split_files(entries: Sequence[FileEntry], index: int, count: int) -> list[Fi
     return sorted(out[index], key=lambda e: pos[e.path])
 
 
+class FileShare(Sequence["FileEntry"]):
+    """Some data files of a compact manifest (positions `positions`, a range) and some of
+    its auxiliary files: one rank's share, its entries built a chunk at a time."""
+
+    CHUNK = 65_536
+
+    def __init__(self, manifest: Manifest, positions: range, aux: Sequence[FileEntry]) -> None:
+        assert manifest.compact is not None
+        self.table = manifest.compact
+        self.root = manifest.root
+        self.positions = positions
+        self.aux = tuple(aux)
+
+    def __len__(self) -> int:
+        return len(self.positions) + len(self.aux)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        if i < len(self.positions):
+            return self.table.entries_at(np.array([self.positions[i]], dtype=np.int64))[0]
+        return self.aux[i - len(self.positions)]
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        p = self.positions
+        for c in range(0, len(p), self.CHUNK):
+            part = p[c:c + self.CHUNK]
+            yield from self.table.entries_at(np.arange(part.start, part.stop, part.step,
+                                                       dtype=np.int64))
+        yield from self.aux
+
+    def paths(self) -> Iterable[str]:
+        """The share's absolute paths, built as they are walked (re-iterable)."""
+        return _Paths(self)
+
+
+class _Paths:
+    def __init__(self, share: FileShare) -> None:
+        self.share = share
+
+    def __iter__(self) -> Iterator[str]:
+        share, root = self.share, self.share.root
+        assert root is not None
+        p = share.positions
+        for c in range(0, len(p), share.CHUNK):
+            part = p[c:c + share.CHUNK]
+            yield from share.table.paths_at(root, np.arange(part.start, part.stop, part.step,
+                                                            dtype=np.int64))
+        yield from (str(root / e.path) for e in share.aux)
+
+    def __len__(self) -> int:
+        return len(self.share)
+
+
+def rank_share(manifest: Manifest, node_ranks: Sequence[int], local_index: int,
+               world_size: int, scope: str = "global") -> Sequence[FileEntry]:
+    """The files the `local_index`-th of a node's ranks (`node_ranks`) evicts and measures.
+
+    A JSON-list manifest: its share of `files_for_node`, balanced by bytes
+    (`split_files`). A compact one (millions of one-sample files of near one
+    size) is never listed whole: in global scope each local rank takes a
+    contiguous slice of the data files (by count); in local scope each takes
+    the files its own global rank reads (`sampling.files_for_rank`); the
+    auxiliary files go round the local ranks. Either way the node's ranks
+    cover the node's files, each once.
+    """
+    from iobench.sampling import SCOPES, files_for_rank
+
+    if scope not in SCOPES:
+        raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")
+    count = len(node_ranks)
+    if count < 1 or not 0 <= local_index < count:
+        raise ConfigError(f"{local_index=} must be in [0, {count=})")
+    t = manifest.compact
+    if t is None:
+        return split_files(files_for_node(manifest, node_ranks, world_size, scope),
+                           local_index, count)
+    aux = t.aux[local_index::count]
+    if scope == "global":
+        return FileShare(manifest, range(local_index * t.num_files // count,
+                                         (local_index + 1) * t.num_files // count), aux)
+    return FileShare(manifest, files_for_rank(t.num_files, node_ranks[local_index], world_size),
+                     aux)
+
+
+def share_paths(manifest: Manifest, share: Sequence[FileEntry]) -> Iterable[str | Path]:
+    """Absolute paths of a rank's share, re-iterable (lazy for a compact manifest's)."""
+    if isinstance(share, FileShare):
+        return share.paths()
+    return [manifest.path_of(e) for e in share]
+
+
 def node_ranks(world: World) -> list[int]:
     """Global ranks that run on this rank's node (a collective: every rank must call it)."""
     nodes = world.allgather(world.node)
@@ -521,9 +619,8 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
     t0 = time.perf_counter_ns()
     ranks = node_ranks(world)
     local_index = ranks.index(world.rank)
-    entries = files_for_node(manifest, ranks, world.size, scope)
-    share = split_files(entries, local_index, len(ranks))
-    paths = [manifest.path_of(e) for e in share]
+    share = rank_share(manifest, ranks, local_index, world.size, scope)
+    paths = share_paths(manifest, share)
     plan = None
     if manifest.root is not None:
         from iobench.sysinfo import mount_of

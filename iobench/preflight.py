@@ -106,7 +106,11 @@ def _staging_need(cfg: PreflightConfig, manifest: Manifest, world: World,
 def _eviction(cfg: PreflightConfig, manifest: Manifest, world: World) -> tuple[str, bool | None,
                                                                               str]:
     """Read part of this node's probe file, evict it, measure what stayed."""
-    data = [f for f in manifest.data_files if f.bytes > 0]
+    if manifest.compact is not None:  # millions of files: the node's own, not a list of all
+        first = world.node % len(manifest.data_files)
+        data = [f for f in manifest.data_files[first:first + 64] if f.bytes > 0][:1]
+    else:
+        data = [f for f in manifest.data_files if f.bytes > 0]
     if not data:
         return ("eviction", None, "no data file to try")
     entry = data[world.node % len(data)]

@@ -15,13 +15,25 @@ the only ones skipped that epoch, and they differ from epoch to epoch.
 With `scope="local"` (a dataset sharded across nodes by `iobench stage
 --mode shard`) each rank only ever reads the files `files_for_rank` gives it,
 and shuffles within them.
+
+Orders are built in int32 when the dataset has fewer than 2**31 samples (the
+same permutation as in int64: the generator's draws do not depend on the
+item size), and only the rank's share is returned in int64: at 10M samples a
+rank holds 40 MB for a moment, not 80 MB of int64 and its copy. Local scope
+never lists other ranks' files: counts are arithmetic on the file ranges.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from iobench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from iobench.manifest import Manifest
 
 SHUFFLES = ("global", "block", "none")
 SCOPES = ("global", "local")
@@ -37,10 +49,17 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, 0x5EED])
 
 
+def _index_dtype(n: int) -> type[np.integer[Any]]:
+    return np.int32 if n < 2**31 else np.int64
+
+
 def epoch_order(indices: np.ndarray, mode: str, seed: int, epoch: int,
                 block_size: int = 256, window: int = 16) -> np.ndarray:
-    """The order in which `indices` (int64) are visited this epoch."""
-    indices = np.asarray(indices, dtype=np.int64)
+    """The order in which `indices` (an integer array, kept in its dtype: int32 or
+    int64) are visited this epoch."""
+    indices = np.asarray(indices)
+    if indices.dtype.kind not in "iu":
+        indices = indices.astype(np.int64)
     if mode == "none":
         return indices.copy()
     rng = _rng(seed, epoch)
@@ -59,44 +78,120 @@ def epoch_order(indices: np.ndarray, mode: str, seed: int, epoch: int,
     raise ConfigError(f"unknown shuffle {mode!r}; choose one of: {', '.join(SHUFFLES)}")
 
 
-def files_for_rank(num_files: int, rank: int, world: int) -> list[int]:
+def files_for_rank(num_files: int, rank: int, world: int) -> range:
     """Data files (by position in the manifest) that rank `rank` owns in `local` scope."""
-    return list(range(rank, num_files, world))
+    return range(rank, num_files, world)
+
+
+class FileRanges:
+    """(first_sample, num_samples) of each data file, without a list of them when the
+    files are uniform (`samples_per_file` each, the last one short): what local scope needs."""
+
+    def __init__(self, num_samples: int, ranges: Sequence[tuple[int, int]] | None = None,
+                 samples_per_file: int | None = None) -> None:
+        if (ranges is None) == (samples_per_file is None):
+            raise ConfigError("give the file ranges or samples_per_file, one of them")
+        self.num_samples = num_samples
+        self.k = samples_per_file
+        self.ranges = (None if ranges is None
+                       else np.asarray(ranges, dtype=np.int64).reshape(-1, 2))
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> FileRanges:
+        """The data files' ranges of a manifest (arithmetic for a compact one)."""
+        t = manifest.compact
+        if t is not None:
+            return cls(manifest.num_samples, samples_per_file=t.samples_per_file)
+        return cls(manifest.num_samples,
+                   [(f.first_sample, f.num_samples) for f in manifest.data_files])
+
+    def __len__(self) -> int:
+        if self.ranges is not None:
+            return len(self.ranges)
+        assert self.k is not None
+        return -(-self.num_samples // self.k)
+
+    def of_rank(self, rank: int, world: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first samples, counts) of the files rank `rank` owns."""
+        if self.ranges is not None:
+            mine = self.ranges[rank::world]
+            return mine[:, 0], mine[:, 1]
+        assert self.k is not None
+        first = np.arange(rank, len(self), world, dtype=np.int64) * self.k
+        return first, np.minimum(self.k, self.num_samples - first)
+
+    def rank_counts(self, world: int) -> list[int]:
+        """Samples each rank owns."""
+        if self.ranges is not None:
+            return [int(self.ranges[r::world, 1].sum()) for r in range(world)]
+        assert self.k is not None
+        f = len(self)
+        last = self.num_samples - (f - 1) * self.k
+        return [len(range(r, f, world)) * self.k - (self.k - last if (f - 1) % world == r
+                                                    else 0) for r in range(world)]
+
+
+def _expand(first: np.ndarray, counts: np.ndarray, dtype: type[np.integer[Any]]) -> np.ndarray:
+    """The sample indices of the ranges (first[i], counts[i]), concatenated."""
+    total = int(counts.sum())
+    ends = np.cumsum(counts)
+    out: np.ndarray = (np.arange(total, dtype=np.int64)
+                       + np.repeat(first - (ends - counts), counts)).astype(dtype, copy=False)
+    return out
+
+
+def rank_count(num_samples: int, world: int, *,
+               file_ranges: Sequence[tuple[int, int]] | FileRanges | None = None,
+               scope: str = "global") -> int:
+    """len(rank_indices(...)) for any rank, epoch and shuffle, without building an order."""
+    if scope == "global":
+        return num_samples // world
+    if scope == "local":
+        if file_ranges is None:
+            raise ConfigError("scope='local' needs the dataset's file ranges")
+        ranges = (file_ranges if isinstance(file_ranges, FileRanges)
+                  else FileRanges(num_samples, file_ranges))
+        if len(ranges) < world:
+            raise ConfigError(f"local shuffle scope needs at least one file per rank: "
+                              f"{len(ranges)} files for {world} ranks; regenerate with "
+                              "a smaller --samples-per-file")
+        return min(ranges.rank_counts(world))
+    raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")
 
 
 def rank_indices(num_samples: int, mode: str, seed: int, epoch: int, rank: int, world: int,
                  block_size: int = 256, window: int = 16, *,
-                 file_ranges: list[tuple[int, int]] | None = None,
+                 file_ranges: Sequence[tuple[int, int]] | FileRanges | None = None,
                  scope: str = "global") -> np.ndarray:
-    """Global sample indices rank `rank` reads this epoch, in order.
+    """Global sample indices rank `rank` reads this epoch, in order (int64).
 
-    Every rank gets the same count. `file_ranges` lists (first_sample,
-    num_samples) per data file and is needed for `scope="local"`.
+    Every rank gets the same count: num_samples // world in global scope (the
+    rest skipped this epoch), the smallest rank's share in local scope.
+    `file_ranges` lists (first_sample, num_samples) per data file (or is a
+    `FileRanges`) and is needed for `scope="local"`.
     """
     if world < 1 or not 0 <= rank < world:
         raise ConfigError(f"{rank=} must be in [0, {world=})")
+    dtype = _index_dtype(num_samples)
     if scope == "global":
-        order = epoch_order(np.arange(num_samples, dtype=np.int64), mode, seed, epoch,
-                            block_size, window)
+        if mode == "global":  # in place: one array of N, not the arange and its permutation
+            order = np.arange(num_samples, dtype=dtype)
+            _rng(seed, epoch).shuffle(order)
+        else:
+            order = epoch_order(np.arange(num_samples, dtype=dtype), mode, seed, epoch,
+                                block_size, window)
         per_rank = num_samples // world
-        return order[rank * per_rank:(rank + 1) * per_rank]
+        return order[rank * per_rank:(rank + 1) * per_rank].astype(np.int64)
     if scope == "local":
         if file_ranges is None:
             raise ConfigError("scope='local' needs the dataset's file ranges")
-        if len(file_ranges) < world:
+        ranges = (file_ranges if isinstance(file_ranges, FileRanges)
+                  else FileRanges(num_samples, file_ranges))
+        if len(ranges) < world:
             raise ConfigError(f"local shuffle scope needs at least one file per rank: "
-                              f"{len(file_ranges)} files for {world} ranks; regenerate with "
+                              f"{len(ranges)} files for {world} ranks; regenerate with "
                               "a smaller --samples-per-file")
-        counts = []
-        mine = None
-        for r in range(world):
-            idx = [np.arange(a, a + n, dtype=np.int64)
-                   for a, n in (file_ranges[f] for f in files_for_rank(len(file_ranges), r, world))]
-            owned = np.concatenate(idx)
-            counts.append(len(owned))
-            if r == rank:
-                mine = owned
-        assert mine is not None
+        mine = _expand(*ranges.of_rank(rank, world), dtype)
         order = epoch_order(mine, mode, seed * 1_000_003 + rank, epoch, block_size, window)
-        return order[:min(counts)]
+        return order[:min(ranges.rank_counts(world))].astype(np.int64)
     raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")

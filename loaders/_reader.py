@@ -14,7 +14,7 @@ import os
 import stat
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -23,7 +23,14 @@ import numpy as np
 
 from iobench import sampling
 from iobench.errors import DatasetError
-from iobench.manifest import FileEntry, Manifest, bad_label, refuse_irregular
+from iobench.manifest import (
+    DataColumn,
+    DataPaths,
+    FileEntry,
+    Manifest,
+    bad_label,
+    refuse_irregular,
+)
 
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]  # (shape, dtype) -> array to fill
 
@@ -251,11 +258,13 @@ def read_each_file(reader: BatchReader, sorted_idx: np.ndarray, flags: int,
             close_all(fds)
 
 
-def check_one_file_per_sample(manifest: Manifest, files: tuple[FileEntry, ...],
-                              starts: np.ndarray) -> None:
+def check_one_file_per_sample(manifest: Manifest, files: Sequence[FileEntry],
+                              starts: Any) -> None:
     """A DatasetError unless the manifest lists one data file per sample, in order."""
     n = manifest.num_samples
-    if len(files) != n or not np.array_equal(starts, np.arange(n)):
+    t = manifest.compact
+    if (t.samples_per_file != 1 or t.num_files != n) if t is not None else (
+            len(files) != n or not np.array_equal(starts, np.arange(n))):
         raise DatasetError(f"manifest of {manifest.root} lists {len(files)} sample files "
                            f"for {n} samples; expected one file per sample: regenerate it")
 
@@ -268,7 +277,9 @@ class EpochOrder:
         self.args = (m.num_samples, c.shuffle, c.seed)
         self.kw = {"rank": loader.rank, "world": loader.world, "block_size": c.block_size,
                    "window": c.shuffle_window, "scope": c.scope,
-                   "file_ranges": [(f.first_sample, f.num_samples) for f in m.data_files]}
+                   # local scope only: no per-file list for the global one
+                   "file_ranges": (sampling.FileRanges.of(m) if c.scope == "local"
+                                   else None)}
         self._cache: tuple[int, np.ndarray] | None = None
 
     def __call__(self, epoch: int) -> np.ndarray:
@@ -305,10 +316,17 @@ class BatchReader(ABC):
         self.data_key: str = manifest.layout.get("data_key", "samples")
         self.label_key: str = manifest.layout.get("label_key", "labels")
         data = manifest.data_files
-        self.files: tuple[FileEntry, ...] = data
-        self.paths: list[Path] = [manifest.path_of(f) for f in data]
-        self.starts = np.array([f.first_sample for f in data], dtype=np.int64)
-        self.counts = np.array([f.num_samples for f in data], dtype=np.int64)
+        self.files: Sequence[FileEntry] = data
+        self.paths: Sequence[Path]
+        t = manifest.compact
+        if t is not None:  # millions of files: positions map to paths and counts on demand
+            self.paths = DataPaths(manifest.root, t)
+            self.starts: Any = DataColumn(t, "starts")
+            self.counts: Any = DataColumn(t, "counts")
+        else:
+            self.paths = [manifest.path_of(f) for f in data]
+            self.starts = np.array([f.first_sample for f in data], dtype=np.int64)
+            self.counts = np.array([f.num_samples for f in data], dtype=np.int64)
         self._local = threading.local()
         self._pid = os.getpid()
         self.prefetch_block: int | None = None  # samples per block to prefetch whole
@@ -362,7 +380,9 @@ class BatchReader(ABC):
     # -- reading -----------------------------------------------------------------------------
     def file_of(self, sorted_idx: np.ndarray) -> np.ndarray:
         """Position in `self.files` of the data file holding each index."""
-        pos = np.searchsorted(self.starts, sorted_idx, side="right") - 1
+        t = self.manifest.compact
+        pos = (sorted_idx // t.samples_per_file if t is not None
+               else np.searchsorted(self.starts, sorted_idx, side="right") - 1)
         if len(sorted_idx) and (sorted_idx[0] < 0 or sorted_idx[-1] >= self.manifest.num_samples):
             raise DatasetError(f"sample index out of range [0, {self.manifest.num_samples}) "
                                f"for {self.manifest.root}")

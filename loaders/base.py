@@ -224,7 +224,7 @@ class Loader(ABC):
         self.manifest = dataset if isinstance(dataset, Manifest) else Manifest.load(dataset)
         self.config = config
         self.rank, self.world = rank, world
-        n_local = len(self.indices(0))
+        n_local = self.samples_per_epoch()
         if n_local == 0:
             raise ConfigError(f"dataset has {self.manifest.num_samples} samples: too few for "
                               f"{world} ranks; generate more with --samples")
@@ -232,14 +232,22 @@ class Loader(ABC):
     def indices(self, epoch: int) -> np.ndarray:
         """Global sample indices this rank reads in `epoch`, in order."""
         c, m = self.config, self.manifest
-        ranges = [(f.first_sample, f.num_samples) for f in m.data_files]
+        ranges = sampling.FileRanges.of(m) if c.scope == "local" else None
         return sampling.rank_indices(m.num_samples, c.shuffle, c.seed, epoch, self.rank,
                                      self.world, c.block_size, c.shuffle_window,
                                      file_ranges=ranges, scope=c.scope)
 
+    def samples_per_epoch(self) -> int:
+        """Samples this rank reads each epoch (the same every epoch, on every rank), by
+        arithmetic: no epoch order is built for it."""
+        c, m = self.config, self.manifest
+        ranges = sampling.FileRanges.of(m) if c.scope == "local" else None
+        return sampling.rank_count(m.num_samples, self.world, file_ranges=ranges,
+                                   scope=c.scope)
+
     def steps_per_epoch(self) -> int:
         """Steps per epoch; the same on every rank (the last batch may be short)."""
-        return math.ceil(len(self.indices(0)) / self.config.batch_size)
+        return math.ceil(self.samples_per_epoch() / self.config.batch_size)
 
     @abstractmethod
     def epoch(self, epoch: int) -> Iterator[Batch]:

@@ -185,7 +185,7 @@ class DaliLoader(Loader):
             raise UnsupportedError("device='gpu' but torch sees no CUDA GPU; use device='cpu'")
         self.native = parse_format(m.format).dali == "native"
         if self.native:
-            check_files(m, tuple(f for f in m.files if f.role != "data"))
+            check_files(m, m.aux_files)
             # DALI's own readers and decoders get these files: native code that can crash
             # the process on a truncated or mislabelled file (a PNG named .JPEG), so check
             # what it will get first

@@ -28,7 +28,13 @@ from iobench.loaders._reader import (
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import CONTAINMENT_FILES, Manifest, refuse_irregular
+from iobench.manifest import (
+    CONTAINMENT_FILES,
+    DataColumn,
+    Manifest,
+    NpyRows,
+    refuse_irregular,
+)
 
 
 class FilesReader(BatchReader):
@@ -39,11 +45,12 @@ class FilesReader(BatchReader):
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
         check_one_file_per_sample(manifest, self.files, self.starts)
-        self.sizes = np.array([f.bytes for f in self.files], dtype=np.int64)
+        self.sizes: Any = (DataColumn(manifest.compact, "bytes") if manifest.compact
+                           else np.array([f.bytes for f in self.files], dtype=np.int64))
         # an ImageFolder tree (the user's data, `--data`): a sample's class is the position
         # of its top folder among `classes`, so nothing needs writing beside the images
         self.classes: list[str] | None = manifest.layout.get("classes")
-        labels = [f for f in manifest.files if f.role == "labels"]
+        labels = [f for f in manifest.aux_files if f.role == "labels"]
         if not labels and self.classes is None:
             raise DatasetError(f"manifest of {manifest.root} lists no labels file (role "
                                "'labels'); regenerate the dataset")
@@ -65,8 +72,9 @@ class FilesReader(BatchReader):
         if self.ext == "png":
             from PIL import Image  # noqa: F401
 
-    def labels(self) -> np.ndarray:
-        """All labels, [N, *label_shape], read once per process."""
+    def labels(self) -> np.ndarray | NpyRows:
+        """All labels, [N, *label_shape], read once per process (a compact manifest's: rows
+        read when indexed)."""
         st = self._state()
         if "labels" not in st and self.labels_entry is None:
             pos = {c: i for i, c in enumerate(self.classes or ())}
@@ -76,14 +84,17 @@ class FilesReader(BatchReader):
             assert self.labels_entry is not None  # else the classes gave the labels above
             path = self.manifest.path_of(self.labels_entry)
             try:
-                lab = np.load(path, allow_pickle=False)
+                # a compact manifest's millions of labels: rows read when asked for
+                lab = (NpyRows.open(path) if self.manifest.compact
+                       else np.load(path, allow_pickle=False))
             except (OSError, ValueError) as e:
                 raise self.fail(path, "cannot load the labels", e) from None
             want = (self.manifest.num_samples, *self.label_shape)
             if lab.shape != want:
                 raise self.fail(path, f"labels have shape {lab.shape}, expected {want}")
-            st["labels"] = lab.astype(self.label_dtype, copy=False)
-        labels: np.ndarray = st["labels"]
+            st["labels"] = (lab if isinstance(lab, NpyRows) and lab.dtype == self.label_dtype
+                            else np.asarray(lab[:]).astype(self.label_dtype, copy=False))
+        labels: np.ndarray | NpyRows = st["labels"]
         return labels
 
     def _read_npy(self, i: int, dest: np.ndarray, fd: int) -> None:
@@ -156,4 +167,4 @@ class FilesLoader(TorchLoader):
     def check(self) -> None:
         # One stat per sample file would cost minutes on a parallel filesystem with
         # millions of files: check the labels file here, each sample file when read.
-        check_files(self.manifest, tuple(f for f in self.manifest.files if f.role != "data"))
+        check_files(self.manifest, self.manifest.aux_files)

@@ -38,7 +38,7 @@ from iobench.loaders._reader import (
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import CONTAINMENT_FILES, Manifest
+from iobench.manifest import CONTAINMENT_FILES, DataColumn, Manifest
 
 _LOCAL = b"PK\x03\x04"
 _CRC = slice(14, 18)  # a zip local header's CRC-32: the one field that differs per file
@@ -95,7 +95,8 @@ class NPZReader(BatchReader):
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
         check_one_file_per_sample(manifest, self.files, self.starts)
-        self.sizes = np.array([f.bytes for f in self.files], dtype=np.int64)
+        self.sizes: Any = (DataColumn(manifest.compact, "bytes") if manifest.compact
+                           else np.array([f.bytes for f in self.files], dtype=np.int64))
         self.label_nbytes = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
         self._open_flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (
             os.O_NOFOLLOW if len(self.files) > CONTAINMENT_FILES else 0)

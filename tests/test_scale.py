@@ -1,0 +1,298 @@
+"""Millions of samples: the compact manifest, per-rank slices of it, and orders built
+without a list of every file (tiny real datasets stand in for large ones)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_SEED, check_batches
+from iobench import cache, manifest, sampling
+from iobench.errors import DatasetError
+from iobench.loaders import LoaderConfig, make_loader
+from iobench.manifest import MANIFEST_NAME, TABLE_DIR, CompactFiles, Manifest
+
+ONE_PER_FILE = ("files", "npz")
+
+
+def compact_copy(src: Path, dst: Path) -> Manifest:
+    """A copy of a dataset with its manifest rewritten in the compact form (version 2)."""
+    shutil.copytree(src, dst)
+    Manifest.load(dst).write(dst, form="compact")
+    return Manifest.load(dst)
+
+
+@pytest.fixture(scope="module")
+def roots(tiny_root, tmp_path_factory):
+    """{fmt: (JSON-list root, compact root)} of tiny cifar10 datasets."""
+    top = tmp_path_factory.mktemp("compact")
+    out = {}
+    for fmt in ONE_PER_FILE:
+        src = tiny_root("cifar10", fmt)
+        compact_copy(src, top / fmt)
+        out[fmt] = (src, top / fmt)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ONE_PER_FILE)
+def test_compact_manifest_lists_the_same_files(roots, fmt):
+    src, dst = roots[fmt]
+    old, new = Manifest.load(src), Manifest.load(dst)
+    doc = json.loads((dst / MANIFEST_NAME).read_text())
+    assert doc["schema_version"] == 2 and "table" in doc
+    assert all(f.get("role") != "data" for f in doc["files"])  # no data file as JSON
+    assert isinstance(new.files, CompactFiles)
+    assert list(new.files) == list(old.files)
+    assert list(new.data_files) == list(old.data_files) and new.files == old.files
+    assert new.total_bytes == old.total_bytes and new.aux_files == old.aux_files
+    assert new.files[3:7] == list(old.files[3:7]) and new.files[-1] == old.files[-1]
+    assert json.loads((src / MANIFEST_NAME).read_text())["schema_version"] == 1  # unchanged
+
+
+@pytest.mark.parametrize("fmt", ONE_PER_FILE)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_on_a_compact_manifest_gives_the_same_batches(roots, fmt, workers):
+    src, dst = roots[fmt]
+    cfg = LoaderConfig(batch_size=4, workers=workers, decode=False, seed=3, shuffle="global")
+    runs = []
+    for root in (src, dst):
+        with make_loader(fmt, root, cfg) as ld:
+            runs.append(list(ld.epoch(0)) + list(ld.epoch(1)))
+            if root == dst:  # nothing per file was built for the reader
+                assert isinstance(ld.reader.paths, manifest.DataPaths)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.samples, b.samples) and a.payload_bytes == b.payload_bytes
+    order = np.concatenate([b.indices.numpy() for b in runs[1][:len(runs[1]) // 2]])
+    check_batches("cifar10", runs[1][:len(runs[1]) // 2], order)
+
+
+def test_generator_writes_the_compact_form_beyond_the_threshold(tmp_path, monkeypatch):
+    from iobench.generators import GenerateConfig, generate_dataset
+
+    monkeypatch.setattr(manifest, "COMPACT_FILES", 20)
+    for fmt, n in (("npz", 21), ("hdf5", 64)):  # 64 samples in 4 files: stays a JSON list
+        m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=tmp_path,
+                                            samples=n, samples_per_file=16, seed=TINY_SEED))
+        loaded = Manifest.load(m.root)
+        assert (loaded.compact is not None) == (fmt == "npz")
+        assert len(loaded.data_files) == (21 if fmt == "npz" else 4)
+    from iobench.generators.verify import verify_dataset
+
+    assert verify_dataset(tmp_path / "cifar10-npz") == []  # the side arrays are listed
+
+
+def test_verify_finds_a_damaged_file_of_a_compact_dataset(roots, tmp_path):
+    from iobench.generators.verify import verify_dataset
+
+    m = compact_copy(roots["npz"][0], tmp_path / "d")
+    victim = m.path_of(m.data_files[5])
+    victim.write_bytes(victim.read_bytes()[:-1] + b"!")
+    problems = verify_dataset(tmp_path / "d")
+    assert len(problems) == 1 and str(victim) in problems[0]
+
+
+# ------------------------------------------------------------------ hostile compact manifests
+
+def _edit(root: Path, **table) -> None:
+    p = root / MANIFEST_NAME
+    doc = json.loads(p.read_text())
+    doc["table"].update(table)
+    p.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(("table", "match"), [
+    ({"dirs": ["../outside"]}, "not a plain relative path"),
+    ({"dirs": ["/etc"]}, "not a plain relative path"),
+    ({"dirs": ["train/../.."]}, "not a plain relative path"),
+    ({"dirs": [TABLE_DIR]}, "not a plain relative path"),
+    ({"prefix": "../"}, "may hold no"),
+    ({"suffix": "/x"}, "may hold no"),
+    ({"prefix": "7"}, "may hold no"),
+    ({"count": 10_000}, "does not tile"),
+    ({"samples_per_file": 0}, "does not tile"),
+    ({"width": 0}, "outside 1..20"),
+])
+def test_a_hostile_table_is_refused_at_load(roots, tmp_path, table, match):
+    root = tmp_path / "d"
+    compact_copy(roots["npz"][0], root)
+    _edit(root, **table)
+    with pytest.raises(DatasetError, match=match) as err:
+        Manifest.load(root)
+    assert "\n" not in str(err.value)
+
+
+def test_a_data_file_or_table_array_listed_as_json_is_refused(roots, tmp_path):
+    root = tmp_path / "d"
+    compact_copy(roots["files"][0], root)
+    p = root / MANIFEST_NAME
+    doc = json.loads(p.read_text())
+    first = Manifest.load(roots["files"][0]).data_files[0]
+    for path, role, match in ((first.path, "labels", "is a data file"),
+                              ("x.npy", "data", "is a data file|must tile"),
+                              (f"{TABLE_DIR}/bytes.npy", "index", "the table's own folder")):
+        bad = {**doc, "files": doc["files"] + [{"path": path, "bytes": 1, "sha256": "",
+                                                "first_sample": -1, "num_samples": 0,
+                                                "role": role}]}
+        p.write_text(json.dumps(bad))
+        with pytest.raises(DatasetError, match=match):
+            Manifest.load(root)
+
+
+def test_a_folder_linked_outside_is_refused(roots, tmp_path, monkeypatch):
+    root = tmp_path / "d"
+    m = compact_copy(roots["npz"][0], root)
+    outside = tmp_path / "outside"
+    shutil.move(root / m.compact.dirs[0], outside)
+    os.symlink(outside, root / m.compact.dirs[0])
+    for limit in (manifest.CONTAINMENT_FILES, 3):  # each file checked, or each folder
+        monkeypatch.setattr(manifest, "CONTAINMENT_FILES", limit)
+        with pytest.raises(DatasetError, match="outside the dataset"):
+            Manifest.load(root)
+
+
+@pytest.mark.parametrize(("array", "value", "match"), [
+    ("bytes", np.zeros(3, dtype=np.int64), "holds int64"),
+    ("sha256", np.zeros((1, 31), dtype=np.uint8), "holds uint8"),
+    ("dir", None, "is missing"),
+])
+def test_a_wrong_or_missing_side_array_is_refused_at_load(roots, tmp_path, array, value, match):
+    root = tmp_path / "d"
+    compact_copy(roots["npz"][0], root)
+    path = root / TABLE_DIR / f"{array}.npy"
+    path.unlink()
+    if value is not None:
+        np.save(path, value)
+    with pytest.raises(DatasetError, match=match):
+        Manifest.load(root)
+
+
+def test_a_folder_index_out_of_range_fails_naming_the_table(roots, tmp_path):
+    root = tmp_path / "d"
+    m = compact_copy(roots["files"][0], root)
+    dirs = np.load(root / TABLE_DIR / "dir.npy")
+    dirs[4] = len(m.compact.dirs)
+    np.save(root / TABLE_DIR / "dir.npy", dirs)
+    with pytest.raises(DatasetError, match="dir.npy names a folder outside"):
+        Manifest.load(root)  # up to CONTAINMENT_FILES files, each is checked at load
+
+
+def test_beyond_the_containment_limit_a_bad_row_fails_when_read(roots, tmp_path, monkeypatch):
+    root = tmp_path / "d"
+    m = compact_copy(roots["files"][0], root)
+    dirs = np.load(root / TABLE_DIR / "dir.npy")
+    dirs[4] = len(m.compact.dirs)
+    np.save(root / TABLE_DIR / "dir.npy", dirs)
+    monkeypatch.setattr(manifest, "CONTAINMENT_FILES", 3)
+    m = Manifest.load(root)  # folders checked, not each row: loading stays O(folders)
+    assert m.files[3].path
+    for read in (lambda: m.files[4], lambda: list(m.data_files),
+                 lambda: manifest.DataPaths(m.root, m.compact)[4]):
+        with pytest.raises(DatasetError, match="dir.npy names a folder outside"):
+            read()
+
+
+def test_version_1_manifests_stay_readable_and_version_2_needs_its_table(roots, tmp_path):
+    root = tmp_path / "d"
+    compact_copy(roots["npz"][0], root)
+    p = root / MANIFEST_NAME
+    doc = json.loads(p.read_text())
+    p.write_text(json.dumps({**doc, "schema_version": 1}))
+    with pytest.raises(DatasetError, match="has no a compact|schema_version 1"):
+        Manifest.load(root)
+    del doc["table"]
+    p.write_text(json.dumps(doc))
+    with pytest.raises(DatasetError, match="needs a compact file table"):
+        Manifest.load(root)
+
+
+# ------------------------------------------------------------------ orders and shares
+
+@pytest.mark.parametrize("mode", sampling.SHUFFLES)
+def test_orders_are_the_int64_permutation_of_before(mode):
+    """Built in int32, the order is the one the int64 code gave for the same seed."""
+    n, world = 10_007, 3
+    for seed, epoch in ((0, 0), (5, 2)):
+        ref = np.arange(n, dtype=np.int64)
+        if mode == "global":
+            ref = np.random.default_rng([seed, epoch, 0x5EED]).permutation(ref)
+        elif mode == "block":
+            ref = sampling.epoch_order(ref, mode, seed, epoch, 64, 4)
+        got = np.concatenate([sampling.rank_indices(n, mode, seed, epoch, r, world, 64, 4)
+                              for r in range(world)])
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, ref[:n // world * world])
+
+
+def test_rank_count_is_the_length_of_every_rank_order():
+    ranges = [(a, min(10, 1003 - a)) for a in range(0, 1003, 10)]
+    for scope, fr in (("global", None), ("local", ranges),
+                      ("local", sampling.FileRanges(1003, samples_per_file=10))):
+        for world in (1, 2, 7):
+            want = sampling.rank_count(1003, world, file_ranges=fr, scope=scope)
+            for mode in sampling.SHUFFLES:
+                for r in range(world):
+                    assert len(sampling.rank_indices(1003, mode, 1, 2, r, world, 8, 2,
+                                                     file_ranges=fr, scope=scope)) == want
+
+
+def test_local_scope_from_samples_per_file_equals_the_list_of_ranges():
+    for n, k, world in ((1000, 1, 7), (1003, 10, 4), (64, 16, 4), (65, 16, 3)):
+        listed = [(a, min(k, n - a)) for a in range(0, n, k)]
+        arith = sampling.FileRanges(n, samples_per_file=k)
+        for r in range(world):
+            a = sampling.rank_indices(n, "global", 9, 1, r, world, file_ranges=listed,
+                                      scope="local")
+            b = sampling.rank_indices(n, "global", 9, 1, r, world, file_ranges=arith,
+                                      scope="local")
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("scope", sampling.SCOPES)
+def test_each_node_file_is_evicted_by_exactly_one_local_rank(roots, scope):
+    src, dst = roots["files"]
+    old, new = Manifest.load(src), Manifest.load(dst)
+    world = 6
+    for ranks in ([0], [0, 1], [1, 3, 5]):
+        shares = [cache.rank_share(new, ranks, i, world, scope) for i in range(len(ranks))]
+        assert all(isinstance(s, cache.FileShare) for s in shares)
+        got = sorted(e.path for s in shares for e in s)
+        want = sorted(e.path for e in cache.files_for_node(old, ranks, world, scope))
+        assert got == want  # the node's files, each once
+        for s in shares:
+            assert [str(p) for p in cache.share_paths(new, s)] == \
+                [str(new.root / e.path) for e in s]
+
+
+def test_eviction_of_a_compact_dataset_reports_every_file(roots):
+    from iobench.world import World
+
+    new = Manifest.load(roots["npz"][1])
+    rep = cache.evict_for_node(new, World(), loud=False)
+    assert rep.files == len(new.files) and rep.bytes == new.total_bytes
+
+
+def test_stage_copies_a_compact_dataset_and_its_table(roots, tmp_path):
+    from conftest import cli
+
+    src = tmp_path / "src" / "cifar10-npz"
+    compact_copy(roots["npz"][0], src)
+    assert cli("stage", "--dataset", "cifar10", "--format", "npz", "--from", tmp_path / "src",
+               "--to", tmp_path / "dst", "--results", tmp_path / "res", "--no-progress") == 0
+    staged = Manifest.load(tmp_path / "dst" / "cifar10-npz")
+    assert staged.compact is not None and staged.files == Manifest.load(src).files
+
+
+def test_preflight_checks_a_compact_dataset(roots, tmp_path, capsys):
+    from conftest import cli
+
+    root = roots["npz"][1]
+    assert cli("preflight", "--storage", root, "--stage-to", tmp_path / "fast") == 0
+    out = capsys.readouterr().out
+    assert "files" in out and "eviction" in out
