@@ -140,6 +140,20 @@ def _expand(first: np.ndarray, counts: np.ndarray, dtype: type[np.integer[Any]])
     return out
 
 
+def _local_ranges(num_samples: int, world: int,
+                  file_ranges: Sequence[tuple[int, int]] | FileRanges | None) -> FileRanges:
+    """The data files' sample ranges for local scope, checked: one file per rank at least."""
+    if file_ranges is None:
+        raise ConfigError("scope='local' needs the dataset's file ranges")
+    ranges = (file_ranges if isinstance(file_ranges, FileRanges)
+              else FileRanges(num_samples, file_ranges))
+    if len(ranges) < world:
+        raise ConfigError(f"local shuffle scope needs at least one file per rank: "
+                          f"{len(ranges)} files for {world} ranks; regenerate with "
+                          "a smaller --samples-per-file")
+    return ranges
+
+
 def rank_count(num_samples: int, world: int, *,
                file_ranges: Sequence[tuple[int, int]] | FileRanges | None = None,
                scope: str = "global") -> int:
@@ -147,14 +161,7 @@ def rank_count(num_samples: int, world: int, *,
     if scope == "global":
         return num_samples // world
     if scope == "local":
-        if file_ranges is None:
-            raise ConfigError("scope='local' needs the dataset's file ranges")
-        ranges = (file_ranges if isinstance(file_ranges, FileRanges)
-                  else FileRanges(num_samples, file_ranges))
-        if len(ranges) < world:
-            raise ConfigError(f"local shuffle scope needs at least one file per rank: "
-                              f"{len(ranges)} files for {world} ranks; regenerate with "
-                              "a smaller --samples-per-file")
+        ranges = _local_ranges(num_samples, world, file_ranges)
         return min(ranges.rank_counts(world))
     raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")
 
@@ -183,14 +190,7 @@ def rank_indices(num_samples: int, mode: str, seed: int, epoch: int, rank: int, 
         per_rank = num_samples // world
         return order[rank * per_rank:(rank + 1) * per_rank].astype(np.int64)
     if scope == "local":
-        if file_ranges is None:
-            raise ConfigError("scope='local' needs the dataset's file ranges")
-        ranges = (file_ranges if isinstance(file_ranges, FileRanges)
-                  else FileRanges(num_samples, file_ranges))
-        if len(ranges) < world:
-            raise ConfigError(f"local shuffle scope needs at least one file per rank: "
-                              f"{len(ranges)} files for {world} ranks; regenerate with "
-                              "a smaller --samples-per-file")
+        ranges = _local_ranges(num_samples, world, file_ranges)
         mine = _expand(*ranges.of_rank(rank, world), dtype)
         order = epoch_order(mine, mode, seed * 1_000_003 + rank, epoch, block_size, window)
         return order[:min(ranges.rank_counts(world))].astype(np.int64)
