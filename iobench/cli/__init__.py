@@ -47,7 +47,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` a subcommand's options for that one alone
+    (the others listed by name: their options import what they need, torch for `train`,
+    which `iobench generate` should not wait for)."""
     parser = _Parser(prog="iobench", description="Measure deep-learning ingest from HPC "
                      "storage: generate datasets, train with real loaders, compare stall time.")
     parser.add_argument("--version", action="version", version=f"iobench {__version__}")
@@ -58,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_) in SUBCOMMANDS.items():
         mod = importlib.import_module(module)
         p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
-        mod.add_arguments(p)
+        if only is None or only == name:
+            mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
 
@@ -73,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:
-        parser = build_parser()
+        command = next((a for a in argv if not a.startswith("-")), None)
+        parser = build_parser(command if command in SUBCOMMANDS else None)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
