@@ -93,6 +93,20 @@ class Writer(ABC):
             raise DatasetError(f"{path}: samples stored as {np.dtype(dtype)}, {self.spec.name} "
                                f"has {want}; the file was changed: regenerate it")
 
+    def check_contents(self, path: Path, entry: FileEntry, n: int, layout_ok: bool,
+                       dtype: Any, labels: Any, blobs: np.ndarray | None = None,
+                       offsets: np.ndarray | None = None) -> None:
+        """What a container's `check` read, checked the same way for every format: `n`
+        samples as the manifest says in the expected layout, the dataset's dtype, JPEG
+        blobs (when read) that tile their bytes, and labels within the classes."""
+        if n != entry.num_samples or not layout_ok:
+            raise DatasetError(f"{path}: holds {n} samples in an unexpected layout, manifest "
+                               f"says {entry.num_samples}")
+        self.check_dtype(path, dtype)
+        if blobs is not None and offsets is not None:
+            check_blobs(path, blobs, offsets, entry.first_sample)
+        self.check_labels(path, labels, entry.first_sample)
+
     def check_labels(self, path: Path, labels: Any, first: int) -> None:
         """A DatasetError when a class label of the samples from `first` is outside
         0..num_classes-1 (a real model's loss would fail on it mid-run)."""

@@ -17,7 +17,6 @@ from iobench.errors import DatasetError
 from iobench.generators.base import (
     ContainerWriter,
     Task,
-    check_blobs,
     file_entry,
     jpeg_blobs,
     sample_blocks,
@@ -87,10 +86,5 @@ class HDF5Writer(ContainerWriter):
                     dtype, blobs = f["samples"].dtype, None
         except (OSError, KeyError) as e:
             raise DatasetError(f"{path}: cannot be read as HDF5 ({e})") from e
-        if n != entry.num_samples or not ok:
-            raise DatasetError(f"{path}: holds {n} samples in an unexpected layout, manifest "
-                               f"says {entry.num_samples}")
-        self.check_dtype(path, dtype)
-        if blobs is not None:
-            check_blobs(path, blobs, offsets, entry.first_sample)
-        self.check_labels(path, labels, entry.first_sample)
+        self.check_contents(path, entry, n, ok, dtype, labels, blobs,
+                            offsets if blobs is not None else None)
