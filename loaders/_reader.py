@@ -451,6 +451,22 @@ class BatchReader(ABC):
         return DatasetError(f"cannot read {path}: {what}{detail}; the file is damaged or not a "
                             f"{self.format} file written by iobench: regenerate or re-stage it")
 
+    def check_container(self, path: str | Path, n: int, labels: np.ndarray,
+                        offsets: np.ndarray | None = None, blob_bytes: int = 0,
+                        shape: tuple[int, ...] = (), dtype: Any = None) -> None:
+        """What a container file (HDF5, NetCDF) holds against what the manifest says of its
+        `n` samples: the labels' shape, and either the JPEG `offsets` tiling `blob_bytes`
+        or the samples' `shape` and `dtype`."""
+        if labels.shape != (n, *self.label_shape):
+            raise self.fail(path, f"labels have shape {labels.shape}, expected "
+                                  f"{(n, *self.label_shape)}")
+        if offsets is not None:
+            if offsets.shape != (n + 1,) or offsets[-1] != blob_bytes:
+                raise self.fail(path, "JPEG offsets do not match the stored JPEG bytes")
+        elif shape != (n, *self.array_shape) or dtype != self.sample_dtype:
+            raise self.fail(path, f"samples are {dtype}{list(shape)}, expected "
+                                  f"{self.sample_dtype}{[n, *self.array_shape]}")
+
 
 BLOCK_PREFETCH_MAX = 64 << 20  # bytes: larger blocks are prefetched sample by sample
 

@@ -108,20 +108,14 @@ class HDF5Reader(BatchReader):
         offsets = None
         try:
             labels = h[self.label_key][...]
-            if labels.shape != (n, *self.label_shape):
-                raise self.fail(path, f"labels have shape {labels.shape}, expected "
-                                      f"{(n, *self.label_shape)}")
             if self.kind == "jpeg":
                 offsets = h["offsets"][...].astype(np.int64)
                 ds = h["jpeg"]
-                if offsets.shape != (n + 1,) or offsets[-1] != ds.shape[0]:
-                    raise self.fail(path, "JPEG offsets do not match the jpeg dataset")
+                self.check_container(path, n, labels, offsets, ds.shape[0])
                 stored, item = np.diff(offsets), 1
             else:
                 ds = h[self.data_key]
-                if ds.shape != (n, *self.array_shape) or ds.dtype != self.sample_dtype:
-                    raise self.fail(path, f"samples are {ds.dtype}{list(ds.shape)}, expected "
-                                          f"{self.sample_dtype}{[n, *self.array_shape]}")
+                self.check_container(path, n, labels, shape=ds.shape, dtype=ds.dtype)
                 stored = stored_sizes(ds, n)
                 item = int(np.prod(self.array_shape)) * self.sample_dtype.itemsize
             base = ds.id.get_offset()

@@ -67,22 +67,15 @@ class NetCDFReader(BatchReader):
                 ds.set_auto_maskandscale(False)
                 v = ds.variables
                 labels = np.asarray(v[self.label_key][...])
-                if labels.shape != (n, *self.label_shape):
-                    raise self.fail(path, f"labels have shape {labels.shape}, expected "
-                                          f"{(n, *self.label_shape)}")
                 if self.kind == "jpeg":
                     offsets = np.asarray(v["offsets"][...], dtype=np.int64)
                     var = v["jpeg"]
-                    if offsets.shape != (n + 1,) or offsets[-1] != var.shape[0]:
-                        raise self.fail(path, "JPEG offsets do not match the jpeg variable")
+                    self.check_container(path, n, labels, offsets, var.shape[0])
                     stored, item = np.diff(offsets), 1
                     base = self._h5_layout(pos, "jpeg", n)[0]
                 else:
                     var = v[self.data_key]
-                    if var.shape != (n, *self.array_shape) or var.dtype != self.sample_dtype:
-                        raise self.fail(path, f"samples are {var.dtype}{list(var.shape)}, "
-                                              f"expected {self.sample_dtype}"
-                                              f"{[n, *self.array_shape]}")
+                    self.check_container(path, n, labels, shape=var.shape, dtype=var.dtype)
                     filters = var.filters() or {}
                     compressed = any(filters.get(k) for k in
                                      ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle"))
