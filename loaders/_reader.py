@@ -10,11 +10,12 @@ never cross a fork.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -258,15 +259,18 @@ def read_each_file(reader: BatchReader, sorted_idx: np.ndarray, flags: int,
             close_all(fds)
 
 
-def check_one_file_per_sample(manifest: Manifest, files: Sequence[FileEntry],
-                              starts: Any) -> None:
-    """A DatasetError unless the manifest lists one data file per sample, in order."""
+def one_file_per_sample_sizes(manifest: Manifest, files: Sequence[FileEntry],
+                              starts: Any) -> Any:
+    """Each sample's file size (a column read on demand for a compact manifest), after a
+    DatasetError unless the manifest lists one data file per sample, in order."""
     n = manifest.num_samples
     t = manifest.compact
     if (t.samples_per_file != 1 or t.num_files != n) if t is not None else (
             len(files) != n or not np.array_equal(starts, np.arange(n))):
         raise DatasetError(f"manifest of {manifest.root} lists {len(files)} sample files "
                            f"for {n} samples; expected one file per sample: regenerate it")
+    return (DataColumn(t, "bytes") if t is not None
+            else np.array([f.bytes for f in files], dtype=np.int64))
 
 
 class EpochOrder:
@@ -450,6 +454,23 @@ class BatchReader(ABC):
         detail = f" ({err})" if err is not None else ""
         return DatasetError(f"cannot read {path}: {what}{detail}; the file is damaged or not a "
                             f"{self.format} file written by iobench: regenerate or re-stage it")
+
+    @contextlib.contextmanager
+    def closed_on_error(self, handle: Any, path: str | Path, library: str, what: str,
+                        errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+        """Run a container's checks on an open `handle`; on any error close it, and turn a
+        missing key (a KeyError) or the library's `errors` into one line naming `path`."""
+        try:
+            yield
+        except KeyError as e:
+            handle.close()
+            raise self.fail(path, f"missing {what} {e}") from None
+        except errors as e:
+            handle.close()
+            raise self.fail(path, f"{library} read failed", e) from None
+        except BaseException:
+            handle.close()
+            raise
 
     def check_container(self, path: str | Path, n: int, labels: np.ndarray,
                         offsets: np.ndarray | None = None, blob_bytes: int = 0,

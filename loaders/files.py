@@ -24,13 +24,12 @@ from iobench.errors import DatasetError
 from iobench.loaders._reader import (
     BatchReader,
     check_files,
-    check_one_file_per_sample,
+    one_file_per_sample_sizes,
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
 from iobench.manifest import (
     CONTAINMENT_FILES,
-    DataColumn,
     Manifest,
     NpyRows,
     refuse_irregular,
@@ -44,9 +43,7 @@ class FilesReader(BatchReader):
 
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
-        check_one_file_per_sample(manifest, self.files, self.starts)
-        self.sizes: Any = (DataColumn(manifest.compact, "bytes") if manifest.compact
-                           else np.array([f.bytes for f in self.files], dtype=np.int64))
+        self.sizes: Any = one_file_per_sample_sizes(manifest, self.files, self.starts)
         # an ImageFolder tree (the user's data, `--data`): a sample's class is the position
         # of its top folder among `classes`, so nothing needs writing beside the images
         self.classes: list[str] | None = manifest.layout.get("classes")

@@ -106,7 +106,7 @@ class HDF5Reader(BatchReader):
         except (OSError, ValueError) as e:
             raise self.fail(path, "HDF5 cannot open it", e) from None
         offsets = None
-        try:
+        with self.closed_on_error(h, path, "HDF5", "dataset", (OSError,)):
             labels = h[self.label_key][...]
             if self.kind == "jpeg":
                 offsets = h["offsets"][...].astype(np.int64)
@@ -119,15 +119,6 @@ class HDF5Reader(BatchReader):
                 stored = stored_sizes(ds, n)
                 item = int(np.prod(self.array_shape)) * self.sample_dtype.itemsize
             base = ds.id.get_offset()
-        except KeyError as e:
-            h.close()
-            raise self.fail(path, f"missing dataset {e}") from None
-        except OSError as e:
-            h.close()
-            raise self.fail(path, "HDF5 read failed", e) from None
-        except Exception:
-            h.close()
-            raise
         # contiguous, unfiltered data lies at a known file offset: its byte ranges can be
         # prefetched (posix_fadvise WILLNEED) for a whole batch before reading
         fd = os.open(path, os.O_RDONLY) if base is not None else None

@@ -63,7 +63,7 @@ class NetCDFReader(BatchReader):
                 ds = nc4.Dataset(path, "r")
             except OSError as e:
                 raise self.fail(path, "netCDF cannot open it", e) from None
-            try:
+            with self.closed_on_error(ds, path, "netCDF", "variable", (OSError, RuntimeError)):
                 ds.set_auto_maskandscale(False)
                 v = ds.variables
                 labels = np.asarray(v[self.label_key][...])
@@ -87,15 +87,6 @@ class NetCDFReader(BatchReader):
                     # netCDF-C's chunk cache (64 MiB per variable by default) would serve
                     # a persistent worker's next "cold" epoch from memory
                     var.set_var_chunk_cache(size=0)
-            except KeyError as e:
-                ds.close()
-                raise self.fail(path, f"missing variable {e}") from None
-            except (OSError, RuntimeError) as e:
-                ds.close()
-                raise self.fail(path, "netCDF read failed", e) from None
-            except Exception:
-                ds.close()
-                raise
         fd = os.open(path, os.O_RDONLY) if base is not None else None
         f = st[pos] = OpenFile(ds, var, labels.astype(self.label_dtype, copy=False), stored,
                                base, item, offsets, fd)

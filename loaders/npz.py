@@ -33,12 +33,12 @@ import numpy as np
 
 from iobench.loaders._reader import (
     BatchReader,
-    check_one_file_per_sample,
+    one_file_per_sample_sizes,
     preadv_into,
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import CONTAINMENT_FILES, DataColumn, Manifest
+from iobench.manifest import CONTAINMENT_FILES, Manifest
 
 _LOCAL = b"PK\x03\x04"
 _CRC = slice(14, 18)  # a zip local header's CRC-32: the one field that differs per file
@@ -94,9 +94,7 @@ class NPZReader(BatchReader):
 
     def __init__(self, manifest: Manifest, library_cache: bool = False) -> None:
         super().__init__(manifest, library_cache)
-        check_one_file_per_sample(manifest, self.files, self.starts)
-        self.sizes: Any = (DataColumn(manifest.compact, "bytes") if manifest.compact
-                           else np.array([f.bytes for f in self.files], dtype=np.int64))
+        self.sizes: Any = one_file_per_sample_sizes(manifest, self.files, self.starts)
         self.label_nbytes = int(np.prod(self.label_shape)) * self.label_dtype.itemsize
         self._open_flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (
             os.O_NOFOLLOW if len(self.files) > CONTAINMENT_FILES else 0)
