@@ -128,42 +128,16 @@ def run_iobench(root: Path, size: str, a: argparse.Namespace) -> float:
     return med([e["summary"]["samples_per_s"] for e in doc["epochs"][1:]])
 
 
-WORKLOAD = """model: iobench_cmp
-framework: pytorch
-workflow:
-  generate_data: False
-  train: True
-  evaluation: False
-  checkpoint: False
-dataset:
-  data_folder: {data}
-  format: hdf5
-  num_files_train: {nfiles}
-  num_samples_per_file: {per}
-  record_length: {record}
-  num_files_eval: 0
-  num_subfolders_train: 0
-reader:
-  data_loader: pytorch
-  batch_size: {batch}
-  read_threads: {workers}
-  file_shuffle: seed
-  sample_shuffle: seed
-train:
-  epochs: {epochs}
-  computation_time: 0
-"""
-
-
 def run_dlio(root: Path, size: str, a: argparse.Namespace) -> float:
     name, shape, dtype, _, _, per, nfiles, batch = SIZES[size]
     record = int(np.prod(shape)) * np.dtype(dtype).itemsize
     with tempfile.TemporaryDirectory() as tmp:
+        from dlio_workloads import write_yaml  # this folder is the script's sys.path[0]
+
         cfg = Path(tmp) / "cfg"
-        (cfg / "workload").mkdir(parents=True)
-        (cfg / "workload" / "iobench_cmp.yaml").write_text(WORKLOAD.format(
-            data=root, nfiles=nfiles, per=per, record=record, batch=batch,
-            workers=a.workers, epochs=a.epochs))
+        write_yaml(cfg, "iobench_cmp", epochs=a.epochs, generate=False, train=True,
+                   data=root, fmt="hdf5", nfiles=nfiles, per=per, record=record,
+                   batch=batch, workers=a.workers, compute=0, au=0.9)
         out = Path(tmp) / "out"
         cmd = [*mpi(a.ranks), a.dlio, "--config-dir", str(cfg), "workload=iobench_cmp",
                f"++workload.output.folder={out}", f"hydra.run.dir={out}"]

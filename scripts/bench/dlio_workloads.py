@@ -170,7 +170,7 @@ reader:
   file_shuffle: seed
   sample_shuffle: seed
 train:
-  epochs: 1
+  epochs: {epochs}
   computation_time: {compute}
 metric:
   au: {au}
@@ -192,9 +192,11 @@ def dlio_env(pythonpath: str | None = None) -> dict[str, str]:
     return env
 
 
-def write_yaml(cfgdir: Path, name: str, **kw: object) -> None:
+def write_yaml(cfgdir: Path, name: str, epochs: int = 1, **kw: object) -> None:
+    """DLIO's workload config `name` under `cfgdir` (also used by dlio_vs_iobench.py)."""
     (cfgdir / "workload").mkdir(parents=True, exist_ok=True)
-    (cfgdir / "workload" / f"{name}.yaml").write_text(WORKLOAD_YAML.format(name=name, **kw))
+    (cfgdir / "workload" / f"{name}.yaml").write_text(
+        WORKLOAD_YAML.format(name=name, epochs=epochs, **kw))
 
 
 def dlio_dataset(a: argparse.Namespace, work: Path, pt: Point, m: Manifest,
