@@ -4,8 +4,9 @@
 on each node (by its local rank 0, the others wait), that:
 
 - `dataset`: the storage path holds the dataset and its manifest loads;
-- `version`: the manifest is the same file on every node (sha256 of its bytes),
-  so no node reads an older or half-copied version;
+- `version`: the manifest is the same file on every node (sha256 of its bytes, and
+  of a compact manifest's side tables), so no node reads an older or half-copied
+  version;
 - `files`: a spot check of the dataset's files (the first, the last and up to
   `SPOT_FILES` between, each node a different set) exist with the manifest's
   sizes; not every file, which on a million-file dataset would be its own
@@ -32,7 +33,7 @@ from typing import Any
 
 from iobench import cache
 from iobench.errors import ConfigError, IobenchError
-from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, locate
+from iobench.manifest import MANIFEST_NAME, TABLE_DIR, FileEntry, Manifest, locate
 from iobench.placement import need_bytes, parse_mode
 from iobench.world import World
 
@@ -59,11 +60,17 @@ class PreflightConfig:
             raise ConfigError(f"warn_above={self.warn_above} must be a fraction in [0, 1]")
 
 
-def _sha256(path: Path) -> str:
+def dataset_sha256(root: Path, manifest: Manifest) -> str:
+    """sha256 of what says which dataset a node holds: its manifest's bytes and, for a
+    compact manifest, its side tables (sizes and checksums live there, not in the JSON)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    paths = [root / MANIFEST_NAME]
+    if manifest.compact is not None:
+        paths += sorted((root / TABLE_DIR).glob("*.npy"))
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 
@@ -149,7 +156,7 @@ def _node_checks(cfg: PreflightConfig, world: World, ranks: list[int]) -> list[t
     except (IobenchError, OSError) as e:
         return [("dataset", False, str(e))]
     out.append(("dataset", True, f"{manifest.dataset}/{manifest.format} at {root}"))
-    out.append(("version", True, _sha256(root / MANIFEST_NAME)))
+    out.append(("version", True, dataset_sha256(root, manifest)))
     bad = []
     spot = _spot(manifest, world.node)
     for entry in spot:

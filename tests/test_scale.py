@@ -296,3 +296,26 @@ def test_preflight_checks_a_compact_dataset(roots, tmp_path, capsys):
     assert cli("preflight", "--storage", root, "--stage-to", tmp_path / "fast") == 0
     out = capsys.readouterr().out
     assert "files" in out and "eviction" in out
+
+
+def test_the_dataset_version_covers_a_compact_manifests_tables(roots, tmp_path):
+    """preflight's `version` hashes the side tables too: a node whose table differs (an
+    older or half-copied copy) differs even when its iobench.json is the same bytes."""
+    import hashlib
+
+    from iobench.manifest import TABLE_DIR
+    from iobench.preflight import dataset_sha256
+
+    src, compact = roots["npz"]
+    plain = hashlib.sha256((src / "iobench.json").read_bytes()).hexdigest()
+    assert dataset_sha256(src, Manifest.load(src)) == plain  # version 1: the JSON alone
+    copy = tmp_path / "copy"
+    shutil.copytree(compact, copy)
+    before = dataset_sha256(copy, Manifest.load(copy))
+    assert before == dataset_sha256(compact, Manifest.load(compact))
+    table = copy / TABLE_DIR / "sha256.npy"
+    data = bytearray(table.read_bytes())
+    data[-1] ^= 0xFF  # one checksum byte of the last file
+    table.write_bytes(bytes(data))
+    assert (copy / "iobench.json").read_bytes() == (compact / "iobench.json").read_bytes()
+    assert dataset_sha256(copy, Manifest.load(copy)) != before
