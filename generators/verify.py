@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from iobench.errors import IobenchError
@@ -15,6 +16,7 @@ from iobench.manifest import (
     MANIFEST_NAME,
     TABLE_ARRAYS,
     TABLE_DIR,
+    CompactFiles,
     FileEntry,
     Manifest,
     file_kind,
@@ -60,24 +62,48 @@ def _check_one(entry: FileEntry) -> str | None:
     return check_entry(_M["m"], entry)
 
 
+CHUNK = 4096  # files a rank takes at a time (round robin over ranks); its entries, built
+BATCH = 65_536  # and checked this many at a time: memory stays flat at millions of files
+
+
+def _my_entries(manifest: Manifest, rank: int, size: int) -> Iterator[list[FileEntry]]:
+    """This rank's files in batches: chunks of `CHUNK` files dealt round robin over the
+    ranks, each built from the table only when reached (a compact manifest is never
+    listed whole)."""
+    files = manifest.files
+    batch: list[FileEntry] = []
+    for lo in range(rank * CHUNK, len(files), size * CHUNK):
+        batch += files[lo:lo + CHUNK]
+        if len(batch) >= BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def verify_dataset(root: str | Path, jobs: int = 1, world: World | None = None,
                    allow_extra: bool = False) -> list[str]:
     """All problems found (empty when the dataset is intact), on every rank.
 
-    Files are split over MPI ranks (r::R) and, within a rank, `jobs` processes.
-    Files in the dataset folder that the manifest does not list are problems too
-    (leftovers of an interrupted copy or generation) unless `allow_extra`.
+    Files are split over MPI ranks (chunks of `CHUNK`, round robin) and, within a rank,
+    `jobs` processes. Files in the dataset folder that the manifest does not list are
+    problems too (leftovers of an interrupted copy or generation) unless `allow_extra`.
     """
     world = world or World()
     manifest = Manifest.load(root)
-    mine = list(manifest.files[world.rank::world.size])
-    if jobs > 1 and len(mine) > 1:
-        _M["m"] = manifest
-        with mp.get_context("fork").Pool(jobs) as pool:
-            found = pool.map(_check_one, mine, chunksize=max(1, len(mine) // (jobs * 8)))
-    else:
-        found = [check_entry(manifest, e) for e in mine]
-    problems = [p for p in found if p]
+    problems: list[str] = []
+    _M["m"] = manifest  # before the fork: the workers find it there
+    pool = mp.get_context("fork").Pool(jobs) if jobs > 1 else None
+    try:
+        for batch in _my_entries(manifest, world.rank, world.size):
+            found = (pool.map(_check_one, batch, chunksize=max(1, len(batch) // (jobs * 8)))
+                     if pool is not None and len(batch) > 1
+                     else [check_entry(manifest, e) for e in batch])
+            problems += [p for p in found if p]
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     stray: list[str] = []
     if world.is_root:
         stray = _unlisted(manifest, allow_extra)
@@ -88,13 +114,19 @@ def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
     """Files under the dataset root that the manifest does not list."""
     assert manifest.root is not None  # loaded from its folder
     top = Path(manifest.root)
-    listed = {f.path for f in manifest.files} | {MANIFEST_NAME} | (
-        {f"{TABLE_DIR}/{n}.npy" for n in TABLE_ARRAYS} if manifest.compact else set())
+    t = manifest.compact
+    if t is None:
+        listed = {f.path for f in manifest.files} | {MANIFEST_NAME}
+        is_data = None
+    else:  # a data file is one the pattern names, in the folder its table row says
+        listed = {f.path for f in t.aux} | {MANIFEST_NAME} | {
+            f"{TABLE_DIR}/{n}.npy" for n in TABLE_ARRAYS}
+        is_data = _pattern_test(t)
     out = []
     for dirpath, _dirs, names in os.walk(top):
         for n in names:
             rel = os.path.relpath(os.path.join(dirpath, n), top)
-            if rel in listed:
+            if rel in listed or (is_data is not None and is_data(rel)):
                 continue
             if n.endswith(".tmp") or ".iobench-partial" in rel:  # generation, stage
                 out.append(f"temporary file left behind: {top / rel}")
@@ -102,3 +134,25 @@ def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
                 out.append(f"not in the manifest: {top / rel} (a leftover of an interrupted "
                            "copy?); remove it, or pass --allow-extra")
     return out
+
+
+def _pattern_test(t: CompactFiles) -> Callable[[str], bool]:
+    """Whether a relative path is one of a compact table's data files: the pattern's name
+    of a file index below the count, in the folder that index's row names (the folder
+    column is read whole: 4 bytes or less per file)."""
+    import re
+
+    digits = r"(\d{" + str(t.width) + "})"
+    name = re.compile(re.escape(t.prefix) + digits + re.escape(t.suffix) + "$")
+    folders = {d: k for k, d in enumerate(t.dirs)}
+    dirs = t.arrays()["dir"][:]
+
+    def test(rel: str) -> bool:
+        folder, _, base = rel.rpartition("/")
+        m = name.match(base)
+        if m is None or folder not in folders:
+            return False
+        i = int(m.group(1))
+        return i < t.num_files and int(dirs[i]) == folders[folder]
+
+    return test

@@ -98,6 +98,46 @@ def test_verify_finds_a_damaged_file_of_a_compact_dataset(roots, tmp_path):
     assert len(problems) == 1 and str(victim) in problems[0]
 
 
+def test_verify_deals_files_to_ranks_in_bounded_batches(roots, monkeypatch):
+    """Each rank gets its chunks in batches of at most BATCH entries (never the whole list),
+    and the ranks together check every file exactly once."""
+    from iobench.generators import verify
+
+    monkeypatch.setattr(verify, "CHUNK", 3)
+    monkeypatch.setattr(verify, "BATCH", 5)
+    for root in roots["npz"]:
+        m = Manifest.load(root)
+        seen = []
+        for rank in range(3):
+            batches = list(verify._my_entries(m, rank, 3))
+            assert batches and all(len(b) < 5 + 3 for b in batches)
+            seen += [e.path for b in batches for e in b]
+        assert sorted(seen) == sorted(f.path for f in m.files)
+
+
+def test_verify_of_a_compact_dataset_names_files_its_table_does_not(roots, tmp_path):
+    """Without listing the table: a file named like a data file, but past the count or in
+    another folder than its row says, is not in the manifest; the real ones are."""
+    from iobench.generators.verify import verify_dataset
+
+    m = compact_copy(roots["npz"][0], tmp_path / "d")
+    assert verify_dataset(m.root) == []
+    t = m.compact
+    last = m.data_files[t.num_files - 1]
+    folder = last.path.rpartition("/")[0]
+    past = tmp_path / "d" / folder / t.name(t.num_files)
+    past.write_bytes(b"x")
+    first = m.data_files[0]
+    other = [d for d in t.dirs if d != first.path.rpartition("/")[0]]
+    moved = tmp_path / "d" / (other[0] if other else "elsewhere") / first.path.rpartition("/")[2]
+    moved.parent.mkdir(exist_ok=True)
+    moved.write_bytes(b"x")
+    problems = verify_dataset(m.root)
+    assert len(problems) == 2, problems
+    assert all("not in the manifest" in p for p in problems)
+    assert {str(past), str(moved)} == {p.split(": ")[1].split(" (")[0] for p in problems}
+
+
 # ------------------------------------------------------------------ hostile compact manifests
 
 def _edit(root: Path, **table) -> None:
