@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from iobench.errors import IobenchError
@@ -16,7 +16,6 @@ from iobench.manifest import (
     MANIFEST_NAME,
     TABLE_ARRAYS,
     TABLE_DIR,
-    CompactFiles,
     FileEntry,
     Manifest,
     file_kind,
@@ -121,7 +120,7 @@ def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
     else:  # a data file is one the pattern names, in the folder its table row says
         listed = {f.path for f in t.aux} | {MANIFEST_NAME} | {
             f"{TABLE_DIR}/{n}.npy" for n in TABLE_ARRAYS}
-        is_data = _pattern_test(t)
+        is_data = t.path_test()
     out = []
     for dirpath, _dirs, names in os.walk(top):
         for n in names:
@@ -134,25 +133,3 @@ def _unlisted(manifest: Manifest, allow_extra: bool) -> list[str]:
                 out.append(f"not in the manifest: {top / rel} (a leftover of an interrupted "
                            "copy?); remove it, or pass --allow-extra")
     return out
-
-
-def _pattern_test(t: CompactFiles) -> Callable[[str], bool]:
-    """Whether a relative path is one of a compact table's data files: the pattern's name
-    of a file index below the count, in the folder that index's row names (the folder
-    column is read whole: 4 bytes or less per file)."""
-    import re
-
-    digits = r"(\d{" + str(t.width) + "})"
-    name = re.compile(re.escape(t.prefix) + digits + re.escape(t.suffix) + "$")
-    folders = {d: k for k, d in enumerate(t.dirs)}
-    dirs = t.arrays()["dir"][:]
-
-    def test(rel: str) -> bool:
-        folder, _, base = rel.rpartition("/")
-        m = name.match(base)
-        if m is None or folder not in folders:
-            return False
-        i = int(m.group(1))
-        return i < t.num_files and int(dirs[i]) == folders[folder]
-
-    return test

@@ -487,17 +487,36 @@ class FileShare(Sequence["FileEntry"]):
                                                        dtype=np.int64))
         yield from self.aux
 
-    def paths(self) -> Iterable[str]:
-        """The share's absolute paths, built as they are walked (re-iterable)."""
-        return _Paths(self)
+    def paths(self, root: Path | None = None) -> Iterable[str]:
+        """The share's absolute paths under `root` (the dataset's own by default), built as
+        they are walked (re-iterable)."""
+        return _Paths(self, root)
+
+    def total_bytes(self) -> int:
+        """The share's bytes, from the table's size column a chunk of rows at a time."""
+        sizes = self.table.arrays()["bytes"]
+        p, total = self.positions, sum(e.bytes for e in self.aux)
+        for c in range(0, len(p), self.CHUNK):
+            part = p[c:c + self.CHUNK]
+            total += int(np.asarray(sizes[np.arange(part.start, part.stop, part.step,
+                                                    dtype=np.int64)]).sum())
+        return total
+
+
+def share_bytes(share: Iterable[FileEntry]) -> int:
+    """Bytes of a rank's share (`rank_share`): summed from the size column when compact."""
+    if isinstance(share, FileShare):
+        return share.total_bytes()
+    return sum(e.bytes for e in share)
 
 
 class _Paths:
-    def __init__(self, share: FileShare) -> None:
+    def __init__(self, share: FileShare, root: Path | None = None) -> None:
         self.share = share
+        self.root = root
 
     def __iter__(self) -> Iterator[str]:
-        share, root = self.share, self.share.root
+        share, root = self.share, self.root or self.share.root
         assert root is not None
         p = share.positions
         for c in range(0, len(p), share.CHUNK):
@@ -541,10 +560,14 @@ def rank_share(manifest: Manifest, node_ranks: Sequence[int], local_index: int,
                      aux)
 
 
-def share_paths(manifest: Manifest, share: Sequence[FileEntry]) -> Iterable[str | Path]:
-    """Absolute paths of a rank's share, re-iterable (lazy for a compact manifest's)."""
+def share_paths(manifest: Manifest, share: Sequence[FileEntry],
+                root: Path | None = None) -> Iterable[str | Path]:
+    """Absolute paths of a rank's share under `root` (the dataset's own root by default; a
+    staged copy's), re-iterable (lazy for a compact manifest's)."""
     if isinstance(share, FileShare):
-        return share.paths()
+        return share.paths(root)
+    if root is not None:
+        return [root / e.path for e in share]
     return [manifest.path_of(e) for e in share]
 
 

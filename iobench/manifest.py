@@ -11,7 +11,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -172,6 +172,30 @@ class CompactFiles(Sequence[FileEntry]):
         suf, width = self.suffix, self.width
         return [f"{tops[d]}{i:0{width}d}{suf}"
                 for i, d in zip(positions.tolist(), dirs.tolist(), strict=True)]
+
+    def path_test(self) -> Callable[[str], bool]:
+        """Whether a path relative to the root is one of the table's data files: the
+        pattern's name of an index below the count, in the folder that index's row names.
+        Nothing is listed; the folder column is read whole (4 bytes or less per file) the
+        first time a name matches."""
+        name = re.compile(re.escape(self.prefix) + r"(\d{" + str(self.width) + "})"
+                          + re.escape(self.suffix) + "$")
+        folders = {d: k for k, d in enumerate(self.dirs)}
+        column: list[np.ndarray] = []
+
+        def test(rel: str) -> bool:
+            folder, _, base = rel.rpartition("/")
+            m = name.match(base)
+            if m is None or folder not in folders:
+                return False
+            i = int(m.group(1))
+            if i >= self.num_files:
+                return False
+            if not column:
+                column.append(np.asarray(self.arrays()["dir"][:]))
+            return int(column[0][i]) == folders[folder]
+
+        return test
 
     # -- Sequence --------------------------------------------------------------------------
     def __len__(self) -> int:

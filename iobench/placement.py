@@ -8,9 +8,11 @@ still lacks, and the check that every node reads one version of the dataset.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
+from iobench.cache import share_bytes
 from iobench.datasets import dataset_dirname
 from iobench.errors import ConfigError, DatasetNotFoundError
 from iobench.formats import DEFAULT_FORMAT, loader_formats
@@ -68,8 +70,12 @@ def parse_mode(mode: str) -> str:
     return mode
 
 
-def need_bytes(entries: list[FileEntry], dest_root: Path) -> int:
-    """Bytes of `entries` that `dest_root` lacks: each file missing there or of another size."""
+def need_bytes(entries: Iterable[FileEntry], dest_root: Path) -> int:
+    """Bytes of `entries` that `dest_root` lacks: each file missing there or of another size.
+    Streams `entries` (a compact manifest's share is never listed); where `dest_root` does
+    not exist yet, nothing is looked at there: the need is every byte."""
+    if not dest_root.is_dir():
+        return share_bytes(entries)
     need = 0
     for e in entries:
         try:

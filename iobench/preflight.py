@@ -95,8 +95,9 @@ def _staging_need(cfg: PreflightConfig, manifest: Manifest, world: World,
     dest = Path(str(cfg.stage_to).format(node=world.node, host=world.hostname.split(".")[0]))
     root = dest / Path(manifest.root or ".").name
     scope = "local" if cfg.stage_mode == "shard" else "global"
-    entries = cache.files_for_node(manifest, ranks, world.size, scope)
-    need = need_bytes(entries, root) if root.is_dir() else sum(e.bytes for e in entries)
+    # share by share, as the node's ranks will copy them: a compact dataset is never listed
+    need = sum(need_bytes(cache.rank_share(manifest, ranks, i, world.size, scope), root)
+               for i in range(len(ranks)))
     probe = dest
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

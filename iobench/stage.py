@@ -30,8 +30,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from iobench.world import World, agree
 SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.results says each version
 MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
+WINDOW = 4  # copy tasks queued per thread: enough to keep every thread busy, never a list
 
 
 def parse_repeat(repeat: int) -> int:
@@ -152,7 +153,10 @@ def _check_manifest(m: Manifest, cfg: StageConfig) -> None:
     if (m.dataset, m.format) != (cfg.dataset, cfg.format):
         raise DatasetError(f"{m.root} holds {m.dataset}/{m.format}, not "
                            f"{cfg.dataset}/{cfg.format}: check --dataset/--format/--from")
-    for f in m.files:  # a damaged manifest must not make us write outside the destination
+    # a damaged manifest must not make us write outside the destination; a compact table's
+    # data files are its folders and name pattern, checked when it loaded: only its JSON
+    # entries are walked here
+    for f in (m.aux_files if m.compact is not None else m.files):
         parts = Path(f.path).parts
         if not parts or Path(f.path).is_absolute() or ".." in parts or f.path == MANIFEST_NAME:
             raise DatasetError(f"manifest in {m.root} lists the file {f.path!r}, which is not "
@@ -292,35 +296,44 @@ class _Progress:
             self._bar.stop()
 
 
-def _remove_partials(dest_root: Path, entries: list[FileEntry], host: str) -> int:
-    """Remove temporary files an interrupted run on this host left for `entries`.
+def _remove_partials(dest_root: Path, manifest: Manifest, host: str) -> int:
+    """Remove temporary files an interrupted run on this host left for the manifest's files.
 
-    One directory listing per directory (a `files` dataset has a million files).
+    One listing per folder the manifest puts files in (a `files` dataset has millions of
+    files); a compact table's data files are matched by its name pattern, never listed.
+    Run by one rank per node while no rank copies.
     """
-    by_dir: dict[Path, set[str]] = {}
-    for e in entries:
-        target = dest_root / e.path
-        by_dir.setdefault(target.parent, set()).add(target.name)
+    t = manifest.compact
+    by_dir: dict[str, set[str]] = {}
+    for e in (manifest.aux_files if t is not None else manifest.files):
+        folder, _, name = e.path.rpartition("/")
+        by_dir.setdefault(folder, set()).add(name)
+    is_data = t.path_test() if t is not None else None
+    for folder in (t.dirs if t is not None else ()):
+        by_dir.setdefault(folder, set())
     n = 0
-    for d, names in by_dir.items():
+    for folder, names in by_dir.items():
+        where = dest_root / folder
         try:
-            listing = os.listdir(d)
-        except FileNotFoundError:
+            listing = os.listdir(where)
+        except (FileNotFoundError, NotADirectoryError):
             continue
         for item in listing:
             if not item.startswith(".") or PARTIAL not in item:
                 continue
             name, _, owner = item[1:].partition(PARTIAL)
-            if name in names and owner.startswith(f"{host}-"):
+            ours = name in names or (is_data is not None
+                                     and is_data(f"{folder}/{name}" if folder else name))
+            if ours and owner.startswith(f"{host}-"):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(d / item)
+                    os.unlink(where / item)
                     n += 1
     return n
 
 
 def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConfig,
                counters: _Counters, lock: threading.Lock, progress: _Progress,
-               buffers: threading.local, copied: list[Path]) -> None:
+               buffers: threading.local) -> None:
     buf = getattr(buffers, "buf", None)
     if buf is None:
         buf = buffers.buf = memoryview(bytearray(cfg.buffer_bytes))
@@ -368,10 +381,9 @@ def _stage_one(entry: FileEntry, src_root: Path, dest_root: Path, cfg: StageConf
         raise
     with lock:
         counters.add(copied_files=1, copied_bytes=entry.bytes, recopied_files=recopy)
-        copied.append(dst)
 
 
-def _check_dest(dest_root: Path, need: Callable[[], int]) -> None:
+def _check_dest(dest_root: Path, need_bytes: int) -> None:
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -386,7 +398,6 @@ def _check_dest(dest_root: Path, need: Callable[[], int]) -> None:
                            "give a writable --to") from e
     free = os.statvfs(dest_root)
     avail = free.f_bavail * free.f_frsize
-    need_bytes = need()
     if need_bytes > avail:
         raise StorageError(f"not enough space on {dest_root}: the files to copy need "
                            f"{need_bytes / 1e9:.3f} GB, {avail / 1e9:.3f} GB are free; free "
@@ -413,8 +424,8 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     world = world or World()
     error: BaseException | None = None
     src_root = dest_root = None
-    mine: list[FileEntry] = []
-    node_files: list[FileEntry] = []
+    mine: Sequence[FileEntry] = []
+    my_bytes = my_need = 0
     manifest = None
     note: str | None = None  # why the OS cannot count the copy's storage reads, if it cannot
     ranks = cache.node_ranks(world)
@@ -432,28 +443,36 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
             raise ConfigError(f"--mode shard needs at least one data file per rank: "
                               f"{len(manifest.data_files)} files for {world.size} ranks; "
                               "regenerate with a smaller --samples-per-file")
-        node_files = cache.files_for_node(manifest, ranks, world.size, cfg.shuffle_scope)
-        mine = cache.split_files(node_files, local_index, len(ranks))
-        if local_index == 0:
-            _check_dest(dest_root, lambda: need_bytes(node_files, dest_root))
-            # an older, different dataset here must not pass for this one mid-way
-            with contextlib.suppress(FileNotFoundError):
-                (dest_root / MANIFEST_NAME).unlink()
+        # the node's files, dealt to its ranks as eviction deals them: arithmetic slices of
+        # a compact table, never a list of every file
+        mine = cache.rank_share(manifest, ranks, local_index, world.size, cfg.shuffle_scope)
+        my_bytes = cache.share_bytes(mine)
+        my_need = need_bytes(mine, dest_root)  # each rank stats its own share, side by side
     except Exception as e:  # whatever it is, every rank must hear of it (no rank left waiting)
         error = e
     agree(world, error, "staging")
     assert manifest is not None and src_root is not None and dest_root is not None
     check_same_dataset(world, manifest)  # every node copies the same version, or none does
+    shares = world.allgather((world.node, my_bytes, my_need))
+    node_bytes = sum(b for node, b, _ in shares if node == world.node)
+    if local_index == 0:
+        try:
+            _check_dest(dest_root, sum(n for node, _, n in shares if node == world.node))
+            # an older, different dataset here must not pass for this one mid-way
+            with contextlib.suppress(FileNotFoundError):
+                (dest_root / MANIFEST_NAME).unlink()
+        except Exception as e:  # every rank must hear of it
+            error = e
+    agree(world, error, "staging")
 
     reps: list[dict[str, Any]] = []
-    copied: list[Path] = []
     warned = False
     for r in range(cfg.repeat):
         if r:  # the next repetition copies everything again, into a destination without it
-            agree(world, _remove_files(copied), "staging")
-            copied = []
-        rep = _copy_once(cfg, world, manifest, src_root, dest_root, mine, r, copied,
-                         count_io=note is None)
+            agree(world, _remove_files(cache.share_paths(manifest, mine, dest_root)),
+                  "staging")
+        rep = _copy_once(cfg, world, manifest, src_root, dest_root, mine, my_bytes, r,
+                         local_index == 0, count_io=note is None)
         reps.append(rep)
         warning = rep["source_cache"]["warning"]
         if warning and not warned and world.rank == 0:  # loudly, before the figures
@@ -462,7 +481,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     error = None
     if local_index == 0:  # manifest last: its presence means the copy is complete
         try:
-            _write_dest_manifest(manifest, dest_root, cfg, world, node_files, src_root, ranks)
+            _write_dest_manifest(manifest, dest_root, cfg, world, src_root, ranks)
         except Exception as e:  # every rank must hear of it
             error = e
     agree(world, error, "staging")
@@ -499,7 +518,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                                            "os_read_bytes", "copied_files", "source_cache",
                                            "per_rank")} for r in reps],
         "dataset_bytes": manifest.total_bytes,
-        "node_bytes": sum(e.bytes for e in node_files) if world.num_nodes == 1 else None,
+        "node_bytes": node_bytes if world.num_nodes == 1 else None,
         "verified": cfg.verify,
         **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
                                  "recopied_files", "removed_partials")},
@@ -528,46 +547,37 @@ def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Path,
-               dest_root: Path, mine: list[FileEntry], repeat: int, copied: list[Path],
-               count_io: bool) -> dict[str, Any]:
+               dest_root: Path, mine: Sequence[FileEntry], my_bytes: int, repeat: int,
+               node_leader: bool, count_io: bool) -> dict[str, Any]:
     """One repetition: evict the source (unless warm_source), then copy this rank's files, timed.
 
-    A collective. Returns the repetition's figures, the same on every rank;
-    `copied` receives the destination paths this rank wrote.
+    A collective. Returns the repetition's figures, the same on every rank. The files
+    are handed to the copy threads a window at a time (never a task per file up front).
     """
     evicted = cache.evict_for_node(manifest, world, scope=cfg.shuffle_scope,
                                    evict_pages=not cfg.warm_source, loud=False,
                                    evict_cmd=cfg.evict_cmd)
     counters, lock = _Counters(), threading.Lock()
-    my_bytes = sum(e.bytes for e in mine)
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
     progress = _Progress(cfg.progress and world.rank == 0, my_bytes,
                          f"{label} (rank 0 of {world.size})" if world.size > 1 else label)
     error: BaseException | None = None
+    if node_leader:  # before any rank of the node copies: a partial file here is a leftover
+        try:
+            counters.removed_partials = _remove_partials(dest_root, manifest,
+                                                         socket.gethostname())
+        except OSError as e:
+            error = StorageError(f"cannot clear leftovers of an interrupted copy in "
+                                 f"{dest_root}: {e.strerror or e}")
     io0 = procio.tree_io() if count_io else None
     world.barrier()
     t0 = time.perf_counter_ns()
     buffers = threading.local()
     try:
-        counters.removed_partials = _remove_partials(dest_root, mine, socket.gethostname())
-        with ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="stage") as pool:
-            futures = [pool.submit(_stage_one, e, src_root, dest_root, cfg, counters, lock,
-                                   progress, buffers, copied) for e in mine]
-            try:
-                for f in futures:
-                    if f.cancelled():
-                        continue
-                    exc = f.exception()
-                    if exc is not None and error is None and not isinstance(exc, _Stopped):
-                        error = exc
-                        progress.stop.set()  # the others stop after their current chunk
-                        for g in futures:
-                            g.cancel()
-            except BaseException:  # Ctrl-C: stop the copies, remove their temporary files
-                progress.stop.set()
-                for g in futures:
-                    g.cancel()
-                raise
+        if error is None:
+            error = _copy_all(mine, lambda e: _stage_one(e, src_root, dest_root, cfg, counters,
+                                                         lock, progress, buffers),
+                              cfg.threads, progress.stop)
     except Exception as e:
         error = error or e
     finally:
@@ -597,7 +607,49 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
             "per_rank_full": per_rank, "counters": total}
 
 
-def _remove_files(paths: list[Path]) -> BaseException | None:
+def _copy_all(entries: Iterable[FileEntry], copy: Callable[[FileEntry], None], threads: int,
+              stop: threading.Event) -> BaseException | None:
+    """Copy `entries` with `threads` threads; the first error (None when all went well).
+
+    At most WINDOW tasks per thread are queued at a time, so a rank's share of a
+    10M-file dataset is never a list of futures. After an error (or Ctrl-C) the
+    others stop after their current chunk, and nothing more is submitted.
+    """
+    error: BaseException | None = None
+    pending: set[Future[None]] = set()
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stage") as pool:
+        try:
+            for e in entries:
+                pending.add(pool.submit(copy, e))
+                if len(pending) < WINDOW * threads:
+                    continue
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                error = _first_error(done)
+                if error is not None:
+                    break
+            done, pending = wait(pending) if error is None else (set(), pending)
+            error = error or _first_error(done)
+        except BaseException:  # Ctrl-C: stop the copies, remove their temporary files
+            stop.set()
+            for f in pending:
+                f.cancel()
+            raise
+        if error is not None:
+            stop.set()  # the others stop after their current chunk
+            for f in pending:
+                f.cancel()
+    return error
+
+
+def _first_error(done: Iterable[Future[None]]) -> BaseException | None:
+    for f in done:
+        exc = None if f.cancelled() else f.exception()
+        if exc is not None and not isinstance(exc, _Stopped):
+            return exc
+    return None
+
+
+def _remove_files(paths: Iterable[str | Path]) -> BaseException | None:
     """Remove files this rank staged (the previous repetition's); the error, if any."""
     try:
         for p in paths:
@@ -683,14 +735,20 @@ def _merge_source_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, world: World,
-                         node_files: list[FileEntry], src_root: Path, ranks: list[int]) -> None:
+                         src_root: Path, ranks: list[int]) -> None:
     """The full manifest (loaders need every file's sample range), marked as staged."""
+    present: list[str] | dict[str, Any] | None = None  # in shard mode only these are here
+    if cfg.mode == "shard" and manifest.compact is not None:  # the rule, not the list
+        present = {"data_files_of_ranks": list(ranks), "world_size": world.size,
+                   "rule": "sampling.files_for_rank", "aux": [e.path for e in manifest.aux_files]}
+    elif cfg.mode == "shard":
+        present = [e.path for e in cache.files_for_node(manifest, ranks, world.size, "local")]
     extra = dict(manifest.extra)
     extra["staged"] = {
         "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope, "from": str(src_root),
         "world_size": world.size, "num_nodes": world.num_nodes, "node": world.node,
         # in shard mode only these files are here: the ranks listed read nothing else
-        "files_present": [e.path for e in node_files] if cfg.mode == "shard" else None,
+        "files_present": present,
         "ranks": list(ranks),
     }
     import dataclasses

@@ -40,7 +40,8 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from iobench import cache, sampling
 from iobench.manifest import Manifest
-root, world, batch, walk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+root, world, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+walk, stage = sys.argv[4] == "1", sys.argv[5] == "1"
 out = {"import_s": time.perf_counter() - t0}
 def rss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 def now():  # current private (anonymous) and file-backed resident bytes
@@ -76,6 +77,19 @@ if walk:  # after the first batch, not in it: what eviction walks before each co
     t = time.perf_counter()
     out["walked_paths"] = sum(1 for _ in cache.share_paths(m, cache.rank_share(m, [0], 0, world)))
     out["evict_walk_s"] = time.perf_counter() - t; out["rss_walk_bytes"] = rss()
+if stage:  # a node's staging plan, one rank per node: its share (global scope: every file),
+    # the share's bytes, what the destination lacks (absent: nothing to stat), then the
+    # share streamed as the copy threads draw it, with no copying: iobench's own per-file cost
+    from iobench.placement import need_bytes
+    from pathlib import Path
+    t = time.perf_counter()
+    share = cache.rank_share(m, [0], 0, world)
+    plan = (cache.share_bytes(share), need_bytes(share, Path(root) / "absent-destination"))
+    out["stage_plan_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out["stage_files"] = sum(1 for _ in share)
+    out["stage_walk_s"] = time.perf_counter() - t; out["rss_stage_bytes"] = rss()
+    out["anon_stage_bytes"], _ = now()
 print(json.dumps(out))
 """
 
@@ -157,6 +171,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--walk", action="store_true",
                     help="then walk the paths this rank evicts (one rank per node: all)")
+    ap.add_argument("--stage", action="store_true",
+                    help="then (compact form) plan a node's staging copy and stream its share "
+                         "as the copy threads would, without copying")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/iobench-bench-scale"))
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
@@ -173,7 +190,9 @@ def main() -> int:
         for n, form in cases:  # interleaved: each run measures every case once
             root = a.work / f"cifar10-files-{form}-{n}"
             r = subprocess.run([sys.executable, "-c", STEP, str(root), str(a.world),
-                                str(a.batch), "1" if a.walk else "0"], capture_output=True,
+                                str(a.batch), "1" if a.walk else "0",
+                                "1" if a.stage and form == "compact" else "0"],
+                               capture_output=True,
                                text=True, timeout=3600)
             if r.returncode != 0:
                 print(r.stderr, file=sys.stderr)
@@ -206,6 +225,15 @@ def main() -> int:
             print(f"    walking the {rs[0]['walked_paths']:,} paths it evicts: "
                   f"{statistics.median(w):.2f} s ({min(w):.2f}-{max(w):.2f}), peak RSS then "
                   f"{statistics.median(r['rss_walk_bytes'] for r in rs) / 1e6:.0f} MB")
+        if "stage_files" in rs[0]:
+            pl, wk = [r["stage_plan_s"] for r in rs], [r["stage_walk_s"] for r in rs]
+            an = [r["anon_stage_bytes"] / 1e6 for r in rs]
+            print(f"    a node's staging plan ({rs[0]['stage_files']:,} files, one rank per "
+                  f"node): share, bytes and need {statistics.median(pl):.2f} s "
+                  f"({min(pl):.2f}-{max(pl):.2f}); streaming the share as the copy threads "
+                  f"draw it {statistics.median(wk):.2f} s ({min(wk):.2f}-{max(wk):.2f}), "
+                  f"private (RssAnon) then {statistics.median(an):.0f} MB "
+                  f"({min(an):.0f}-{max(an):.0f})")
         summary.append({"samples": n, "form": form, "world": a.world, "manifest_bytes": man,
                         "runs": rs})
     if a.json:

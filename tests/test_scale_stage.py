@@ -1,0 +1,156 @@
+"""Staging millions of files: a compact dataset is copied share by share (arithmetic
+slices of its table, a bounded window of copy tasks), never listed whole."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_scale import compact_copy
+from test_stage import _ThreadComm
+
+from conftest import cli
+from iobench import cache, manifest, sampling, stage
+from iobench.manifest import Manifest
+from iobench.stage import PARTIAL, StageConfig, stage_dataset
+from iobench.world import World
+
+
+@pytest.fixture
+def unlisted(monkeypatch):
+    """Listing a compact table whole (its file sequence, its data files, or the node's
+    files as one list) fails the test. Containment is checked per folder, as beyond
+    CONTAINMENT_FILES files."""
+    monkeypatch.setattr(manifest, "CONTAINMENT_FILES", 3)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a compact table was listed whole")
+
+    monkeypatch.setattr(manifest.CompactFiles, "__iter__", refuse)
+    monkeypatch.setattr(manifest.DataFiles, "__iter__", refuse)
+    listed = cache.files_for_node
+
+    def files_for_node(m, *a, **k):
+        if m.compact is not None:
+            refuse()
+        return listed(m, *a, **k)
+
+    monkeypatch.setattr(cache, "files_for_node", files_for_node)
+
+
+@pytest.fixture
+def source(tiny_root, tmp_path) -> Manifest:
+    src = tmp_path / "src" / "cifar10-files"
+    return compact_copy(tiny_root("cifar10", "files"), src)
+
+
+def _stage(tmp_path: Path, *extra: str) -> int:
+    return cli("stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
+               "--to", tmp_path / "dst", "--results", tmp_path / "res", "--no-progress", *extra)
+
+
+def test_stage_of_a_compact_dataset_never_lists_it(source, tmp_path, unlisted):
+    assert _stage(tmp_path) == 0
+    staged = Manifest.load(tmp_path / "dst" / "cifar10-files")
+    assert staged.compact is not None
+    for e in cache.rank_share(source, [0], 0, 1):  # every file, byte for byte
+        assert (staged.root / e.path).read_bytes() == source.path_of(e).read_bytes()
+    assert _stage(tmp_path) == 0  # resumed: each rank stats its own share, nothing is copied
+    newest = max((tmp_path / "res").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+    doc = json.loads(newest.read_text())
+    assert doc["copied_files"] == 0 and doc["skipped_files"] == len(source.files)
+    assert doc["node_bytes"] == source.total_bytes
+
+
+def test_leftovers_of_an_interrupted_copy_are_matched_by_the_table_pattern(source, tmp_path):
+    assert _stage(tmp_path) == 0
+    dst = tmp_path / "dst" / "cifar10-files"
+    first = source.data_files[0].path
+    (dst / first).unlink()  # as if the copy of this file was interrupted
+    folder, _, name = first.rpartition("/")
+    host = socket.gethostname()
+    ours = dst / folder / f".{name}{PARTIAL}{host}-1-1"
+    foreign = dst / folder / f".notes.txt{PARTIAL}{host}-1-1"  # not a file of the dataset
+    for p in (ours, foreign):
+        p.write_bytes(b"partial")
+    assert _stage(tmp_path) == 0
+    assert not ours.exists() and foreign.exists() and (dst / first).is_file()
+
+
+def test_shard_of_a_compact_dataset_puts_each_nodes_files_and_their_rule(source, tmp_path,
+                                                                          unlisted):
+    comm = _ThreadComm(2)
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
+                      mode="shard", threads=2)
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        comm.rank.value = r
+        w = World(rank=r, size=2, local_rank=0, local_size=1, node=r, num_nodes=2,
+                  launcher="mpi", hostname=f"host{r}", _comm=comm)
+        try:
+            stage_dataset(cfg, w)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    n = source.compact.num_files
+    for r in range(2):
+        dest = tmp_path / f"node{r}" / "cifar10-files"
+        want = {e.path for e in source.compact.entries_at(
+            np.array(sampling.files_for_rank(n, r, 2), dtype=np.int64))}
+        got = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()
+               and p.parent.name != manifest.TABLE_DIR and p.name not in ("iobench.json",
+                                                                           "labels.npy")}
+        assert got == want
+        present = Manifest.load(dest).extra["staged"]["files_present"]
+        assert present["data_files_of_ranks"] == [r] and present["world_size"] == 2
+        assert present["rule"] == "sampling.files_for_rank" and present["aux"] == ["labels.npy"]
+
+
+def test_copy_tasks_are_queued_a_window_at_a_time(monkeypatch):
+    """A share is drawn as the threads free up (never a future per file up front), and
+    after an error nothing more is drawn."""
+    monkeypatch.setattr(stage, "WINDOW", 2)
+    threads, lock = 2, threading.Lock()
+    drawn = done = 0
+    most = 0
+
+    def share(n: int):
+        nonlocal drawn, most
+        for i in range(n):
+            with lock:
+                most = max(most, drawn - done)
+                drawn += 1
+            yield i
+
+    def copy(i: int, fail_at: int | None = None) -> None:
+        nonlocal done
+        if i == fail_at:
+            raise OSError(5, "boom")
+        with lock:
+            done += 1
+
+    stop = threading.Event()
+    assert stage._copy_all(share(200), copy, threads, stop) is None
+    assert done == 200 and most <= stage.WINDOW * threads
+    drawn = done = 0
+    err = stage._copy_all(share(200), lambda i: copy(i, fail_at=10), threads, stop)
+    assert isinstance(err, OSError) and stop.is_set()
+    assert drawn <= 11 + stage.WINDOW * threads + threads
+
+
+def test_preflight_of_a_compact_dataset_never_lists_it(source, tmp_path, unlisted, capsys):
+    """The staging check sums the node's shares (sizes from the table, stat per file only
+    where a copy exists already), so it passes without a list of every file."""
+    assert cli("preflight", "--storage", source.root, "--stage-to", tmp_path / "fast") == 0
+    assert f"for {source.total_bytes / 1e9:.3g} GB" in capsys.readouterr().out
