@@ -502,6 +502,13 @@ class Manifest:
         return sum(f.bytes for f in self.files)
 
     @property
+    def data_bytes(self) -> int:
+        """Bytes of the files that hold samples (a compact table's from its header)."""
+        if (t := self.compact) is not None:
+            return t.data_bytes
+        return sum(f.bytes for f in self.files if f.role == "data")
+
+    @property
     def data_files(self) -> Sequence[FileEntry]:
         """The files that hold samples, in sample order (built per range when compact)."""
         if (t := self.compact) is not None:

@@ -142,7 +142,7 @@ def sample_size_for(dataset: str, storage: str | Path | None = None) -> int:
             root = Path(storage) / dataset_dirname(dataset, fmt)
             if (root / "iobench.json").is_file():
                 m = Manifest.load(root)
-                data = sum(f.bytes for f in m.data_files)
+                data = m.data_bytes
                 if m.num_samples and data:
                     return max(1, data // m.num_samples)
     return spec.sample_nbytes or IMAGENET_MEAN_JPEG

@@ -304,7 +304,7 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
                      compute_time_s=cfg.compute_s, batch_size=cfg.batch, decode=False)
     root = resolve_dataset(tc)  # a missing dataset: one line naming the generate command
     manifest = Manifest.load(root)
-    data_bytes = sum(f.bytes for f in manifest.data_files)
+    data_bytes = manifest.data_bytes
     run_id = run_id or new_run_id()
     base = Path(cfg.results) / f"search-{run_id}"
     doc: dict[str, Any] = {

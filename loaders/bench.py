@@ -32,7 +32,7 @@ import torch
 
 from iobench import cache, procio, sampling
 from iobench.datasets import dataset_dirname, parse_dataset
-from iobench.errors import ConfigError, DatasetNotFoundError
+from iobench.errors import ConfigError, DatasetNotFoundError, IobenchError
 from iobench.formats import BASELINE_FORMAT, parse_format
 from iobench.loaders import LOADERS, make_loader
 from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig
@@ -40,7 +40,7 @@ from iobench.loaders.naive import BASELINES
 from iobench.manifest import Manifest
 from iobench.spread import fmt_spread, spread
 from iobench.userdata import USER_DATASET, shared_manifest
-from iobench.world import World
+from iobench.world import World, agree
 
 SCHEMA = "iobench.bench_read"
 #: 2: the naive baseline keeps its file open per worker (the old one is
@@ -175,7 +175,13 @@ def _epoch_run(loader: Any, epoch: int, max_batches: int | None) -> dict[str, An
 def measure(make: Callable[[], Any], manifest: Manifest, cfg: BenchReadConfig,
             world: World) -> dict[str, Any]:
     """Build a loader, run `cfg.epochs` epochs cold (or warm), return the figures across ranks."""
-    loader = make()
+    loader = error = None
+    try:
+        loader = make()
+    except IobenchError as err:  # e.g. a bad file in one rank's share of DALI's input check
+        error = err
+    agree(world, error)  # raised on every rank, before any collective of an epoch
+    assert loader is not None
     epochs = []
     try:
         # workers start and import their libraries before the counters (docs/metrics.md);
@@ -237,14 +243,15 @@ def dd_baseline(manifest: Manifest, max_files: int, seed: int = 0) -> dict[str, 
     dd = shutil.which("dd")
     if dd is None:
         return {"available": False, "why": "dd not found"}
-    files = list(manifest.data_files)
-    mean = sum(f.bytes for f in files) / max(1, len(files))
+    data = manifest.data_files
+    mean = manifest.data_bytes / max(1, len(data))
     if mean < DD_MIN_FILE:
         return {"available": False,
                 "why": f"data files average {mean / 1e3:.0f} kB: starting one dd per file "
                        "would dominate what it measures (reference needs files >= 1 MiB)"}
-    if len(files) > max_files:
-        files = random.Random(seed).sample(files, max_files)
+    picks = (random.Random(seed).sample(range(len(data)), max_files)
+             if len(data) > max_files else range(len(data)))
+    files = [data[i] for i in picks]
     paths = [str(manifest.path_of(f)) for f in files]
     probe = subprocess.run([dd, f"if={paths[0]}", "of=/dev/null", "bs=4096", "count=1",
                             "iflag=direct", "status=none"], capture_output=True, text=True)

@@ -132,13 +132,16 @@ class _AugSource:
         return _cifar_args(self.seed, self.epoch, b)
 
 
-def check_native_inputs(m: Manifest, threads: int = 16) -> None:
+def check_native_inputs(m: Manifest, rank: int = 0, world: int = 1, threads: int = 16) -> None:
     """Each data file of a files dataset: a regular file of the manifest's size whose first
     bytes are its kind's (magic bytes); a DatasetError naming the first that is not.
 
     Once per loader, before any epoch (the cold epochs' eviction follows): one open and
-    one small read per file, the cost of DALI's own listing of the files, spread over
-    `threads` threads for a parallel filesystem's latency.
+    one small read per file, spread over `threads` threads for a parallel filesystem's
+    latency. Rank `rank` of `world` checks every world-th file (a compact table's a chunk
+    at a time, never listed), so the ranks together check each file once; the callers
+    that build loaders on several ranks (train, bench-read) raise any rank's error on
+    every rank before an epoch starts, so no rank hands DALI a file nobody checked.
     """
     import os
     import stat
@@ -164,10 +167,20 @@ def check_native_inputs(m: Manifest, threads: int = 16) -> None:
             os.close(fd)
         return None
 
+    files = m.data_files
+    t = m.compact
+    mine = range(rank, len(files), world)
     with ThreadPoolExecutor(threads) as pool:
-        for problem in pool.map(one, m.data_files):
-            if problem:
-                raise DatasetError(problem)
+        for c in range(0, len(mine), CHECK_CHUNK):
+            part = mine[c:c + CHECK_CHUNK]
+            entries = (t.entries_at(np.arange(part.start, part.stop, part.step, dtype=np.int64))
+                       if t is not None else [files[i] for i in part])
+            for problem in pool.map(one, entries):
+                if problem:
+                    raise DatasetError(problem)
+
+
+CHECK_CHUNK = 65_536  # files whose entries are built at a time by `check_native_inputs`
 
 
 class DaliLoader(Loader):
@@ -189,7 +202,7 @@ class DaliLoader(Loader):
             # DALI's own readers and decoders get these files: native code that can crash
             # the process on a truncated or mislabelled file (a PNG named .JPEG), so check
             # what it will get first
-            check_native_inputs(m)
+            check_native_inputs(m, rank, world)
         else:
             check_files(m)
         self.reader = reader_for(m, config.library_cache)

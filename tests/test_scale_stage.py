@@ -154,3 +154,20 @@ def test_preflight_of_a_compact_dataset_never_lists_it(source, tmp_path, unliste
     where a copy exists already), so it passes without a list of every file."""
     assert cli("preflight", "--storage", source.root, "--stage-to", tmp_path / "fast") == 0
     assert f"for {source.total_bytes / 1e9:.3g} GB" in capsys.readouterr().out
+
+
+def test_dalis_input_check_is_dealt_to_ranks_without_a_list(source, unlisted):
+    """Rank r of w checks every w-th data file (a compact table a chunk at a time): a
+    damaged file is found by the one rank whose share holds it, and by a single rank."""
+    from iobench.errors import DatasetError
+    from iobench.loaders.dali import check_native_inputs
+
+    victim = source.path_of(source.data_files[3])
+    data = bytearray(victim.read_bytes())
+    data[:8] = b"garbage!"  # its size unchanged: only the magic bytes tell
+    victim.write_bytes(bytes(data))
+    check_native_inputs(source, 0, 2)  # positions 0, 2, 4, ...
+    for rank, world in ((1, 2), (0, 1), (3, 4)):
+        with pytest.raises(DatasetError, match=victim.name):
+            check_native_inputs(source, rank, world)
+    check_native_inputs(source, 1, 4)
