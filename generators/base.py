@@ -283,19 +283,59 @@ def per_sample_tasks(num_samples: int, path_of: Callable[[int], str]) -> list[Ta
             for k, f in enumerate(range(0, num_samples, TASK_SAMPLES))]
 
 
-def write_sample_file(root: Path, rel: str, index: int, parts: Iterable[Any]) -> FileEntry:
-    """Write one sample's file from its buffers (temporary name, then rename), hashing the
-    buffers as they go out (no second read), and describe it."""
-    final = root / rel
-    final.parent.mkdir(parents=True, exist_ok=True)
-    digest, size = hashlib.sha256(), 0
-    with atomic_file(final) as tmp, open(tmp, "wb") as f:
-        for part in parts:
-            f.write(part)
-            digest.update(part)
-            size += memoryview(part).nbytes
-    return FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(), first_sample=index,
-                     num_samples=1)
+SYNC_THREADS = 64  # fsyncs in flight at once: the filesystem commits them together
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_pool() -> ThreadPoolExecutor:
+    """This process's fsync threads (created on first use, so after any fork)."""
+    return ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync")
+
+
+def write_sample_files(root: Path, items: Iterable[tuple[str, int, Iterable[Any]]]
+                       ) -> list[FileEntry]:
+    """Write one file per sample, (relative path, sample index, buffers) each, and
+    describe them: hashed as the buffers go out (no second read), each under a temporary
+    name, all of them fsynced together, then renamed. As with `atomic_file`, a file under
+    its final name is complete and on the device; but one fsync at a time costs a journal
+    commit each (about 250 small files/s on this VM's disk), while fsyncs in flight
+    together share commits (thousands of files/s). Each item's buffers are written
+    before the next item is asked for (they may be a reused block's views). On any
+    error the temporary files are removed and no final name appears.
+    """
+    open_files: list[tuple[int, Path, Path]] = []  # (fd, temporary, final)
+    out: list[FileEntry] = []
+    made: set[Path] = set()
+    try:
+        for rel, index, parts in items:
+            final = root / rel
+            if final.parent not in made:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                made.add(final.parent)
+            tmp = tmp_path_for(final)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            open_files.append((fd, tmp, final))
+            digest, size = hashlib.sha256(), 0
+            for part in parts:
+                view = memoryview(part).cast("B")
+                digest.update(view)
+                while view:
+                    view = view[os.write(fd, view):]
+                size += memoryview(part).nbytes
+            out.append(FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(),
+                                 first_sample=index, num_samples=1))
+        list(_sync_pool().map(os.fsync, [fd for fd, _, _ in open_files]))  # raises the first error
+        for fd, tmp, final in open_files:
+            os.close(fd)
+            os.replace(tmp, final)
+        open_files = []
+    finally:
+        for fd, tmp, _ in open_files:  # an error: nothing of this batch under a final name
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    return out
 
 
 def each_sample(spec: DatasetSpec, seed: int, first: int, count: int

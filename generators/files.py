@@ -22,7 +22,7 @@ from iobench.generators.base import (
     each_sample,
     entry_for,
     per_sample_tasks,
-    write_sample_file,
+    write_sample_files,
 )
 from iobench.generators.synth import labels_array
 from iobench.manifest import FileEntry, check_magic
@@ -80,9 +80,8 @@ class FilesWriter(Writer):
                 np.save(f, labels_array(self.spec, self.seed, 0, self._num_samples),
                         allow_pickle=False)
             return [entry_for(root, LABELS, -1, 0, role="labels")]
-        return [write_sample_file(root, rel, i, parts)
-                for rel, (i, parts) in zip(task.files, self._encoded(task.first, task.count),
-                                           strict=True)]
+        return write_sample_files(root, ((rel, i, parts) for rel, (i, parts) in zip(
+            task.files, self._encoded(task.first, task.count), strict=True)))
 
     def check(self, path: Path, entry: FileEntry) -> None:
         with open(path, "rb") as fh:

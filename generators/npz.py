@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from iobench.generators.base import (
     Writer,
     each_sample,
     per_sample_tasks,
-    write_sample_file,
+    write_sample_files,
 )
 from iobench.generators.synth import (
     DEPTH_SPREAD,
@@ -73,13 +74,15 @@ class NPZWriter(Writer):
 
     def write(self, root: Path, task: Task) -> list[FileEntry]:
         labels = labels_array(self.spec, self.seed, task.first, task.count)
-        out = []
-        for rel, (i, x) in zip(task.files, each_sample(self.spec, self.seed, task.first,
-                                                       task.count), strict=True):
-            arr = (np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes)
-                   else stored_sample(self.spec, self.seed, i, x))
-            out.append(write_sample_file(root, rel, i, (npz_bytes(arr, labels[i - task.first]),)))
-        return out
+
+        def items() -> Iterator[tuple[str, int, tuple[bytes]]]:
+            for rel, (i, x) in zip(task.files, each_sample(self.spec, self.seed, task.first,
+                                                           task.count), strict=True):
+                arr = (np.frombuffer(x, dtype=np.uint8) if isinstance(x, bytes)
+                       else stored_sample(self.spec, self.seed, i, x))
+                yield rel, i, (npz_bytes(arr, labels[i - task.first]),)
+
+        return write_sample_files(root, items())
 
     def jpeg_sizes(self, path: Path, entry: FileEntry) -> list[int]:
         with zipfile.ZipFile(path) as zf, zf.open("x.npy") as f:
