@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -345,7 +345,7 @@ def _run_task(writer: Writer, root: Path, task: Task) -> TaskDone:
                                "--storage, then rerun to resume") from None
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
         raise StorageError(f"cannot write {root / task.files[0]}: {why}") from None
-    write_json_atomic(_journal_path(root, task), [asdict(e) for e in entries])
+    write_json_atomic(_journal_path(root, task), [e.as_dict() for e in entries], indent=None)
     return task.id, entries, False
 
 

@@ -12,11 +12,12 @@ from iobench.errors import DatasetError, StorageError
 
 
 def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
-                      exclusive: bool = False) -> Path:
+                      exclusive: bool = False, indent: int | None = 1) -> Path:
     """Write `doc` to `path` so readers see the old file or the whole new one.
 
     With `exclusive=True` an existing file is never replaced (result files
     must not overwrite an earlier run): `FileExistsError` is raised instead.
+    `indent=None` writes one line, with the C encoder (files only iobench reads).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,7 +28,7 @@ def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=False, default=_default)
+            f.write(json.dumps(doc, indent=indent, sort_keys=False, default=_default))
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

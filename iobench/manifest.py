@@ -50,6 +50,10 @@ class FileEntry:
     num_samples: int
     role: str = "data"
 
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields by name (`dataclasses.asdict` costs ~100x more per entry)."""
+        return dict(self.__dict__)
+
 
 _NAME = re.compile(r"^(\D*?)(\d+)(\D*)$")  # a data file's name: prefix, index digits, suffix
 
@@ -538,10 +542,10 @@ class Manifest:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name != "root"}
         if (t := self.compact) is not None:
-            d["files"] = [dataclasses.asdict(f) for f in t.aux]
+            d["files"] = [f.as_dict() for f in t.aux]
             return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **d,
                     "table": t.table_dict()}
-        d["files"] = [dataclasses.asdict(f) for f in self.files]
+        d["files"] = [f.as_dict() for f in self.files]
         return {"schema": SCHEMA, "schema_version": JSON_VERSION, **d}
 
     @classmethod
