@@ -64,6 +64,17 @@ def keys(first: int, count: int) -> list[bytes]:
     return [raw[k:k + 8] for k in range(0, 8 * count, 8)]
 
 
+def row_views(rows: np.ndarray) -> list[memoryview]:
+    """Each row of a C-contiguous uint8 [n, size] array as a memoryview, built in C (no
+    bytecode per row). LMDB takes a memoryview's buffer about 4x faster than an ndarray's
+    (putmulti of 16,384 3 KB records: ~20 ms against ~75 ms)."""
+    n, size = rows.shape
+    # numpy's stubs give ndarray a buffer type only on Python >= 3.12
+    flat = memoryview(rows.reshape(-1))  # type: ignore[arg-type]
+    return list(map(flat.__getitem__, map(slice, range(0, n * size, size),
+                                          range(size, (n + 1) * size, size))))
+
+
 def encode_record(label: np.ndarray, payload: bytes | np.ndarray) -> bytes:
     lb = np.ascontiguousarray(label).tobytes()
     pb = payload if isinstance(payload, bytes) else np.ascontiguousarray(payload).tobytes()
@@ -98,7 +109,7 @@ class LMDBWriter(ContainerWriter):
 
         spec, n = self.spec, task.count
         keep_heap()
-        groups: Iterable[tuple[int, list[bytes] | list[np.ndarray]]] = self._records(task)
+        groups: Iterable[tuple[int, list[bytes] | list[memoryview]]] = self._records(task)
         if spec.sample_kind == "jpeg":
             groups = list(groups)  # sizes known before the map is sized
             payload = sum(len(r) for _, recs in groups for r in recs)
@@ -113,10 +124,8 @@ class LMDBWriter(ContainerWriter):
             try:
                 for lo, recs in groups:
                     with env.begin(write=True) as txn:
-                        # numpy's stubs give ndarray a buffer type only on Python >= 3.12
                         done, _ = txn.cursor().putmulti(zip(keys(task.first + lo, len(recs)),
-                                                            recs,  # type: ignore[arg-type]
-                                                            strict=True), append=True)
+                                                            recs, strict=True), append=True)
                     if done != len(recs):
                         raise lmdb.Error(f"stored {done} of {len(recs)} records")
                     start_writeback(wf.tmp)
@@ -124,7 +133,7 @@ class LMDBWriter(ContainerWriter):
                 env.close()
         return [file_entry(task.files[0], wf, task.first, n)]
 
-    def _records(self, task: Task) -> Iterator[tuple[int, list[bytes] | list[np.ndarray]]]:
+    def _records(self, task: Task) -> Iterator[tuple[int, list[bytes] | list[memoryview]]]:
         """(offset in the task, records) per write transaction; records are buffers."""
         spec, first, n = self.spec, task.first, task.count
         ldt = np.dtype(spec.label_dtype)
@@ -160,7 +169,7 @@ class LMDBWriter(ContainerWriter):
             else:  # small samples: vectorised blocks, copied into the records
                 for off, block in sample_blocks(spec, self.seed, first + lo, m):
                     payload[off:off + len(block)] = block.reshape(len(block), -1).view(np.uint8)
-            yield lo, list(rows)
+            yield lo, row_views(rows)
 
     def check(self, path: Path, entry: FileEntry) -> None:
         import lmdb
