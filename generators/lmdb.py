@@ -3,6 +3,12 @@
 Key: the global sample index as 8-byte big-endian unsigned. Value: the record of
 `iobench.records` (header, label, payload; no pickle). Shapes and dtypes are in the manifest. Keys are written in order with
 `append=True`; memory is initialised, so the same seed gives identical files.
+
+Durability: LMDB's own per-commit syncs are off (`sync`, `metasync`). The file is synced
+once, by `written_file`'s fsync after its last commit (overlapping its checksum) and before
+the rename that gives it its final name, so the manifest, written after every file, never
+lists an unsynced one: the contract of fio's `--end_fsync`. An interrupted write leaves
+only the temporary name, which is removed or rewritten.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class LMDBWriter(ContainerWriter):
         # values over ~2 KB take whole overflow pages; the map is sparse, so be generous
         map_size = 2 * (payload + n * (4096 + 64)) + (64 << 20)
         with written_file(root / task.files[0]) as wf:
+            # no sync per commit: written_file syncs the whole file once (module docstring)
             env = lmdb.open(str(wf.tmp), subdir=False, map_size=map_size, lock=False,
                             readahead=False, meminit=True, sync=False, metasync=False)
             try:

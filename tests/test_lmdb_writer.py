@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from iobench.datasets import DATASETS
@@ -58,3 +59,14 @@ def test_dirty_pages_memory_reused_by_the_next_file(tmp_path):
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     assert faults[1] < n // 2, faults  # before: about 2.8 faults per record, every file
     assert all(Path(tmp_path, t.files[0]).exists() for t in w.plan(2 * n, n))
+
+
+def test_row_views_are_the_rows():
+    """The records handed to LMDB are each row's bytes, in order, the last chunk's too."""
+    from iobench.generators.lmdb import row_views
+
+    buf = np.arange(5 * 7, dtype=np.uint8).reshape(5, 7)
+    for rows in (buf, buf[:3], buf[:1]):
+        views = row_views(rows)
+        assert [bytes(v) for v in views] == [r.tobytes() for r in rows]
+        assert all(isinstance(v, memoryview) and v.nbytes == 7 for v in views)
