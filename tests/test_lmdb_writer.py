@@ -57,7 +57,9 @@ def test_dirty_pages_memory_reused_by_the_next_file(tmp_path):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         w.write(tmp_path, task)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    assert faults[1] < n // 2, faults  # before: about 2.8 faults per record, every file
+    # before: about 2.8 faults per record in every file; now about 1,000 in all for the
+    # second (Python's own objects, the checksum's buffer)
+    assert faults[1] < n, faults
     assert all(Path(tmp_path, t.files[0]).exists() for t in w.plan(2 * n, n))
 
 
