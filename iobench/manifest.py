@@ -60,7 +60,8 @@ class CompactFiles(Sequence[FileEntry]):
     Data file i holds samples [i*k, min((i+1)*k, N)) (k = samples_per_file) and is
     `dirs[dir[i]]/<prefix><i:0{width}d><suffix>`; its size and SHA-256 are rows of
     `TABLE_DIR/{bytes,sha256}.npy`, read with pread when asked for (`NpyRows`: a rank
-    reads its own rows only, and keeps none of the table mapped). Auxiliary files
+    reads the rows it asks for, a batch's in a few reads, a table of <= 8 MiB whole once,
+    and keeps none of the table mapped). Auxiliary files
     (labels, index) are listed as in version 1, after the data files. Indexing and slicing build `FileEntry`s for what is asked, so a rank
     of a 10M-file dataset pays for its slice, not for the table.
     """
@@ -256,8 +257,8 @@ class DataPaths(Sequence[Path]):
 
 
 class DataColumn:
-    """Per-data-file numbers of a compact table by position, read from its memory-mapped
-    side arrays (`sizes`), or computed (`starts`, `counts`): indexable by an int or an
+    """Per-data-file numbers of a compact table by position, read from its side arrays
+    (`sizes`: `NpyRows`), or computed (`starts`, `counts`): indexable by an int or an
     index array like the numpy arrays readers hold for a JSON-list manifest."""
 
     def __init__(self, table: CompactFiles, what: str) -> None:
