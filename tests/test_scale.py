@@ -119,6 +119,20 @@ def test_table_rows_by_index_array_are_the_arrays_rows(tmp_path, monkeypatch, sh
             rows[np.array([1, 5000])]
 
 
+@pytest.mark.parametrize("whole", [0, 1 << 30], ids=["rows-gathered", "table-held"])
+def test_a_truncated_table_fails_naming_it_when_its_rows_are_read(tmp_path, monkeypatch, whole):
+    np.save(tmp_path / "t.npy", np.arange(1000, dtype=np.int64))
+    with open(tmp_path / "t.npy", "r+b") as f:  # the header says 1000 rows; 999 are there
+        f.truncate(f.seek(0, 2) - 8)
+    monkeypatch.setattr(manifest.NpyRows, "WHOLE_BYTES", whole)
+    rows = manifest.NpyRows.open(tmp_path / "t.npy")
+    if not whole:
+        assert rows[np.array([3, 500, 998])].tolist() == [3, 500, 998]
+    for read in (lambda: rows[np.array([3, 999])], lambda: rows[999]):
+        with pytest.raises(DatasetError, match=r"t\.npy ends before row 1000: it is truncated"):
+            read()
+
+
 @pytest.mark.parametrize("fmt", ONE_PER_FILE)
 @pytest.mark.parametrize("held", [True, False], ids=["tables-held", "rows-gathered"])
 def test_a_compact_epoch_reads_its_tables_per_batch_not_per_sample(roots, fmt, held,
