@@ -23,6 +23,8 @@ within each repetition, then its median [min-max]); "n.s." where the ratio's ran
 holds 1. `--before DIR` adds a third run to each, the compact form read by the iobench
 in DIR (e.g. `git archive` of an older commit, with `iobench/loaders` and
 `iobench/generators` linked to its `loaders/` and `generators/`), and its ratio.
+`--rows NPY` instead times `NpyRows` reading batches of random rows of a big table (the
+path a 10M-sample manifest's tables take), this iobench vs --before.
 """
 
 from __future__ import annotations
@@ -98,6 +100,41 @@ def _cpu_one(root: str, fmt: str, batches: int, batch: int) -> None:
     print(json.dumps({"per_cpu_s": n / cpu, "per_s": n / wall, "us_per_sample": cpu / n * 1e6}))
 
 
+def _rows_one(npy: str, batch: int) -> None:
+    """(subprocess) CPU per batch of `batch` random rows of a big .npy through `NpyRows`
+    (the gathered path, as a 10M-sample table takes): prints JSON."""
+    import numpy as np
+
+    from iobench.manifest import NpyRows
+
+    rows = NpyRows.open(npy)
+    rng = np.random.default_rng(0)
+    idx = [np.sort(rng.choice(len(rows), batch, replace=False)) for _ in range(300)]
+    rows[idx[0]]
+    t0 = time.process_time()
+    for i in idx:
+        rows[i]
+    print(json.dumps({"us_per_batch": (time.process_time() - t0) / len(idx) * 1e6}))
+
+
+def cmd_rows(a: argparse.Namespace) -> int:
+    """--rows NPY: `NpyRows` gathering a batch's rows of a big table, this iobench vs
+    --before, interleaved."""
+    variants = [("after", None)] + ([("before", a.before)] if a.before else [])
+    got: dict[str, list[float]] = {n: [] for n, _ in variants}
+    for rep in range(a.repeat):
+        for name, code in (variants if rep % 2 == 0 else variants[::-1]):
+            with tempfile.TemporaryDirectory() as cwd:
+                p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_rows1",
+                                    a.rows, str(a.batch_size)], capture_output=True,
+                                   text=True, cwd=cwd, env=env_of(code), check=True)
+            got[name].append(json.loads(p.stdout)["us_per_batch"])
+    print(f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}  load {os.getloadavg()[0]:.1f}"
+          f"  {a.rows}: CPU per batch of {a.batch_size} random rows, median [min-max] of "
+          f"{a.repeat} interleaved: " + ", ".join(f"{n} {spread(v)} us" for n, v in got.items()))
+    return 0
+
+
 def env_of(code: str | None) -> dict[str, str]:
     """The subprocesses' environment: PYTHONPATH=`code` to measure another iobench."""
     env = dict(os.environ)
@@ -135,7 +172,7 @@ def train_run(root: Path, fmt: str, workers: int, warm: bool, epochs: int, batch
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--storage", type=Path, required=True)
+    ap.add_argument("--storage", type=Path)
     ap.add_argument("--formats", default="files,npz")
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--cache", default="warm,cold")
@@ -148,7 +185,14 @@ def main() -> int:
     ap.add_argument("--before", default=None, help="also the compact form read by another "
                     "iobench: a tree with iobench/loaders and iobench/generators linked in "
                     "(e.g. from git archive), put first on its runs' PYTHONPATH")
+    ap.add_argument("--rows", default=None, metavar="NPY", help="instead: time NpyRows "
+                    "reading a batch's random rows of this big .npy (e.g. scale_ranks.py's "
+                    "labels.npy at 10M)")
     a = ap.parse_args()
+    if a.rows:
+        return cmd_rows(a)
+    if a.storage is None:
+        ap.error("--storage DIR is needed (or --rows NPY)")
     fmts = a.formats.split(",")
     workers = [int(w) for w in a.workers.split(",") if w]
     caches = [c for c in a.cache.split(",") if c]
@@ -208,6 +252,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_rows1":
+        _rows_one(sys.argv[2], int(sys.argv[3]))
+        sys.exit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "_cpu1":
         _cpu_one(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         sys.exit(0)
