@@ -64,7 +64,8 @@ class CompactFiles(Sequence[FileEntry]):
     Data file i holds samples [i*k, min((i+1)*k, N)) (k = samples_per_file) and is
     `dirs[dir[i]]/<prefix><i:0{width}d><suffix>`; its size and SHA-256 are rows of
     `TABLE_DIR/{bytes,sha256}.npy`, read with pread when asked for (`NpyRows`: a rank
-    reads its own rows only, and keeps none of the table mapped). Auxiliary files
+    reads the rows it asks for, a batch's in a few reads, a table of <= 8 MiB whole once,
+    and keeps none of the table mapped). Auxiliary files
     (labels, index) are listed as in version 1, after the data files. Indexing and slicing build `FileEntry`s for what is asked, so a rank
     of a 10M-file dataset pays for its slice, not for the table.
     """
@@ -273,10 +274,19 @@ class DataPaths(Sequence[Path]):
                                "damaged; regenerate the dataset")
         return self.root / self.table.dirs[d] / self.table.name(i)
 
+    def at(self, positions: np.ndarray) -> list[str]:
+        """Paths (strings) of the data files at `positions` (ascending), their folders
+        read for all at once: a batch's paths, without a read per file."""
+        if len(positions) and (int(positions[0]) < 0
+                               or int(positions[-1]) >= self.table.num_files):
+            raise IndexError(f"data files {positions[0]}..{positions[-1]} of "
+                             f"{self.table.num_files}")
+        return self.table.paths_at(self.root, positions)
+
 
 class DataColumn:
-    """Per-data-file numbers of a compact table by position, read from its memory-mapped
-    side arrays (`sizes`), or computed (`starts`, `counts`): indexable by an int or an
+    """Per-data-file numbers of a compact table by position, read from its side arrays
+    (`sizes`: `NpyRows`), or computed (`starts`, `counts`): indexable by an int or an
     index array like the numpy arrays readers hold for a JSON-list manifest."""
 
     def __init__(self, table: CompactFiles, what: str) -> None:
@@ -336,9 +346,18 @@ class NpyRows:
 
     Indexable like a read-only array by an int, a slice or an int array; `[:]` reads it
     all. Picklable: the file descriptor is per process, opened when first needed.
+
+    Random access (an int, an index array: a batch's labels, sizes, folders) costs no
+    system call per row: a table of up to WHOLE_BYTES is read whole, once per process,
+    and held (a dataset just past the compact threshold pays what its JSON list did);
+    a larger one reads a batch's rows with one pread per run of rows less than
+    GAP_BYTES apart, so a process holds a batch's rows, never the table.
     """
 
-    SPAN = 16  # an index array is read as one span when that reads <= SPAN x its rows
+    WHOLE_BYTES = 8 << 20  # tables up to this are held whole (1M int64 rows); 3 columns
+    # of a files dataset: <= 24 MiB a process, nothing at 10M samples
+    GAP_BYTES = 16 << 10  # rows closer than this are read in one span (a pread costs ~
+    # what copying this much from the page cache does)
 
     def __init__(self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any],
                  offset: int) -> None:
@@ -346,6 +365,7 @@ class NpyRows:
         self.row_shape = shape[1:]
         self.row_bytes = dtype.itemsize * math.prod(self.row_shape)
         self._fd: tuple[int, int] | None = None  # (pid, fd)
+        self._whole: np.ndarray | None = None  # the table, once read (<= WHOLE_BYTES)
 
     @classmethod
     def open(cls, path: str | Path) -> NpyRows:
@@ -367,7 +387,13 @@ class NpyRows:
         return len(self.shape)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None}
+        return {**self.__dict__, "_fd": None, "_whole": None}  # each process reads its own
+
+    def _held(self) -> np.ndarray | None:
+        """The whole table, read on first use, when it is at most WHOLE_BYTES; else None."""
+        if self._whole is None and len(self) * self.row_bytes <= self.WHOLE_BYTES:
+            self._whole = self._read(0, len(self))
+        return self._whole
 
     def __del__(self) -> None:
         if self._fd is not None and self._fd[0] == os.getpid():
@@ -389,7 +415,7 @@ class NpyRows:
 
     def __getitem__(self, key: Any) -> Any:
         n = len(self)
-        if isinstance(key, slice):
+        if isinstance(key, slice):  # a range: one read (a pass over the table holds none)
             start, stop, step = key.indices(n)
             rows = self._read(start, max(0, stop - start)) if stop > start else \
                 np.empty((0, *self.row_shape), dtype=self.dtype)
@@ -398,20 +424,43 @@ class NpyRows:
             i = int(key) + (n if key < 0 else 0)
             if not 0 <= i < n:
                 raise IndexError(f"row {key} of {n}")
-            return self._read(i, 1)[0]
+            held = self._held()
+            if held is None:
+                return self._read(i, 1)[0]
+            return held[i].copy() if self.row_shape else held[i]  # never a view of it
         idx = np.asarray(key, dtype=np.int64)
         if idx.size == 0:
             return np.empty((*idx.shape, *self.row_shape), dtype=self.dtype)
         lo, hi = int(idx.min()), int(idx.max()) + 1
         if lo < 0 or hi > n:
             raise IndexError(f"rows {lo}..{hi - 1} of {n}")
-        if hi - lo <= self.SPAN * idx.size:
-            return self._read(lo, hi - lo)[idx - lo]
-        out = np.empty((*idx.shape, *self.row_shape), dtype=self.dtype)
-        flat = out.reshape(-1, *self.row_shape)
-        for j, i in enumerate(idx.ravel().tolist()):  # one pread a row: the kernel reads
-            flat[j] = self._read(i, 1)[0]             # pages, the process keeps rows only
-        return out
+        held = self._held()
+        if held is not None:
+            return held[idx]
+        return self._gather(idx)
+
+    def _gather(self, idx: np.ndarray) -> np.ndarray:
+        """Rows `idx` (in range): one pread per run of the distinct rows whose gaps are
+        under GAP_BYTES (a few runs per batch, not a read per row)."""
+        rows, inv = np.unique(idx.ravel(), return_inverse=True)
+        gap = max(1, self.GAP_BYTES // max(1, self.row_bytes))
+        breaks = np.flatnonzero(np.diff(rows) > gap) + 1
+        firsts = np.concatenate(([0], breaks)).tolist()
+        ends = np.concatenate((breaks, [len(rows)])).tolist()
+        out = np.empty((len(rows), *self.row_shape), dtype=self.dtype)
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY | os.O_CLOEXEC))
+        fd, rb, base = self._fd[1], self.row_bytes, self.offset
+        flat = memoryview(out).cast("B")
+        at = rows.tolist()
+        for a, b in zip(firsts, ends, strict=True):  # one read per run (a loop over runs)
+            lo = at[a]
+            if b - a == 1:  # a lone row (most of them, in a big table): straight into place
+                if os.preadv(fd, [flat[a * rb:(a + 1) * rb]], base + lo * rb) != rb:
+                    out[a] = self._read(lo, 1)[0]  # a short read: retried, or named
+            else:
+                out[a:b] = self._read(lo, at[b - 1] + 1 - lo)[rows[a:b] - lo]
+        return out[inv.reshape(-1)].reshape(*idx.shape, *self.row_shape)
 
 
 def open_table(root: Path, count: int) -> dict[str, Any]:

@@ -220,13 +220,14 @@ def close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
-def open_batch(paths: list[Path], flags: int,
-               fail: Callable[[Path, str, BaseException | None], DatasetError]) -> list[int]:
+def open_batch(paths: Sequence[str | Path], flags: int,
+               fail: Callable[[str | Path, str, BaseException | None], DatasetError]
+               ) -> list[int]:
     """Open a batch's one-sample files and start fetching them all (posix_fadvise
     WILLNEED), so their I/O overlaps; `fail(path, what, err)` builds the error that names
     a file that cannot be opened (all opened ones are closed first)."""
     fds: list[int] = []
-    path = Path()
+    path: str | Path = Path()
     try:
         for path in paths:
             # O_NONBLOCK (in flags): a FIFO in the tree opens at once (and `fail` names it)
@@ -249,9 +250,13 @@ def read_each_file(reader: BatchReader, sorted_idx: np.ndarray, flags: int,
     sample dataset, OPEN_AT_ONCE files opened (and prefetched together) at a time."""
     if len(sorted_idx) and (sorted_idx[0] < 0 or sorted_idx[-1] >= reader.manifest.num_samples):
         raise DatasetError(f"sample index out of range [0, {reader.manifest.num_samples})")
+    paths = reader.paths
     for c in range(0, len(sorted_idx), OPEN_AT_ONCE):
         chunk = sorted_idx[c:c + OPEN_AT_ONCE].tolist()
-        fds = open_batch([reader.paths[i] for i in chunk], flags, reader.fail)
+        # a compact manifest's paths: the chunk's folders in one read, not one per file
+        fds = open_batch(paths.at(sorted_idx[c:c + OPEN_AT_ONCE])
+                         if isinstance(paths, DataPaths) else [paths[i] for i in chunk],
+                         flags, reader.fail)
         try:
             for k, (i, fd) in enumerate(zip(chunk, fds, strict=True)):
                 read_one(c + k, i, fd)

@@ -94,8 +94,9 @@ class FilesReader(BatchReader):
         labels: np.ndarray | NpyRows = st["labels"]
         return labels
 
-    def _read_npy(self, i: int, dest: np.ndarray, fd: int) -> None:
-        path = self.paths[i]
+    # a file's path and size are looked up only to name it in an error (a compact
+    # manifest's are table rows): the batch's sizes come in as `size`
+    def _read_npy(self, i: int, dest: np.ndarray, fd: int, size: int) -> None:
         try:
             with open(fd, "rb", buffering=0, closefd=False) as f:
                 version = np.lib.format.read_magic(f)
@@ -103,31 +104,30 @@ class FilesReader(BatchReader):
                                else np.lib.format.read_array_header_2_0)
                 shape, fortran, dtype = read_header(f)
                 if tuple(shape) != dest.shape or dtype != dest.dtype or fortran:
-                    raise self.fail(path, f"holds {dtype}{list(shape)}, expected "
-                                          f"{dest.dtype}{list(dest.shape)}")
+                    raise self.fail(self.paths[i], f"holds {dtype}{list(shape)}, expected "
+                                                   f"{dest.dtype}{list(dest.shape)}")
                 got = f.readinto(dest.data.cast("B"))
         except (OSError, ValueError) as e:
-            raise self.fail(path, "not a readable .npy file", e) from None
+            raise self.fail(self.paths[i], "not a readable .npy file", e) from None
         if got != dest.nbytes:
-            raise self.fail(path, f"truncated: {got} of {dest.nbytes} data bytes")
+            raise self.fail(self.paths[i], f"truncated: {got} of {dest.nbytes} data bytes")
 
-    def _read_bytes(self, i: int, fd: int) -> bytes:
-        path = self.paths[i]
+    def _read_bytes(self, i: int, fd: int, size: int) -> bytes:
         try:
             with open(fd, "rb", buffering=0, closefd=False) as f:
                 data = f.readall()
         except OSError as e:
-            raise self.fail(path, "read failed", e) from None
-        if len(data) != self.sizes[i]:
-            raise self.fail(path, f"has {len(data)} bytes, the manifest records {self.sizes[i]}")
+            raise self.fail(self.paths[i], "read failed", e) from None
+        if len(data) != size:
+            raise self.fail(self.paths[i], f"has {len(data)} bytes, the manifest records {size}")
         return data
 
-    def _read_png(self, i: int, dest: np.ndarray, fd: int) -> None:
+    def _read_png(self, i: int, dest: np.ndarray, fd: int, size: int) -> None:
         import io
 
         from PIL import Image
 
-        data = self._read_bytes(i, fd)
+        data = self._read_bytes(i, fd, size)
         try:
             with Image.open(io.BytesIO(data)) as im:
                 arr = np.asarray(im)
@@ -140,19 +140,23 @@ class FilesReader(BatchReader):
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         read = self._read_npy if self.ext == "npy" else self._read_png
+        sizes = np.asarray(self.sizes[sorted_idx], dtype=np.int64)  # one read a batch
+        size = sizes.tolist()
         read_each_file(self, sorted_idx, self._open_flags,
-                       lambda k, i, fd: read(i, out[order[k]], fd))
-        return self.labels()[sorted_idx], self.sizes[sorted_idx]
+                       lambda k, i, fd: read(i, out[order[k]], fd, size[k]))
+        return self.labels()[sorted_idx], sizes
 
     def _read_sorted_bytes(self, sorted_idx: np.ndarray
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
         parts: list[Any] = [None] * len(sorted_idx)
+        sizes = np.asarray(self.sizes[sorted_idx], dtype=np.int64)
+        size = sizes.tolist()
 
         def one(k: int, i: int, fd: int) -> None:
-            parts[k] = self._read_bytes(i, fd)
+            parts[k] = self._read_bytes(i, fd, size[k])
 
         read_each_file(self, sorted_idx, self._open_flags, one)
-        return parts, self.labels()[sorted_idx], self.sizes[sorted_idx]
+        return parts, self.labels()[sorted_idx], sizes
 
 
 class FilesLoader(TorchLoader):

@@ -102,11 +102,13 @@ class NPZReader(BatchReader):
         self.variable_depth = "variable_depth" in manifest.layout and self.kind == "array"
 
     # -- one file, any layout numpy reads ----------------------------------------------------
-    def _whole(self, i: int, fd: int) -> bytes:
-        data = os.pread(fd, int(self.sizes[i]) + 1, 0)
-        if len(data) != self.sizes[i]:
+    # `size`: file i's size, from the batch's sizes (read once a batch: a compact
+    # manifest's are table rows); its path is looked up only to name it in an error
+    def _whole(self, i: int, fd: int, size: int) -> bytes:
+        data = os.pread(fd, size + 1, 0)
+        if len(data) != size:
             raise self.fail(self.paths[i], f"has {len(data)} bytes, the manifest records "
-                                           f"{self.sizes[i]}")
+                                           f"{size}")
         return data
 
     def _members(self, i: int, data: bytes) -> tuple[Any, np.ndarray]:
@@ -160,22 +162,24 @@ class NPZReader(BatchReader):
                        slice(y.header_at - end + _CRC.start, y.header_at - end + _CRC.stop),
                        y.data_at - end)
 
-    def _read_patch(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int) -> None:
+    def _read_patch(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int,
+                    size: int) -> None:
         """A variable-depth sample, read whole, into `dest`: its first slices, zeros below."""
-        x, y = self._members(i, self._whole(i, fd))
+        x, y = self._members(i, self._whole(i, fd, size))
         self._check_x(i, x)
         d = min(len(x), len(dest))
         dest[:d] = x[:d]
         dest[d:] = 0
         label[...] = y
 
-    def _read_array(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int) -> None:
+    def _read_array(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int,
+                    size: int) -> None:
         if self.variable_depth:
-            self._read_patch(i, dest, label, fd)
+            self._read_patch(i, dest, label, fd, size)
             return
         lay, data = self._layout, None
         if lay is None:  # the first file this process reads: learn the layout from it
-            data = self._whole(i, fd)
+            data = self._whole(i, fd, size)
             self._layout = self._layout_of(data)
         else:
             head, tail = bytearray(len(lay.head)), bytearray(len(lay.tail))
@@ -193,7 +197,7 @@ class NPZReader(BatchReader):
                                            ).reshape(self.label_shape)
                 return
         # laid out otherwise: read it whole, let numpy parse it
-        x, y = self._members(i, data if data is not None else self._whole(i, fd))
+        x, y = self._members(i, data if data is not None else self._whole(i, fd, size))
         self._check_x(i, x)
         dest[...] = x
         label[...] = y
@@ -201,23 +205,28 @@ class NPZReader(BatchReader):
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
+        sizes = np.asarray(self.sizes[sorted_idx], dtype=np.int64)  # one read a batch
+        size = sizes.tolist()
         read_each_file(self, sorted_idx, self._open_flags,
                        lambda k, i, fd: self._read_array(
-                           i, out[order[k]], labels[k:k + 1].reshape(self.label_shape), fd))
-        return labels, self.sizes[sorted_idx]
+                           i, out[order[k]], labels[k:k + 1].reshape(self.label_shape), fd,
+                           size[k]))
+        return labels, sizes
 
     def _read_sorted_bytes(self, sorted_idx: np.ndarray
                            ) -> tuple[list[Any], np.ndarray, np.ndarray]:
         parts: list[Any] = [None] * len(sorted_idx)
         labels = np.empty((len(sorted_idx), *self.label_shape), dtype=self.label_dtype)
+        sizes = np.asarray(self.sizes[sorted_idx], dtype=np.int64)
+        size = sizes.tolist()
 
         def one(k: int, i: int, fd: int) -> None:
-            x, y = self._members(i, self._whole(i, fd))
+            x, y = self._members(i, self._whole(i, fd, size[k]))
             self._check_x(i, x)
             parts[k], labels[k] = memoryview(x), y
 
         read_each_file(self, sorted_idx, self._open_flags, one)
-        return parts, labels, self.sizes[sorted_idx]
+        return parts, labels, sizes
 
 
 class NPZLoader(TorchLoader):

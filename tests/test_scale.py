@@ -55,22 +55,105 @@ def test_compact_manifest_lists_the_same_files(roots, fmt):
     assert json.loads((src / MANIFEST_NAME).read_text())["schema_version"] == 1  # unchanged
 
 
+def rows_read_apart(monkeypatch) -> None:
+    """Side tables read per batch, never held whole, each run of rows apart (the path a
+    table beyond NpyRows.WHOLE_BYTES takes, on a tiny one)."""
+    monkeypatch.setattr(manifest.NpyRows, "WHOLE_BYTES", 0)
+    monkeypatch.setattr(manifest.NpyRows, "GAP_BYTES", 1)
+
+
 @pytest.mark.parametrize("fmt", ONE_PER_FILE)
 @pytest.mark.parametrize("workers", [0, 2])
-def test_loader_on_a_compact_manifest_gives_the_same_batches(roots, fmt, workers):
+@pytest.mark.parametrize("held", [True, False], ids=["tables-held", "rows-gathered"])
+def test_loader_on_a_compact_manifest_gives_the_same_batches(roots, fmt, workers, held,
+                                                             monkeypatch):
+    """Same indices, samples, labels and sizes from both forms, for each of 2 ranks, with
+    the side tables held whole or read per batch (workers fork: they inherit the patch)."""
+    if not held:
+        rows_read_apart(monkeypatch)
     src, dst = roots[fmt]
     cfg = LoaderConfig(batch_size=4, workers=workers, decode=False, seed=3, shuffle="global")
-    runs = []
-    for root in (src, dst):
-        with make_loader(fmt, root, cfg) as ld:
-            runs.append(list(ld.epoch(0)) + list(ld.epoch(1)))
-            if root == dst:  # nothing per file was built for the reader
-                assert isinstance(ld.reader.paths, manifest.DataPaths)
-    for a, b in zip(*runs, strict=True):
-        assert torch.equal(a.indices, b.indices) and torch.equal(a.labels, b.labels)
-        assert torch.equal(a.samples, b.samples) and a.payload_bytes == b.payload_bytes
-    order = np.concatenate([b.indices.numpy() for b in runs[1][:len(runs[1]) // 2]])
-    check_batches("cifar10", runs[1][:len(runs[1]) // 2], order)
+    for rank in (0, 1):
+        runs = []
+        for root in (src, dst):
+            with make_loader(fmt, root, cfg, rank=rank, world=2) as ld:
+                runs.append(list(ld.epoch(0)) + list(ld.epoch(1)))
+                if root == dst:  # nothing per file was built for the reader
+                    assert isinstance(ld.reader.paths, manifest.DataPaths)
+        for a, b in zip(*runs, strict=True):
+            assert torch.equal(a.indices, b.indices) and torch.equal(a.labels, b.labels)
+            assert torch.equal(a.samples, b.samples) and a.payload_bytes == b.payload_bytes
+        epoch0 = runs[1][:len(runs[1]) // 2]
+        order = np.concatenate([b.indices.numpy() for b in epoch0])
+        check_batches("cifar10", epoch0, order)
+        # each delivered payload is that sample's own file size (a wrong row of bytes.npy
+        # would count another file's)
+        files = Manifest.load(src).data_files
+        assert [b.payload_bytes for b in epoch0] == [
+            sum(files[i].bytes for i in b.indices.tolist()) for b in epoch0]
+
+
+@pytest.mark.parametrize("shape,dtype", [((), np.int64), ((), np.uint16), ((32,), np.uint8),
+                                         ((2, 3), np.float32)])
+@pytest.mark.parametrize("gap", [1, 64, 1 << 14])
+def test_table_rows_by_index_array_are_the_arrays_rows(tmp_path, monkeypatch, shape, dtype,
+                                                       gap):
+    """`NpyRows[idx]` (gathered in runs, or from the table held whole) equals numpy's
+    indexing for unsorted, repeated, 2-D and edge indices."""
+    rng = np.random.default_rng(1)
+    arr = rng.integers(0, 200, (5000, *shape)).astype(dtype)
+    np.save(tmp_path / "t.npy", arr)
+    monkeypatch.setattr(manifest.NpyRows, "GAP_BYTES", gap)
+    for whole in (0, 1 << 30):
+        monkeypatch.setattr(manifest.NpyRows, "WHOLE_BYTES", whole)
+        rows = manifest.NpyRows.open(tmp_path / "t.npy")
+        for idx in (rng.integers(0, 5000, 256), np.sort(rng.choice(5000, 300, replace=False)),
+                    np.array([4999, 0, 0, 4999, 17]), rng.integers(0, 5000, (8, 16)),
+                    np.arange(100, 140), np.array([7])):
+            got = rows[idx]
+            assert got.shape == arr[idx].shape and got.dtype == arr.dtype
+            np.testing.assert_array_equal(got, arr[idx])
+        assert rows[123].tolist() == arr[123].tolist() and rows[-1].tolist() == arr[-1].tolist()
+        np.testing.assert_array_equal(rows[10:20], arr[10:20])
+        with pytest.raises(IndexError):
+            rows[np.array([1, 5000])]
+
+
+@pytest.mark.parametrize("whole", [0, 1 << 30], ids=["rows-gathered", "table-held"])
+def test_a_truncated_table_fails_naming_it_when_its_rows_are_read(tmp_path, monkeypatch, whole):
+    np.save(tmp_path / "t.npy", np.arange(1000, dtype=np.int64))
+    with open(tmp_path / "t.npy", "r+b") as f:  # the header says 1000 rows; 999 are there
+        f.truncate(f.seek(0, 2) - 8)
+    monkeypatch.setattr(manifest.NpyRows, "WHOLE_BYTES", whole)
+    rows = manifest.NpyRows.open(tmp_path / "t.npy")
+    if not whole:
+        assert rows[np.array([3, 500, 998])].tolist() == [3, 500, 998]
+    for read in (lambda: rows[np.array([3, 999])], lambda: rows[999]):
+        with pytest.raises(DatasetError, match=r"t\.npy ends before row 1000: it is truncated"):
+            read()
+
+
+@pytest.mark.parametrize("fmt", ONE_PER_FILE)
+@pytest.mark.parametrize("held", [True, False], ids=["tables-held", "rows-gathered"])
+def test_a_compact_epoch_reads_its_tables_per_batch_not_per_sample(roots, fmt, held,
+                                                                    monkeypatch):
+    """A batch's labels, sizes and folders take a few table reads (none once a small table
+    is held), not one per sample: before, a batch of B files cost ~3B preads."""
+    if not held:
+        rows_read_apart(monkeypatch)
+        monkeypatch.setattr(manifest.NpyRows, "GAP_BYTES", 1 << 20)  # a run per batch
+    reads = []
+    real = manifest.NpyRows._read
+    monkeypatch.setattr(manifest.NpyRows, "_read",
+                        lambda self, first, count: reads.append(count) or real(self, first,
+                                                                                count))
+    cfg = LoaderConfig(batch_size=8, workers=0, decode=False, seed=3, shuffle="global")
+    with make_loader(fmt, roots[fmt][1], cfg) as ld:
+        reads.clear()
+        batches = [b for e in range(3) for b in ld.epoch(e)]
+    tables = 3 if fmt == "files" else 2  # dir, bytes (+ labels: npz files hold their own)
+    assert len(batches) == 15
+    assert len(reads) <= (tables if held else tables * len(batches))
 
 
 def test_generator_writes_the_compact_form_beyond_the_threshold(tmp_path, monkeypatch):
@@ -233,7 +316,8 @@ def test_beyond_the_containment_limit_a_bad_row_fails_when_read(roots, tmp_path,
     m = Manifest.load(root)  # folders checked, not each row: loading stays O(folders)
     assert m.files[3].path
     for read in (lambda: m.files[4], lambda: list(m.data_files),
-                 lambda: manifest.DataPaths(m.root, m.compact)[4]):
+                 lambda: manifest.DataPaths(m.root, m.compact)[4],
+                 lambda: manifest.DataPaths(m.root, m.compact).at(np.arange(2, 6))):
         with pytest.raises(DatasetError, match="dir.npy names a folder outside"):
             read()
 
