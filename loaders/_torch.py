@@ -17,6 +17,7 @@ netCDF's lack of thread safety cost.
 from __future__ import annotations
 
 import collections
+import math
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -106,7 +107,7 @@ class BatchFetcher(Dataset[Fetched]):
             if slots is None or info is None:  # one is None exactly when the other is
                 pool = self.local if self.local is not None else self.scratch
                 return pool.array(shape, dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             slot, gen, buf = slots.take(info.id, nbytes, tag)
             if slot >= 0:
                 lease.append(slots.lease(slot, gen, buf, shape, dtype))
