@@ -346,6 +346,11 @@ def delivers_raw(dataset: str, decode: bool, convert: str) -> bool:
     return not decode or dataset == "raw" or (dataset == "cosmoflow" and convert == "device")
 
 
+def finish_of(dataset: str, decode: bool, convert: str) -> Finish | None:
+    """The `Finish` that `to_batch` gives a dataset's batches (the same for every batch)."""
+    return FINISH.get(dataset) if decode and convert != "loader" else None
+
+
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
              decode: bool, convert: str = "device", alloc: Alloc | None = None) -> Batch:
     """Assemble a `Batch`: raw stored data (decode=False) or the dataset's preprocessing.
@@ -358,7 +363,7 @@ def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch:
     idx = np.asarray(indices, dtype=np.int64)
     labels = torch.from_numpy(np.ascontiguousarray(raw.labels))
     offsets = None
-    finish = FINISH.get(dataset) if decode else None
+    finish = FINISH.get(dataset) if decode else None  # applied below with convert="loader"
     n = len(idx)
     if not decode:
         x = raw.samples

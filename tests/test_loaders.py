@@ -231,6 +231,7 @@ def _same(a: list, b: list) -> None:
         assert torch.equal(x.labels, y.labels)
         assert torch.equal(x.samples, y.samples)
         assert x.payload_bytes == y.payload_bytes
+        assert x.finish == y.finish
         assert (x.offsets is None) == (y.offsets is None)
         if x.offsets is not None:
             assert torch.equal(x.offsets, y.offsets)
@@ -576,6 +577,25 @@ def test_uniforms_are_uniform_stream_by_stream():
         both = pp.uniforms(seed, epoch, idx, (1, 2, 3, 17))
         for row, stream in zip(both, (1, 2, 3, 17), strict=True):
             np.testing.assert_array_equal(row, pp.uniform(seed, epoch, idx, stream))
+
+
+@pytest.mark.parametrize("convert", CONVERTS)
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("dataset", ["cifar10", "cosmoflow", "imagenet", "raw"])
+def test_finish_of_is_every_batch_finish(dataset, decode, convert):
+    """Process workers send no `Finish` with each batch: the consumer puts the loader's
+    own (`finish_of`) on it, which must be the one `to_batch` gives every batch."""
+    shape, dtype = {"cifar10": ((2, 32, 32, 3), np.uint8), "imagenet": ((0,), np.uint8),
+                    "cosmoflow": ((1, 2, 2, 2, 4), np.int16), "raw": ((2, 5), np.float32)}[dataset]
+    if dataset == "imagenet" and decode:
+        pytest.skip("needs JPEG bytes; the rule is dataset-independent (FINISH table)")
+    n = shape[0] if dataset != "imagenet" else 0
+    from iobench.loaders._reader import RawBatch
+
+    raw = RawBatch(np.zeros(shape, dtype), np.zeros(n, np.int64), np.zeros(n, np.int64),
+                   np.zeros(1, np.int64) if dataset == "imagenet" else None)
+    b = pp.to_batch(dataset, raw, np.arange(n), 0, 0, decode, convert)
+    assert pp.finish_of(dataset, decode, convert) == b.finish
 
 
 def _cifar10_one_by_one(x: np.ndarray, idx: np.ndarray, seed: int, epoch: int) -> np.ndarray:
