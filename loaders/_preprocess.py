@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import as_strided
 
 from iobench.errors import DatasetError
 from iobench.loaders._reader import Alloc, RawBatch
@@ -86,65 +85,108 @@ def uniforms(seed: int, epoch: int, indices: np.ndarray, streams: tuple[int, ...
     return u
 
 
+_CIFAR_STREAMS = (1, 2, 3)  # the uniform streams of a sample's crop row, crop column, flip
+_KEYS: dict[tuple[int, int], np.ndarray] = {}  # (seed, epoch) -> the streams' mixed keys
+
+
+def _stream_keys(seed: int, epoch: int) -> np.ndarray:
+    """`uniforms`' per-stream keys for the cifar10 streams, uint64 [3, 1] (one epoch's kept)."""
+    keys = _KEYS.get((seed, epoch))
+    if keys is None:
+        base = seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + 0x5EED
+        with np.errstate(over="ignore"):
+            keys = _mix(np.array([(base + s * 0x8CB92BA72F3D8DD7) & 0xFFFFFFFFFFFFFFFF
+                                  for s in _CIFAR_STREAMS], dtype=np.uint64))[:, None]
+        _KEYS.clear()  # (thread workers: a lost race only recomputes the same keys)
+        _KEYS[(seed, epoch)] = keys
+    return keys
+
+
 def cifar_params(seed: int, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Crop offsets (row, col in [0, 2*pad]) and flip flags of each sample, int64 [B] each."""
-    span = 2 * CIFAR_PAD + 1
-    u = uniforms(seed, epoch, indices, (1, 2, 3))
-    oy = np.floor(u[0] * span).astype(np.int64)
-    ox = np.floor(u[1] * span).astype(np.int64)
-    flip = (u[2] < 0.5).astype(np.int64)
-    return oy, ox, flip
+    """Crop offsets (row, col in [0, 2*pad]) and flip flags of each sample, int64 [B] each.
 
-
-_PADDED = threading.local()  # per thread: thread workers run `cifar10` side by side
-
-
-def _cifar_padded(b: int, c: int, h: int, w: int, dtype: np.dtype
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """A reused zero-bordered buffer [B, 2, C, h + 2p, w + 2p] (plane 0: the samples, 1:
-    the flipped ones mirrored left to right) and its crop windows [B, 2, 2p+1, 2p+1, C, h, w].
-
-    Only the interior is ever written, so the border stays zero from batch to batch;
-    the windows view is built once (building it costs more than a batch's gather).
+    The values of `uniforms(seed, epoch, indices, (1, 2, 3))` taken as floor(u * (2p+1))
+    and u < 0.5, bit for bit, in fewer numpy calls (for a batch of 64 the calls are
+    the cost): m * ((2p+1) / 2**53) rounds as (m / 2**53) * (2p+1) does (a power-of-two
+    scale is exact), truncation is floor for u >= 0, and u < 0.5 is m < 2**52, i.e. the
+    mixed value's top bit clear.
     """
-    key = (b, c, h, w, np.dtype(dtype))
-    got = getattr(_PADDED, "bufs", None)
-    if got is None or got[0] != key:
-        p = CIFAR_PAD
-        pad = np.zeros((b, 2, c, h + 2 * p, w + 2 * p), dtype=dtype)
-        s = pad.strides
-        win = as_strided(pad, (b, 2, 2 * p + 1, 2 * p + 1, c, h, w),
-                         (s[0], s[1], s[3], s[4], s[2], s[3], s[4]), writeable=False)
-        got = _PADDED.bufs = (key, pad, win)
-    return got[1], got[2]
+    with np.errstate(over="ignore"):
+        x = _mix(np.asarray(indices, dtype=np.int64).astype(np.uint64)[None, :]
+                 ^ _stream_keys(seed, epoch))
+    o = ((x[:2] >> np.uint64(11)).astype(np.float64)
+         * ((2 * CIFAR_PAD + 1) / (1 << 53))).astype(np.int64)
+    flip = (x[2] < np.uint64(1 << 63)).astype(np.int64)
+    return o[0], o[1], flip
+
+
+_CIFAR_BUFS = threading.local()  # per thread: thread workers run `cifar10` side by side
+
+
+class _CifarBuffers(NamedTuple):
+    placed: np.ndarray  # [B * (h+2p) * (w+2p) * C] samples placed so that each crop is centred
+    rows: np.ndarray  # `placed` as one element of a sample row per byte offset (void dtype)
+    sorted: np.ndarray  # [B, C, h, w] the crops, unflipped samples first
+    where: np.ndarray  # [(2p+1)**2, h] offset in `placed` of each row, per crop (oy, ox)
+    arange: np.ndarray  # 0..B-1
+
+
+def _cifar_buffers(b: int, h: int, w: int, c: int, dtype: np.dtype) -> _CifarBuffers:
+    """This thread's reused cifar10 buffers for batches of shape [b, h, w, c]."""
+    key = (b, h, w, c, np.dtype(dtype))
+    got: tuple[tuple[Any, ...], _CifarBuffers] | None = getattr(_CIFAR_BUFS, "bufs", None)
+    if got is not None and got[0] == key:
+        return got[1]
+    p, span, item = CIFAR_PAD, 2 * CIFAR_PAD + 1, np.dtype(dtype).itemsize
+    hp, wp = h + 2 * p, w + 2 * p
+    placed = np.zeros(b * hp * wp * c, dtype=dtype)
+    # a sample row may start at any element (its crop column shifts it): a view whose
+    # k-th element is the row's bytes starting at element k
+    row = np.dtype((np.void, w * c * item))
+    rows = np.ndarray((placed.size - w * c + 1,), dtype=row, buffer=placed, strides=(item,))
+    # a crop at (oy, ox) takes padded rows oy.. and columns ox..: the sample goes to
+    # (2p - oy, 2p - ox), so that its crop is the window at (p, p) for every sample
+    shift = 2 * p - np.arange(span)
+    where = (shift[:, None, None] * (wp * c) + shift[None, :, None] * c
+             + np.arange(h)[None, None, :] * (wp * c)).reshape(span * span, h)
+    bufs = _CifarBuffers(placed, rows, np.empty((b, c, h, w), dtype=dtype), where,
+                         np.arange(b))
+    _CIFAR_BUFS.bufs = (key, bufs)
+    return bufs
 
 
 def cifar10(samples: np.ndarray, indices: np.ndarray, seed: int, epoch: int,
             out: np.ndarray | None = None) -> np.ndarray:
     """Pad-4-and-crop and flip a uint8 [B, 32, 32, 3] batch -> uint8 [B, 3, 32, 32] (into `out`).
 
-    The batch goes channels first into a reused zero-bordered buffer; the flipped
-    samples' rows are mirrored into its second plane (as 8-byte words reversed and
-    byte-swapped when a padded row is whole words: numpy's reversed byte copy is
-    slow), and one gather takes every sample's crop from the plane it needs.
+    Four passes over the batch, each a single numpy call: (1) every sample row is
+    copied whole (one fancy assignment of row-sized elements) into a zeroed
+    padded buffer at the offset that puts its crop window at (p, p) -- the
+    unflipped samples first, then the flipped ones; (2, 3) the windows go
+    channels first in two transposing copies, the flipped samples' with their
+    columns read right to left (the mirror costs nothing in a byte-by-byte
+    copy, where numpy's reversed copy of a row is slow); (4) the crops go back
+    to batch order. The transposing copies are most of the time.
     """
     b, h, w, c = samples.shape
     p = CIFAR_PAD
-    pad, windows = _cifar_padded(b, c, h, w, samples.dtype)
-    pad[:, 0, :, p:p + h, p:p + w] = samples.transpose(0, 3, 1, 2)
+    bufs = _cifar_buffers(b, h, w, c, samples.dtype)
+    hp, wp = h + 2 * p, w + 2 * p
     oy, ox, flip = cifar_params(seed, epoch, indices)
-    f = np.flatnonzero(flip)
-    if len(f):
-        rows = pad[f, 0, :, p:p + h]  # [F, C, h, w + 2p]
-        if rows.shape[-1] * rows.itemsize % 8 == 0:
-            rows = rows.view(np.uint64)[..., ::-1].byteswap().view(pad.dtype)
-        else:
-            rows = rows[..., ::-1]
-        pad[f, 1, :, p:p + h] = rows
+    # slot of each sample in `sorted`: unflipped ones first, each group in batch order
+    flipped = np.cumsum(flip)
+    n0 = b - int(flipped[-1]) if b else 0
+    slot = np.where(flip, flipped + (n0 - 1), bufs.arange - flipped)
+    dest = bufs.where[oy * (2 * p + 1) + ox] + (slot * (hp * wp * c))[:, None]
+    bufs.placed.fill(0)
+    bufs.rows[dest.reshape(-1)] = samples.reshape(b * h, w * c).view(bufs.rows.dtype).reshape(-1)
+    win = bufs.placed.reshape(b, hp, wp, c)[:, p:p + h, p:p + w]
+    srt = bufs.sorted
+    srt[:n0] = win[:n0].transpose(0, 3, 1, 2)
+    srt[n0:] = win[n0:, :, ::-1].transpose(0, 3, 1, 2)
     if out is None:
         out = np.empty((b, c, h, w), dtype=samples.dtype)
-    # a mirrored crop at column ox is the mirrored plane's crop at column 2p - ox
-    out[...] = windows[np.arange(b), flip, oy, np.where(flip, 2 * p - ox, ox)]
+    out[...] = srt[slot]
     return out
 
 
@@ -304,6 +346,11 @@ def delivers_raw(dataset: str, decode: bool, convert: str) -> bool:
     return not decode or dataset == "raw" or (dataset == "cosmoflow" and convert == "device")
 
 
+def finish_of(dataset: str, decode: bool, convert: str) -> Finish | None:
+    """The `Finish` that `to_batch` gives a dataset's batches (the same for every batch)."""
+    return FINISH.get(dataset) if decode and convert != "loader" else None
+
+
 def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch: int,
              decode: bool, convert: str = "device", alloc: Alloc | None = None) -> Batch:
     """Assemble a `Batch`: raw stored data (decode=False) or the dataset's preprocessing.
@@ -316,7 +363,7 @@ def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch:
     idx = np.asarray(indices, dtype=np.int64)
     labels = torch.from_numpy(np.ascontiguousarray(raw.labels))
     offsets = None
-    finish = FINISH.get(dataset) if decode else None
+    finish = FINISH.get(dataset) if decode else None  # applied below with convert="loader"
     n = len(idx)
     if not decode:
         x = raw.samples

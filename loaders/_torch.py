@@ -17,6 +17,7 @@ netCDF's lack of thread safety cost.
 from __future__ import annotations
 
 import collections
+import math
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -32,9 +33,9 @@ from iobench import errors
 from iobench.errors import DatasetError, UnsupportedError
 from iobench.loaders import _preprocess
 from iobench.loaders._buffers import Lease, LocalPool, SharedSlots, typed_array
-from iobench.loaders._preprocess import DecodeError, delivers_raw, to_batch
+from iobench.loaders._preprocess import DecodeError, delivers_raw, finish_of, to_batch
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
-from iobench.loaders.base import Batch, Finish, Loader, LoaderConfig
+from iobench.loaders.base import Batch, Loader, LoaderConfig
 from iobench.manifest import Manifest
 
 
@@ -60,14 +61,14 @@ WARM_UP = -1  # the epoch of a warm-up key: load libraries, read nothing
 
 class Delivery(NamedTuple):
     """A batch from a worker process: small arrays by value (pickled into the pipe), the
-    samples as a `Lease` on a shared slot (or a tensor, when no slot was free)."""
+    samples as a `Lease` on a shared slot (or a tensor, when no slot was free). Its
+    `Finish` is the loader's own (`BatchFetcher.finish`): not pickled with every batch."""
 
     samples: Lease | torch.Tensor
     labels: np.ndarray
     indices: np.ndarray
     payload_bytes: int
     offsets: np.ndarray | None
-    finish: Finish | None
     timing: tuple[int, int, int, int] | None
 
 
@@ -87,6 +88,7 @@ class BatchFetcher(Dataset[Fetched]):
         self.local = local  # buffers of the consumer's own process (no workers, threads)
         self.scratch = LocalPool(2)  # intermediate arrays (raw samples before a crop)
         self.raw_delivered = delivers_raw(dataset, decode, convert)
+        self.finish = finish_of(dataset, decode, convert)  # every batch's
 
     def __getitem__(self, key: tuple[int, np.ndarray, int]
                     ) -> Fetched:
@@ -106,7 +108,7 @@ class BatchFetcher(Dataset[Fetched]):
             if slots is None or info is None:  # one is None exactly when the other is
                 pool = self.local if self.local is not None else self.scratch
                 return pool.array(shape, dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             slot, gen, buf = slots.take(info.id, nbytes, tag)
             if slot >= 0:
                 lease.append(slots.lease(slot, gen, buf, shape, dtype))
@@ -134,7 +136,7 @@ class BatchFetcher(Dataset[Fetched]):
             return b
         return Delivery(lease[0] if lease else b.samples, b.labels.numpy(), b.indices.numpy(),
                         b.payload_bytes, None if b.offsets is None else b.offsets.numpy(),
-                        b.finish, b.timing)
+                        b.timing)
 
     def __len__(self) -> int:
         return self.reader.manifest.num_samples
@@ -320,7 +322,7 @@ class TorchLoader(Loader):
                     off = None if item.offsets is None else torch.from_numpy(item.offsets)
                     b = Batch(samples, torch.from_numpy(item.labels),
                               torch.from_numpy(item.indices), item.payload_bytes, off,
-                              item.finish, item.timing)
+                              self.fetcher.finish, item.timing)
                     del samples, x
                 else:
                     b = unwrap(item)

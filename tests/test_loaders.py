@@ -231,6 +231,7 @@ def _same(a: list, b: list) -> None:
         assert torch.equal(x.labels, y.labels)
         assert torch.equal(x.samples, y.samples)
         assert x.payload_bytes == y.payload_bytes
+        assert x.finish == y.finish
         assert (x.offsets is None) == (y.offsets is None)
         if x.offsets is not None:
             assert torch.equal(x.offsets, y.offsets)
@@ -578,20 +579,129 @@ def test_uniforms_are_uniform_stream_by_stream():
             np.testing.assert_array_equal(row, pp.uniform(seed, epoch, idx, stream))
 
 
-@pytest.mark.parametrize(("batch", "side"), [(64, 32), (5, 32), (3, 12)])
-def test_cifar10_batch_path_equals_sample_by_sample(batch, side):
-    """The batch path (reused padded buffer, word-swapped mirror, one gather) gives each
-    sample's pad / crop / flip exactly; side 12 (a padded row of 20 bytes) takes the
-    plain reversed copy. Run twice: the reused buffer's border must stay zero."""
+@pytest.mark.parametrize("convert", CONVERTS)
+@pytest.mark.parametrize("decode", [True, False])
+@pytest.mark.parametrize("dataset", ["cifar10", "cosmoflow", "imagenet", "raw"])
+def test_finish_of_is_every_batch_finish(dataset, decode, convert):
+    """Process workers send no `Finish` with each batch: the consumer puts the loader's
+    own (`finish_of`) on it, which must be the one `to_batch` gives every batch."""
+    shape, dtype = {"cifar10": ((2, 32, 32, 3), np.uint8), "imagenet": ((0,), np.uint8),
+                    "cosmoflow": ((1, 2, 2, 2, 4), np.int16), "raw": ((2, 5), np.float32)}[dataset]
+    if dataset == "imagenet" and decode:
+        pytest.skip("needs JPEG bytes; the rule is dataset-independent (FINISH table)")
+    n = shape[0] if dataset != "imagenet" else 0
+    from iobench.loaders._reader import RawBatch
+
+    raw = RawBatch(np.zeros(shape, dtype), np.zeros(n, np.int64), np.zeros(n, np.int64),
+                   np.zeros(1, np.int64) if dataset == "imagenet" else None)
+    b = pp.to_batch(dataset, raw, np.arange(n), 0, 0, decode, convert)
+    assert pp.finish_of(dataset, decode, convert) == b.finish
+
+
+def _cifar10_one_by_one(x: np.ndarray, idx: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """Pad 4 / crop / flip / channels first, one sample at a time, from `uniforms` itself."""
+    u = pp.uniforms(seed, epoch, idx, (1, 2, 3))
+    out = []
+    for k in range(len(x)):
+        oy, ox = int(np.floor(u[0, k] * 9)), int(np.floor(u[1, k] * 9))
+        padded = np.pad(x[k], ((4, 4), (4, 4), (0, 0)))
+        crop = padded[oy:oy + x.shape[1], ox:ox + x.shape[2]]
+        out.append((crop[:, ::-1] if u[2, k] < 0.5 else crop).transpose(2, 0, 1))
+    return np.stack(out)
+
+
+def _with_flips(seed: int, epoch: int, n: int, flip: int | None) -> np.ndarray:
+    """n sample indices whose flip draw is `flip` (None: whatever it is)."""
+    pool = np.arange(20 * n + 40)
+    if flip is not None:
+        pool = pool[pp.cifar_params(seed, epoch, pool)[2] == flip]
+    return pool[:n]
+
+
+@pytest.mark.parametrize(("batch", "shape", "flip"), [
+    (64, (32, 32, 3), None), (5, (32, 32, 3), None), (3, (12, 12, 3), None),
+    (64, (32, 32, 3), 1), (64, (32, 32, 3), 0), (1, (32, 32, 3), 1), (1, (32, 32, 3), 0),
+    (9, (12, 20, 3), None), (9, (7, 5, 1), None)])
+def test_cifar10_batch_path_equals_sample_by_sample(batch, shape, flip):
+    """The batch path (rows placed whole into a reused zeroed buffer, unflipped and flipped
+    samples transposed apart, then put back in batch order) gives each sample's pad /
+    crop / flip exactly: mixed, all-flipped and unflipped batches, non-square and
+    one-channel samples. Run over epochs and shapes in turn: the reused buffers must
+    hold nothing of an earlier batch."""
     rng = np.random.default_rng(batch)
-    for epoch in range(2):
-        x = rng.integers(0, 256, (batch, side, side, 3), dtype=np.uint8)
-        idx = rng.integers(0, 10**6, batch)
-        got = pp.cifar10(x, idx, 5, epoch)
-        oy, ox, flip = pp.cifar_params(5, epoch, idx)
-        assert set(flip.tolist()) == {0, 1} or batch < 8
-        for k in range(batch):
-            padded = np.pad(x[k], ((4, 4), (4, 4), (0, 0)))
-            crop = padded[oy[k]:oy[k] + side, ox[k]:ox[k] + side]
-            crop = crop[:, ::-1] if flip[k] else crop
-            np.testing.assert_array_equal(got[k], crop.transpose(2, 0, 1))
+    for epoch in range(3):
+        x = rng.integers(0, 256, (batch, *shape), dtype=np.uint8)
+        idx = _with_flips(5, epoch, batch, flip)
+        flips = set(pp.cifar_params(5, epoch, idx)[2].tolist())
+        assert flips == ({0, 1} if flip is None and batch > 8 else flips)
+        want = _cifar10_one_by_one(x, idx, 5, epoch)
+        np.testing.assert_array_equal(pp.cifar10(x, idx, 5, epoch), want)
+        out = np.full((batch, shape[2], *shape[:2]), 7, dtype=np.uint8)
+        assert pp.cifar10(x, idx, 5, epoch, out=out) is out
+        np.testing.assert_array_equal(out, want)
+        pp.cifar10(rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8), idx[:2], 5, epoch)
+
+
+def test_cifar10_from_threads_at_once():
+    """Thread workers run the batch path side by side: each thread has its own buffers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(3)
+    jobs = [(rng.integers(0, 256, (b, s, s, 3), dtype=np.uint8), rng.integers(0, 10**6, b), e)
+            for e, (b, s) in enumerate([(64, 32), (7, 12), (64, 32), (5, 32)] * 4)]
+
+    def run(job: tuple) -> bool:
+        x, idx, epoch = job
+        return all(np.array_equal(pp.cifar10(x, idx, 1, epoch), _cifar10_one_by_one(
+            x, idx, 1, epoch)) for _ in range(5))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(run, jobs))
+
+
+def _unmix(y: int) -> int:
+    """The inverse of `pp._mix` on one 64-bit value."""
+    m = (1 << 64) - 1
+
+    def unshift(v: int, s: int) -> int:
+        x = v
+        for _ in range(64 // s + 1):
+            x = v ^ (x >> s)
+        return x
+
+    y = unshift(y, 31)
+    y = (y * pow(0x94D049BB133111EB, -1, 1 << 64)) & m
+    y = unshift(y, 27)
+    y = (y * pow(0xBF58476D1CE4E5B9, -1, 1 << 64)) & m
+    return unshift(y, 30)
+
+
+def test_cifar_params_are_floor_u_times_9_and_u_below_half_bit_for_bit():
+    """The crop offsets and flips (computed in fewer numpy calls than the definition) are
+    floor(u * 9) and u < 0.5 of the `uniforms` draws exactly, also where u * 9 rounds
+    up to a whole number or u is 0.5 to the last bit: indices made by inverting the mix so
+    that the draws land there."""
+    seed, epoch = 7, 3
+    base = seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + 0x5EED  # as `uniform`
+    with np.errstate(over="ignore"):
+        keys = [int(pp._mix(np.uint64((base + s * 0x8CB92BA72F3D8DD7) & ((1 << 64) - 1))))
+                for s in (1, 2, 3)]
+    m53 = []  # 53-bit draws (u = m / 2**53) at and around each k / 9 and 1 / 2
+    for k in range(1, 9):
+        edge = (k << 53) // 9
+        m53 += [edge + d for d in range(-3, 4)]
+    m53 += [(1 << 52) + d for d in (-2, -1, 0, 1)] + [0, (1 << 53) - 1]
+    idx = []
+    for stream_key in keys:
+        for m in m53:
+            for low in (0, (1 << 11) - 1):  # the bits u drops
+                idx.append(_unmix((m << 11) | low) ^ stream_key)
+    idx_arr = np.array(idx, dtype=np.uint64).view(np.int64)
+    oy, ox, flip = pp.cifar_params(seed, epoch, idx_arr)
+    u = pp.uniforms(seed, epoch, idx_arr, (1, 2, 3))
+    np.testing.assert_array_equal(oy, np.floor(u[0] * 9).astype(np.int64))
+    np.testing.assert_array_equal(ox, np.floor(u[1] * 9).astype(np.int64))
+    np.testing.assert_array_equal(flip, (u[2] < 0.5).astype(np.int64))
+    assert oy.dtype == ox.dtype == flip.dtype == np.int64
+    # the crafted draws did land on the edges
+    assert set(np.round(u[0, :len(m53) * 2] * (1 << 53)).astype(np.int64).tolist()) == set(m53)
