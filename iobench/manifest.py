@@ -451,7 +451,7 @@ class NpyRows:
         if self._fd is None or self._fd[0] != os.getpid():
             self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY | os.O_CLOEXEC))
         fd, rb, base = self._fd[1], self.row_bytes, self.offset
-        flat = memoryview(out).cast("B")
+        flat = out.data.cast("B")
         at = rows.tolist()
         for a, b in zip(firsts, ends, strict=True):  # one read per run (a loop over runs)
             lo = at[a]
