@@ -286,12 +286,6 @@ def per_sample_tasks(num_samples: int, path_of: Callable[[int], str]) -> list[Ta
 SYNC_THREADS = 64  # fsyncs in flight at once: the filesystem commits them together
 
 
-@functools.lru_cache(maxsize=1)
-def _sync_pool() -> ThreadPoolExecutor:
-    """This process's fsync threads (created on first use, so after any fork)."""
-    return ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync")
-
-
 def write_sample_files(root: Path, items: Iterable[tuple[str, int, Iterable[Any]]]
                        ) -> list[FileEntry]:
     """Write one file per sample, (relative path, sample index, buffers) each, and
@@ -324,7 +318,11 @@ def write_sample_files(root: Path, items: Iterable[tuple[str, int, Iterable[Any]
                 size += memoryview(part).nbytes
             out.append(FileEntry(path=rel, bytes=size, sha256=digest.hexdigest(),
                                  first_sample=index, num_samples=1))
-        list(_sync_pool().map(os.fsync, [fd for fd, _, _ in open_files]))  # raises the first error
+        # threads for this batch only: a pool kept between calls would be copied without
+        # its threads into a process forked later (generate --jobs), and hang it
+        with ThreadPoolExecutor(max(1, min(SYNC_THREADS, len(open_files))),
+                                thread_name_prefix="fsync") as pool:
+            list(pool.map(os.fsync, [fd for fd, _, _ in open_files]))  # the first error
         for fd, tmp, final in open_files:
             os.close(fd)
             os.replace(tmp, final)
