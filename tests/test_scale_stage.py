@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_scale import compact_copy
-from test_stage import _ThreadComm
+from test_stage import stage_on_thread_nodes
 
 from conftest import cli
 from iobench import cache, manifest, sampling, stage
 from iobench.manifest import Manifest
-from iobench.stage import PARTIAL, StageConfig, stage_dataset
-from iobench.world import World
+from iobench.stage import PARTIAL, StageConfig
 
 
 @pytest.fixture
@@ -83,26 +82,9 @@ def test_leftovers_of_an_interrupted_copy_are_matched_by_the_table_pattern(sourc
 
 def test_shard_of_a_compact_dataset_puts_each_nodes_files_and_their_rule(source, tmp_path,
                                                                           unlisted):
-    comm = _ThreadComm(2)
     cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
                       mode="shard", threads=2)
-    errors: list[BaseException] = []
-
-    def rank(r: int) -> None:
-        comm.rank.value = r
-        w = World(rank=r, size=2, local_rank=0, local_size=1, node=r, num_nodes=2,
-                  launcher="mpi", hostname=f"host{r}", _comm=comm)
-        try:
-            stage_dataset(cfg, w)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    stage_on_thread_nodes(cfg)
     n = source.compact.num_files
     for r in range(2):
         dest = tmp_path / f"node{r}" / "cifar10-files"

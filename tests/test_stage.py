@@ -140,30 +140,37 @@ class _ThreadComm:
         return out
 
 
-def test_shard_puts_on_each_node_only_its_ranks_files(tmp_path):
-    """Two nodes (emulated by threads, `{node}` in --to): each gets its ranks' files only."""
-    m = _dataset(tmp_path)
-    comm = _ThreadComm(2)
-    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
-                      mode="shard", threads=2)
+def stage_on_thread_nodes(cfg: StageConfig, nodes: int = 2) -> dict[int, dict]:
+    """`stage_dataset` as ranks 0..nodes-1, one per node, each a thread (`{node}` in --to
+    gives each its own destination); every rank's result, by rank."""
+    comm = _ThreadComm(nodes)
     docs: dict[int, dict] = {}
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         comm.rank.value = r
-        w = World(rank=r, size=2, local_rank=0, local_size=1, node=r, num_nodes=2,
+        w = World(rank=r, size=nodes, local_rank=0, local_size=1, node=r, num_nodes=nodes,
                   launcher="mpi", hostname=f"host{r}", _comm=comm)
         try:
             docs[r] = stage_dataset(cfg, w)
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(nodes)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not errors, errors
+    return docs
+
+
+def test_shard_puts_on_each_node_only_its_ranks_files(tmp_path):
+    """Two nodes (emulated by threads, `{node}` in --to): each gets its ranks' files only."""
+    m = _dataset(tmp_path)
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
+                      mode="shard", threads=2)
+    docs = stage_on_thread_nodes(cfg)
     ranges = [(f.first_sample, f.num_samples) for f in m.data_files]
     for r in range(2):
         dest = tmp_path / f"node{r}" / "cifar10-files"
