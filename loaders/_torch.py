@@ -232,6 +232,7 @@ class TorchLoader(Loader):
                           pin=pin) if self.slots is None else None
         self.fetcher = BatchFetcher(self.reader, _preprocess.pipeline(m), config.seed, config.decode,
                                     config.convert, self.slots, local)
+        self.finish = self.fetcher.finish  # attached to each batch here, never pickled with it
         self.sampler = EpochBatches(EpochOrder(self), config.batch_size)
         self._dl: DataLoader[Fetched] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -322,7 +323,7 @@ class TorchLoader(Loader):
                     off = None if item.offsets is None else torch.from_numpy(item.offsets)
                     b = Batch(samples, torch.from_numpy(item.labels),
                               torch.from_numpy(item.indices), item.payload_bytes, off,
-                              self.fetcher.finish, item.timing)
+                              self.finish, item.timing)
                     del samples, x
                 else:
                     b = unwrap(item)
