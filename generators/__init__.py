@@ -15,7 +15,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from iobench.jsonio import write_json_atomic
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.world import World
 
-TaskDone = tuple[int, list[FileEntry], bool]  # (task id, its files' entries, resumed)
+TaskDone = tuple[int, int, int, bool]  # (task id, files, bytes, resumed): entries in its journal
 
 JOURNAL = ".iobench-partial"  # per-task completion records while generation runs
 SCALES = ("small", "full")
@@ -253,7 +253,7 @@ def _size(n: int) -> str:
     return f"{n:,} bytes"
 
 
-def _swap_in(work: Path, root: Path, entries: list[FileEntry]) -> None:
+def _swap_in(work: Path, root: Path, entries: Iterable[FileEntry]) -> None:
     """Put the complete replacement at `root`, once each of its files is there with the
     size (and checksum, recorded while writing) its manifest lists; the old dataset goes
     only after that."""
@@ -325,10 +325,12 @@ def _resumable(root: Path, task: Task) -> list[FileEntry] | None:
 
 
 def _run_task(writer: Writer, root: Path, task: Task) -> TaskDone:
-    """Write (or keep) one task's files; returns (task id, entries, resumed)."""
+    """Write (or keep) one task's files; returns (task id, files, bytes, resumed). The
+    files' entries are in the task's journal, where the manifest is built from: no
+    process holds every task's entries while the others are written."""
     entries = _resumable(root, task)
     if entries is not None:
-        return task.id, entries, True
+        return task.id, len(entries), sum(e.bytes for e in entries), True
     try:
         entries = writer.write(root, task)
     except IobenchError:
@@ -346,7 +348,7 @@ def _run_task(writer: Writer, root: Path, task: Task) -> TaskDone:
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
         raise StorageError(f"cannot write {root / task.files[0]}: {why}") from None
     write_json_atomic(_journal_path(root, task), [e.as_dict() for e in entries], indent=None)
-    return task.id, entries, False
+    return task.id, len(entries), sum(e.bytes for e in entries), False
 
 
 def _estimate_task_bytes(writer: Writer, task: Task) -> int:
@@ -506,16 +508,15 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
         world.barrier()
         stats.seconds = time.perf_counter() - t0
         return Manifest.load(final)
-    entries: list[FileEntry] = []
-    for _tid, ents, resumed in sorted(results, key=lambda r: r[0]):
-        entries.extend(ents)
+    for _tid, nfiles, nbytes, resumed in results:
         if resumed:
-            stats.files_resumed += len(ents)
+            stats.files_resumed += nfiles
         else:
-            stats.files_written += len(ents)
-            stats.bytes_written += sum(e.bytes for e in ents)
+            stats.files_written += nfiles
+            stats.bytes_written += nbytes
     stats.seconds = time.perf_counter() - t0
-    extra = _statistics(cfg, writer, root, entries)
+    files = _manifest_files(root, tasks, cfg.num_samples)
+    extra = _statistics(cfg, writer, root, files)
     stats.extra = extra
     spec = cfg.spec
     manifest = Manifest(
@@ -526,14 +527,40 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
         label={"shape": list(spec.label_shape), "dtype": spec.label_dtype},
         layout={**writer.layout(cfg.per_file),
                 "generated_samples_per_file": cfg.samples_per_file},
-        files=tuple(entries), seed=cfg.seed, iobench_version=__version__,
+        files=files, seed=cfg.seed, iobench_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
     manifest.write(root, form="auto")  # the compact form beyond COMPACT_FILES files
     shutil.rmtree(root / JOURNAL, ignore_errors=True)
     if root != final:
-        _swap_in(root, final, entries)
+        _swap_in(root, final, files)
     world.barrier()
     return Manifest.load(final)
+
+
+def _journal_entries(root: Path, tasks: list[Task]) -> Iterator[FileEntry]:
+    """Every task's entries, in task (so file) order, read back from the journals."""
+    for t in tasks:
+        path = _journal_path(root, t)
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise StorageError(f"cannot read {path} back ({e}): the dataset's record of "
+                               "what was written is damaged; rerun to resume") from None
+        yield from (FileEntry(**row) for row in rows)
+
+
+def _manifest_files(root: Path, tasks: list[Task], num_samples: int) -> Sequence[FileEntry]:
+    """The manifest's file table, from the journals: beyond COMPACT_FILES data files the
+    compact table, built row by row into arrays (never a list of every entry), when the
+    files follow one naming pattern; else the entries as a tuple."""
+    from iobench import manifest
+
+    count = sum(len(t.files) for t in tasks if t.count > 0)
+    if count > manifest.COMPACT_FILES:
+        table = manifest.compact_files(_journal_entries(root, tasks), num_samples, count)
+        if table is not None:
+            return table
+    return tuple(_journal_entries(root, tasks))
 
 
 def _estimate_bytes(cfg: GenerateConfig, ntasks: int) -> int:
@@ -552,7 +579,7 @@ def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
             except IobenchError as e:
                 return results, e
             results.append(r)
-            done_bytes += sum(e.bytes for e in r[1])
+            done_bytes += r[2]
             if progress:
                 progress(done_bytes, est)
         return results, None
@@ -565,7 +592,7 @@ def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
                 err = err or done
                 continue
             results.append(done)
-            done_bytes += sum(e.bytes for e in done[1])
+            done_bytes += done[2]
             if progress:
                 progress(done_bytes, est)
     return results, err
@@ -605,7 +632,7 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
                 err = err or msg
             else:
                 results.append(msg)
-                done_bytes += sum(e.bytes for e in msg[1])
+                done_bytes += msg[2]
                 if progress:
                     progress(done_bytes, est)
 
@@ -617,7 +644,7 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
                 err = e
                 continue
             results.append(r)
-            done_bytes += sum(e.bytes for e in r[1])
+            done_bytes += r[2]
             if progress:
                 progress(done_bytes, est)
         drain(block=False)
@@ -627,21 +654,30 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
 
 
 def _statistics(cfg: GenerateConfig, writer: Writer, root: Path,
-                entries: list[FileEntry]) -> dict[str, Any]:
+                files: Sequence[FileEntry]) -> dict[str, Any]:
     """Generation statistics kept in the manifest (JPEG size distribution for imagenet)."""
+    import itertools
+
     import numpy as np
 
+    from iobench.manifest import CompactFiles
+
+    table = files if isinstance(files, CompactFiles) else None
+    data = table.data if table is not None else [e for e in files if e.role == "data"]
+    total = (table.data_bytes + sum(e.bytes for e in table.aux) if table is not None
+             else sum(e.bytes for e in files))
     out: dict[str, Any] = {"synthesis_version": synthesis_version_of(cfg.dataset),
-                           "total_bytes": sum(e.bytes for e in entries)}
+                           "total_bytes": total}
     if has_depth_spread(cfg.spec):  # one sample per file: the files' sizes are the samples'
-        b = np.array([e.bytes for e in entries if e.role == "data"], dtype=np.float64)
+        b = (np.asarray(table.arrays()["bytes"][:], dtype=np.float64) if table is not None
+             else np.array([e.bytes for e in data], dtype=np.float64))
         out["sample_bytes"] = {"mean": float(b.mean()), "std": float(b.std()),
                                "min": int(b.min()), "max": int(b.max()), "count": int(b.size)}
     if cfg.spec.sample_kind != "jpeg":
         return out
 
-    s = np.concatenate([np.asarray(writer.jpeg_sizes(root / e.path, e), dtype=np.float64)
-                        for e in entries if e.role == "data"])
+    s = np.fromiter(itertools.chain.from_iterable(writer.jpeg_sizes(root / e.path, e)
+                                                  for e in data), dtype=np.float64)
     out["jpeg_bytes"] = {"mean": float(s.mean()), "std": float(s.std()),
                          "p5": float(np.percentile(s, 5)), "p50": float(np.median(s)),
                          "p95": float(np.percentile(s, 95)), "min": int(s.min()),

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
@@ -488,25 +488,40 @@ def open_table(root: Path, count: int) -> dict[str, Any]:
     return out
 
 
-def compact_files(entries: Sequence[FileEntry], num_samples: int) -> CompactFiles | None:
-    """The compact table of a JSON file list, or None when its data files do not follow
-    one naming pattern (`dir/<prefix><index><suffix>`, index = position) with one size
-    of file in samples: then the manifest stays a JSON list."""
-    data = [e for e in entries if e.role == "data"]
-    aux = [e for e in entries if e.role != "data"]
-    if not data or list(entries[:len(data)]) != data:
+def compact_files(entries: Iterable[FileEntry], num_samples: int,
+                  count: int | None = None) -> CompactFiles | None:
+    """The compact table of a file list, or None when its data files do not follow one
+    naming pattern (`dir/<prefix><index><suffix>`, index = position) with one size of file
+    in samples, or do not come first: then the manifest stays a JSON list.
+
+    With `count` (the number of data files), `entries` is streamed: each row goes
+    straight into the table's arrays (generate builds a 10M-file table so, from its
+    journals, without a list of every entry)."""
+    if count is None:
+        entries = list(entries)
+        count = sum(1 for e in entries if e.role == "data")
+    if count < 1:
         return None
-    k = data[0].num_samples
-    m = _NAME.match(data[0].path.rsplit("/", 1)[-1])
-    if "/" not in data[0].path or m is None or k < 1:
-        return None
-    prefix, width, suffix = m.group(1), len(m.group(2)), m.group(3)
+    aux: list[FileEntry] = []
     dirs: dict[str, int] = {}
-    dir_idx = np.empty(len(data), dtype=np.int32)
-    sizes = np.empty(len(data), dtype=np.int64)
-    shas = np.zeros((len(data), 32), dtype=np.uint8)
-    for i, e in enumerate(data):
+    dir_idx = np.empty(count, dtype=np.int32)
+    sizes = np.empty(count, dtype=np.int64)
+    shas = np.zeros((count, 32), dtype=np.uint8)
+    i = k = width = 0
+    prefix = suffix = ""
+    for e in entries:
+        if e.role != "data":
+            aux.append(e)
+            continue
+        if aux or i >= count:  # a data file after an auxiliary one, or more than counted
+            return None
         d, _, name = e.path.rpartition("/")
+        if i == 0:
+            m = _NAME.match(name)
+            k = e.num_samples
+            if not d or m is None or k < 1:
+                return None
+            prefix, width, suffix = m.group(1), len(m.group(2)), m.group(3)
         if (name != f"{prefix}{i:0{width}d}{suffix}" or e.first_sample != i * k
                 or e.num_samples != min(k, num_samples - i * k) or not d):
             return None
@@ -517,7 +532,10 @@ def compact_files(entries: Sequence[FileEntry], num_samples: int) -> CompactFile
                 shas[i] = np.frombuffer(bytes.fromhex(e.sha256), dtype=np.uint8)
             except ValueError:  # not a SHA-256 in hex: only the JSON list can hold it
                 return None
-    table = {"count": len(data), "samples_per_file": k, "dirs": list(dirs), "prefix": prefix,
+        i += 1
+    if i != count:
+        return None
+    table = {"count": count, "samples_per_file": k, "dirs": list(dirs), "prefix": prefix,
              "width": width, "suffix": suffix, "data_bytes": int(sizes.sum())}
     arrays = {"dir": dir_idx.astype(np.uint16) if len(dirs) <= 65_536 else dir_idx,
               "bytes": sizes, "sha256": shas}

@@ -153,3 +153,46 @@ def test_dalis_input_check_is_dealt_to_ranks_without_a_list(source, unlisted):
         with pytest.raises(DatasetError, match=victim.name):
             check_native_inputs(source, rank, world)
     check_native_inputs(source, 1, 4)
+
+
+def test_a_compact_table_streamed_row_by_row_is_the_listed_one(source):
+    """generate builds its table from the journals a row at a time, given the count: the
+    same table as from the list; a data file after an auxiliary one, or another count
+    than the rows given, leaves the JSON list."""
+    listed = list(source.files)
+    n = source.num_samples
+    count = source.compact.num_files
+    streamed = manifest.compact_files(iter(listed), n, count)
+    assert streamed is not None and streamed == manifest.compact_files(listed, n)
+    assert list(streamed) == listed
+    assert manifest.compact_files(iter(listed), n, count + 1) is None
+    assert manifest.compact_files(iter(listed), n, count - 1) is None
+    aux_first = [listed[-1], *listed[:-1]]
+    assert manifest.compact_files(iter(aux_first), n, count) is None
+
+
+def test_generate_builds_a_compact_manifest_without_holding_every_entry(tmp_path,
+                                                                        monkeypatch):
+    """Task results carry counts, not entries; the manifest comes from the journals,
+    and is the one the entries would give."""
+    from iobench import generators
+    from iobench.generators import GenerateConfig, generate_dataset
+
+    monkeypatch.setattr(manifest, "COMPACT_FILES", 20)
+    seen = []
+    run_task = generators._run_task
+
+    def recorded(*a, **k):
+        done = run_task(*a, **k)
+        seen.append(done)
+        return done
+
+    monkeypatch.setattr(generators, "_run_task", recorded)
+    m = generate_dataset(GenerateConfig(dataset="cifar10", format="npz", storage=tmp_path,
+                                        samples=45, seed=1))
+    assert seen and all(isinstance(x, (int, bool)) for done in seen for x in done)
+    loaded = Manifest.load(m.root)
+    assert loaded.compact is not None and loaded.compact.num_files == 45
+    assert loaded.files == manifest.compact_files(list(loaded.files), 45)
+    assert sum(done[1] for done in seen) == len(loaded.files)
+    assert loaded.extra["total_bytes"] == loaded.total_bytes
