@@ -58,7 +58,7 @@ class HDF5Writer(ContainerWriter):
                 dset = f.create_dataset("samples", shape=(n, *spec.array_shape),
                                         dtype=spec.sample_dtype, chunks=chunks,
                                         track_times=False, **kw)
-                # blocks of ~64 MB straight from the synthesis buffer: large writes,
+                # blocks of ~16 MB straight from the synthesis buffer: large writes,
                 # bounded memory, no copy of the whole file's samples
                 for lo, block in sample_blocks(spec, self.seed, task.first, n):
                     dset.write_direct(block, dest_sel=np.s_[lo:lo + len(block)])

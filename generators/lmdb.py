@@ -24,7 +24,6 @@ import numpy as np
 from iobench.datasets import DatasetSpec
 from iobench.errors import DatasetError
 from iobench.generators.base import (
-    BLOCK_BYTES,
     ContainerWriter,
     Task,
     file_entry,
@@ -169,7 +168,7 @@ class LMDBWriter(ContainerWriter):
             rows[:, HEADER.size:HEADER.size + lb] = labels_array(
                 spec, self.seed, first + lo, m).view(np.uint8).reshape(m, lb)
             payload = rows[:, HEADER.size + lb:]
-            if pb >= BLOCK_BYTES // 64:  # large samples: synthesise into each record
+            if pb >= 1 << 20:  # large samples: synthesise into each record
                 for j in range(m):
                     fill_samples(spec, self.seed, first + lo + j,
                                  payload[j].view(spec.sample_dtype).reshape(1, *spec.array_shape))

@@ -389,12 +389,22 @@ def _cosmoflow(rng: np.random.Generator, params: np.ndarray, out: np.ndarray) ->
     nbar = 20.0 + 40.0 * float(params[3])
     logk, phases = _cosmo_tables(n)
     modes, delta, index = _cosmo_scratch(n)
-    phases.take(rng.integers(0, 256, logk.shape, dtype=np.uint8), out=modes)
-    amp = np.multiply(logk, np.float32(slope / 2.0))
+    # the work buffers double up (index holds the phase draws, delta the amplitudes, each
+    # before its own use) and the lookups skip numpy's out-buffering (mode="clip": every
+    # index is in range): page faults and copies would cost as much as the arithmetic
+    draws = index[:logk.size].reshape(logk.shape)
+    np.copyto(draws, rng.integers(0, 256, logk.shape, dtype=np.uint8))
+    np.take(phases, draws, out=modes, mode="clip")
+    amp = delta.reshape(-1)[:logk.size].reshape(logk.shape)
+    np.multiply(logk, np.float32(slope / 2.0), out=amp)
     np.exp(amp, out=amp)
     amp[0, 0, 0] = 0.0  # no mean density mode
     modes *= amp
-    np.fft.irfftn(modes, s=(n, n, n), axes=(0, 1, 2), out=delta)
+    # irfftn's own steps (the inverse complex FFT along axes 0 and 1, then the real one
+    # along axis 2), the first two in place: the same floats, no 8 MB temporaries
+    np.fft.ifft(modes, axis=0, out=modes)
+    np.fft.ifft(modes, axis=1, out=modes)
+    np.fft.irfft(modes, n=n, axis=2, out=delta)
     flat = delta.reshape(-1)
     rms = math.sqrt(float(np.dot(flat, flat)) / flat.size)  # the mean is 0 (no k=0 mode)
     # delta / sigma8 * 1024 + levels / 2, rounded: the index of the quantised field
@@ -408,7 +418,7 @@ def _cosmoflow(rng: np.random.Generator, params: np.ndarray, out: np.ndarray) ->
     table = np.clip(table, 0, 32767).astype(np.int16)
     # the 4 channels of one voxel are 8 bytes: one int64 lookup writes them all
     np.take(table.view(np.int64).reshape(-1), index, out=out.reshape(-1, 4).view(np.int64)
-            .reshape(-1))
+            .reshape(-1), mode="clip")
 
 
 # ---------------------------------------------------------------- imagenet

@@ -188,6 +188,45 @@ def test_cosmoflow_parameters_recoverable_from_simple_statistics():
         assert abs(_spectral_slope(x[..., 3]) - slope) < 0.3  # power-spectrum slope
 
 
+def _cosmoflow_reference(spec, seed: int, index: int) -> np.ndarray:
+    """Synthesis version 2 of one cosmoflow volume, written the plain way (fresh arrays,
+    `irfftn`, `clip`, fancy indexing): the recipe of the synth module's docstring."""
+    n = spec.sample_shape[0]
+    u = synth.make_label(spec, seed, index)
+    sigma8, slope = 0.6 + 0.4 * float(u[0]), -2.6 + 1.2 * float(u[1])
+    growth, nbar = 0.5 + 0.5 * float(u[2]), 20.0 + 40.0 * float(u[3])
+    f, fr = np.fft.fftfreq(n) * n, np.fft.rfftfreq(n) * n
+    k2 = f[:, None, None] ** 2 + f[None, :, None] ** 2 + fr[None, None, :] ** 2
+    k2[0, 0, 0] = 1.0
+    logk = (0.5 * np.log(k2)).astype(np.float32)
+    a = 2 * np.pi * np.arange(256) / 256
+    phases = (np.cos(a) + 1j * np.sin(a)).astype(np.complex64)
+    draws = synth.sample_rng(spec, seed, index).integers(0, 256, logk.shape, dtype=np.uint8)
+    amp = np.exp(logk * np.float32(slope / 2.0))
+    amp[0, 0, 0] = 0.0
+    delta = np.fft.irfftn(phases[draws] * amp, s=(n, n, n), axes=(0, 1, 2))
+    assert delta.dtype == np.float32
+    flat = delta.reshape(-1)
+    rms = math.sqrt(float(np.dot(flat, flat)) / flat.size)
+    idx = np.clip(flat * np.float32(1024.0 / (rms + 1e-30)) + np.float32(8192 + 0.5), 0,
+                  16383).astype(np.intp)
+    level = (np.arange(16384) - 8192) / 1024.0 * sigma8
+    g = growth ** (3.0 - np.arange(4))
+    table = np.rint(nbar * np.exp(level[:, None] * g - g * g * (sigma8 * sigma8) / 2.0))
+    return np.clip(table, 0, 32767).astype(np.int16)[idx].reshape(n, n, n, 4)
+
+
+@pytest.mark.parametrize("dataset, index", [("cosmoflow-mlperf", 3), ("cosmoflow", 1)])
+def test_cosmoflow_fast_path_is_the_plain_recipe(dataset, index):
+    # the synthesis reuses its buffers, runs irfftn's steps in place and skips numpy's
+    # out-buffering: the bytes must stay those of the plain recipe (synthesis version 2)
+    spec = DATASETS[dataset]
+    out = np.empty((2, *spec.sample_shape), dtype=spec.sample_dtype)
+    synth.fill_samples(spec, 5, index, out)  # two volumes through the same work buffers
+    assert np.array_equal(out[0], _cosmoflow_reference(spec, 5, index))
+    assert np.array_equal(out[1], _cosmoflow_reference(spec, 5, index + 1))
+
+
 def test_manifest_records_synthesis_version(tmp_path):
     m = generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=tmp_path,
                                         samples=20))
