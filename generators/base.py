@@ -23,9 +23,9 @@ from iobench.generators import synth
 from iobench.generators.synth import fill_samples, make_jpeg
 from iobench.manifest import FileEntry, bad_label
 
-# samples synthesised and written together (bytes). 16 MiB rather than 64: the disk starts
-# on a file's first block while the next is synthesised (`start_writeback`), so less of
-# the final fsync is left to wait for (cifar10 HDF5 generation 1.15x, docs/results.md)
+# samples synthesised and written together (bytes): large writes, and writeback starts
+# after each (`start_writeback`). 16 MiB and 64 MiB generate at the same rate within the
+# noise (docs/results.md, section 6, fifth pass); 16 holds a quarter of the memory per worker
 BLOCK_BYTES = 16 << 20
 
 
