@@ -24,8 +24,9 @@ from iobench.generators.synth import fill_samples, make_jpeg
 from iobench.manifest import FileEntry, bad_label
 
 # samples synthesised and written together (bytes): large writes, and writeback starts
-# after each (`start_writeback`). 16 MiB and 64 MiB generate at the same rate within the
-# noise (docs/results.md, section 6, fifth pass); 16 holds a quarter of the memory per worker
+# after each (`start_writeback`). 16 MiB rather than 64: the disk starts on a file sooner
+# (cifar10 generation about 1.1x, faster in 10 of 12 side-by-side pairs: docs/results.md,
+# section 6, fifth pass), and a worker holds a quarter of the memory
 BLOCK_BYTES = 16 << 20
 
 

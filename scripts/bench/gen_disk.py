@@ -9,7 +9,8 @@ Each repetition runs, interleaved: fio (`--rw=write --bs=16m --numjobs=JOBS
 --jobs JOBS` of every dataset and format into a fresh directory on the same disk.
 Prints MB/s medians [min-max] and generate / fio ratios (goal: >= 0.5). `--before DIR`
 also runs an older iobench (importable from DIR: a tree with iobench/loaders and
-iobench/generators linked in) right after each of the current code's runs.
+iobench/generators linked in) beside each of the current code's runs, after it in odd
+repetitions and before it in even ones.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def main() -> int:
         fio_cmd = fio["command"]
         rows["fio"].append(fio["MBps"])
         for d, f in runs:
-            for tag, pp in versions:
+            # ABBA: the run after a large delete pays for fresh pages, so neither version
+            # always goes first
+            for tag, pp in (versions if r % 2 == 0 else versions[::-1]):
                 g = generate(a.work / "gen", d, f, sizes[d], SPF[d], jobs=a.jobs, pythonpath=pp)
                 rows[f"{d}-{f}{tag}"].append(g["MBps"])
                 cpu.setdefault(f"{d}-{f}{tag}", []).append(g["MB_per_cpu_s"])
