@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import mmap
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -155,6 +156,18 @@ def sha256_file(path: Path, bufsize: int = 16 << 20) -> str:
     return h.hexdigest()
 
 
+def _sha256_mapped(path: Path) -> str:
+    """Hex sha256 of a file this process just wrote, hashed from its mapped page-cache pages
+    (no copy into a buffer: about a fifth less CPU than `sha256_file`); `sha256_file` where
+    the file cannot be mapped (empty, or a filesystem without mmap). Only for files no
+    other process can truncate meanwhile (a mapped page that vanishes is a SIGBUS)."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            return hashlib.sha256(m).hexdigest()
+    except (OSError, ValueError):  # empty file, or no mmap here
+        return sha256_file(path)
+
+
 def entry_for(root: Path, rel: str, first: int, count: int, role: str = "data") -> FileEntry:
     p = root / rel
     return FileEntry(path=rel, bytes=p.stat().st_size, sha256=sha256_file(p),
@@ -189,7 +202,7 @@ def written_file(final: Path) -> Iterator[WrittenFile]:
     try:
         yield wf
         with ThreadPoolExecutor(1) as pool:
-            digest = pool.submit(sha256_file, wf.tmp)
+            digest = pool.submit(_sha256_mapped, wf.tmp)
             with open(wf.tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
             wf.sha256 = digest.result()
