@@ -188,6 +188,51 @@ def test_cosmoflow_parameters_recoverable_from_simple_statistics():
         assert abs(_spectral_slope(x[..., 3]) - slope) < 0.3  # power-spectrum slope
 
 
+def _cifar10_reference(spec, seed: int, block: int) -> np.ndarray:
+    """cifar10 synthesis version 3 of one block, the plain way: each sample's channel
+    planes summed on their own (int16 fixed point), noise read from the planar table."""
+    b = synth.CIFAR_BLOCK
+    labels = synth.labels_array(spec, seed, block * b, b)
+    rng = np.random.default_rng([seed, synth.DATASET_IDS["cifar10"], 2, block])
+    phase = rng.integers(0, 64, b)
+    amp = rng.integers(25, 51, (b, 1), dtype=np.int16)
+    centre, width = rng.uniform(0.2, 0.8, (b, 2)), rng.uniform(0.01, 0.04, (b, 1))
+    colour = rng.uniform(-60, 60, (b, 3))
+    base = np.rint(synth._CIFAR_PALETTE[labels] * rng.uniform(0.7, 1.1, (b, 1))).astype(np.int16)
+    offsets = rng.integers(0, 1 << 20, b)
+    noise_rng = np.random.default_rng([seed, synth.DATASET_IDS["cifar10"], 3, 0])
+    noise = np.clip(np.rint(noise_rng.standard_normal((1 << 20) + 3072, dtype=np.float32)
+                            * np.float32(18.0)), -127, 127).astype(np.int16)
+    y, x = np.mgrid[0:32, 0:32].astype(np.float64) / 32.0
+    t = np.arange(32) / 32.0
+    out = np.empty((b, 32, 32, 3), dtype=np.uint8)
+    for i in range(b):
+        c = int(labels[i])
+        theta = np.radians(18.0 * c)
+        arg = (2 * np.pi * (2 + c % 3) * (x * np.cos(theta) + y * np.sin(theta))
+               + 2 * np.pi * phase[i] / 64)
+        grating = (np.rint(np.sin(arg) * 64).astype(np.int16) * amp[i]) >> 6
+        by = np.rint(np.exp(-(t - centre[i, 0]) ** 2 / (2 * width[i])) * 127).astype(np.int16)
+        bx = np.exp(-(t - centre[i, 1]) ** 2 / (2 * width[i]))
+        for ch in range(3):
+            col = np.rint(bx * colour[i, ch]).astype(np.int16)
+            plane = (by[:, None] * col[None, :]) >> 7
+            plane = plane + grating + base[i, ch] + noise[offsets[i] + ch * 1024:][:1024].reshape(32, 32)
+            out[i, :, :, ch] = np.clip(plane, 0, 255)
+    return out
+
+
+@pytest.mark.parametrize("block", [0, 5])
+def test_cifar10_fast_path_is_the_plain_recipe(block):
+    # the synthesis works in HWC order from interleaved tables: the bytes must stay those of
+    # each sample's channel planes summed on their own (synthesis version 3)
+    spec = DATASETS["cifar10"]
+    b = synth.CIFAR_BLOCK
+    out = np.empty((b, 32, 32, 3), dtype=np.uint8)
+    synth.fill_samples(spec, 11, block * b, out)
+    assert np.array_equal(out, _cifar10_reference(spec, 11, block))
+
+
 def _cosmoflow_reference(spec, seed: int, index: int) -> np.ndarray:
     """Synthesis version 2 of one cosmoflow volume, written the plain way (fresh arrays,
     `irfftn`, `clip`, fancy indexing): the recipe of the synth module's docstring."""
