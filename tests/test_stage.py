@@ -235,6 +235,41 @@ def test_damaged_source_fails_and_leaves_no_half_written_file(tmp_path):
     assert not [p for p in dest.iterdir() if PARTIAL in p.name]
 
 
+def test_small_files_batched_rename_only_after_every_sync(tmp_path, monkeypatch):
+    # small files are copied a batch at a time and fsynced together: a failure in the
+    # middle of a batch (a damaged source, then a failed sync) leaves none of the batch
+    # under its final name and no temporary file, and a rerun completes the copy
+    from iobench import stage
+
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [3_000 + k for k in range(12)])
+    bad = m.path_of(m.files[6])
+    good = bad.read_bytes()
+    bad.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst", threads=1)
+    dest = tmp_path / "dst" / "cifar10-files"
+    with pytest.raises(DatasetError, match=f"{m.files[6].path}.*checksum"):
+        stage_dataset(cfg)
+    assert sorted(p.name for p in dest.iterdir()) == []  # one batch: nothing renamed
+    bad.write_bytes(good)
+    real = stage._finish
+    calls: list[int] = []
+
+    def failing_sync(fd: int, c: StageConfig) -> None:
+        calls.append(fd)
+        if len(calls) == 4:
+            raise OSError(5, "Input/output error")
+        real(fd, c)
+
+    monkeypatch.setattr(stage, "_finish", failing_sync)
+    with pytest.raises(StorageError, match="Input/output error"):
+        stage_dataset(cfg)
+    assert len(calls) >= 4 and not list(dest.iterdir())  # synced first, renamed after
+    monkeypatch.setattr(stage, "_finish", real)
+    stage_dataset(cfg)
+    _assert_copy(m, dest)
+    assert not [p for p in dest.iterdir() if PARTIAL in p.name]
+
+
 @pytest.mark.parametrize("case, needle", [
     ("missing-source", "does not exist"),
     ("no-dataset", "no dataset cifar10-files under"),
