@@ -15,13 +15,22 @@ from pathlib import Path
 
 from iobench.errors import ConfigError
 
-# The interpreter's options that keep the current directory off sys.path, so that a folder
-# named `iobench` there (a data root such as /lustre/$USER/iobench, or a source checkout)
-# is never imported instead of the installed iobench. Python 3.11 has -P; before it, a
-# one-line program that drops sys.path[0] (the current directory, for -c) and runs the CLI.
-BOOTSTRAP = "import sys; del sys.path[0]; from iobench.cli import run; run()"
-SAFE_PYTHON: tuple[str, ...] = (("-P", "-m", "iobench") if sys.version_info >= (3, 11)
-                                else ("-c", BOOTSTRAP))
+# A child Python must never import a folder named `iobench` in the current directory (a
+# data root such as /lustre/$USER/iobench, or a source checkout) instead of the installed
+# iobench, as `python -m` would. Python 3.11 has -P for that; before it, a one-line program
+# drops sys.path[0] (the current directory, for -c) and runs the module.
+HAS_DASH_P = sys.version_info >= (3, 11)
+BOOTSTRAP = ("import runpy, sys; del sys.path[0]; "
+             "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+
+
+def python_argv(module: str = "iobench", dash_p: bool = HAS_DASH_P) -> list[str]:
+    """`python -m MODULE` for a child, immune to its working directory (see above)."""
+    if dash_p:
+        return [sys.executable, "-P", "-m", module]
+    return [sys.executable, "-c", BOOTSTRAP.format(module=module)]
+
+
 TIMED_OUT = 124  # the exit status of a child killed at its time limit (as timeout(1) says)
 
 
@@ -68,7 +77,7 @@ class Command:
     def argv(self) -> list[str]:
         """The argument list to run (`require_launcher` says beforehand whether the launcher
         exists; here one that does not is left as named)."""
-        cmd = [sys.executable, *SAFE_PYTHON, self.name, *self.args]
+        cmd = [*python_argv(), self.name, *self.args]
         if not self.launcher:
             return cmd
         launcher = [a.replace("{ranks}", str(self.ranks))

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from conftest import VENV_BIN, cli, mpiexec_path
 from iobench import __version__
 from iobench.errors import ConfigError
-from iobench.launch import BOOTSTRAP, SAFE_PYTHON, TIMED_OUT, Command, require_launcher, run
+from iobench.launch import TIMED_OUT, Command, python_argv, require_launcher, run
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None, reason="mpiexec not found (mpich extra)")
 
@@ -36,13 +37,16 @@ def checkout_folder(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("folder", [data_root_folder, checkout_folder])
-@pytest.mark.parametrize("python", [SAFE_PYTHON, ("-c", BOOTSTRAP)], ids=["this", "py3.10"])
-def test_the_child_python_imports_the_installed_iobench(tmp_path: Path, folder, python) -> None:
+@pytest.mark.parametrize("dash_p", [True, False], ids=["-P", "py3.10"])
+def test_the_child_python_imports_the_installed_iobench(tmp_path: Path, folder,
+                                                        dash_p: bool) -> None:
     """Both forms (-P on 3.11+, the -c program 3.10 gets) run this iobench from such a
     folder; plain `python -m iobench` runs the decoy package instead."""
+    if dash_p and sys.version_info < (3, 11):
+        pytest.skip("python -P needs Python 3.11")
     cwd = folder(tmp_path)
-    r = subprocess.run([sys.executable, *python, "--version"], cwd=cwd, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([*python_argv("iobench", dash_p), "--version"], cwd=cwd,
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and __version__ in r.stdout + r.stderr, r.stderr
     if folder is checkout_folder:
         bad = subprocess.run([sys.executable, "-m", "iobench", "--version"], cwd=cwd,
@@ -52,7 +56,7 @@ def test_the_child_python_imports_the_installed_iobench(tmp_path: Path, folder, 
 
 def test_a_command_is_arguments_under_its_launcher(tmp_path: Path) -> None:
     plain = Command("train", ("--epochs", "1"))
-    assert plain.argv() == [sys.executable, *SAFE_PYTHON, "train", "--epochs", "1"]
+    assert plain.argv() == [*python_argv(), "train", "--epochs", "1"]
     spread = Command("train", (), ("env", "N={ranks}", "PER_HOST={per_host}"), 8, 4)
     assert spread.argv()[1:3] == ["N=8", "PER_HOST=2"] and spread.argv()[0].endswith("env")
     with pytest.raises(ValueError, match="6 ranks do not spread evenly over 4 hosts"):
@@ -79,12 +83,21 @@ def test_a_timeout_ends_the_whole_process_group(tmp_path: Path) -> None:
     end = run(["bash", "-c", script], tmp_path / "t.log", 2)
     assert end.code == TIMED_OUT and end.timed_out and "timed out after 2 s" in end.why()
     pid = int(pidfile.read_text())
+    for _ in range(300):  # SIGKILL is delivered asynchronously: let it land
+        if not _runs(pid, b"sleep"):
+            break
+        time.sleep(0.1)
+    assert not _runs(pid, b"sleep"), f"the grandchild {pid} still runs"
+
+
+def _runs(pid: int, name: bytes) -> bool:
+    """Whether process `pid` runs `name` (not gone, not a zombie, not a reused pid)."""
     try:
-        os.kill(pid, 0)
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-        assert state == "Z", f"the grandchild {pid} still runs"
-    except ProcessLookupError:
-        pass
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and cmdline.startswith(name)
 
 
 def _tiny_sweep(tmp_path: Path, storage: Path) -> Path:
