@@ -479,15 +479,14 @@ class _Sweep:
         self.seq = 0
 
     def step(self, kind: str, label: str, args: list[str], ranks: int = 1) -> Outcome:
-        """Run one child; its outcome is its exit status (the log's last line is shown)."""
+        """Run one child; its outcome is its exit status (with the log's last line, shown)."""
         self.seq += 1
         path = self.results / "logs" / f"{self.seq:04d}-{kind}-{_slug(label)}.log"
         argv = _iobench_cmd(self.cfg, args, ranks)
         self.log(f"[{kind}] {label}")
         self.log(f"  $ {shlex.join(argv)}")
         end = launch.run(argv, path, self.cfg.run_timeout)
-        err = (None if end.ok else f"timed out after {end.timeout_s:.0f} s (run_timeout)"
-               if end.timed_out else launch.last_line(path))
+        err = None if end.ok else end.why() + (" (run_timeout)" if end.timed_out else "")
         out = Outcome(label, "done" if end.ok else "failed", end.seconds, err, str(path), kind)
         if not end.ok:
             self.log(f"  FAILED ({err}); log: {path}")
