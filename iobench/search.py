@@ -82,7 +82,11 @@ class SearchConfig:
     host_memory_gb: float = 0.0
 
     def __post_init__(self) -> None:
-        run = resolve(self.workload, self.accelerator)
+        resolve(self.workload, self.accelerator)  # an unknown workload or accelerator
+        self._check_counts()
+        self._check_launch()
+
+    def _check_counts(self) -> None:
         if self.max_accelerators < 1:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} must be >= 1")
         if self.repeat < 1:
@@ -93,11 +97,13 @@ class SearchConfig:
             raise ConfigError(f"--batch-size {self.batch_size} must be >= 1")
         if self.threshold is not None and not 0 < self.threshold <= 1:
             raise ConfigError(f"--au-threshold {self.threshold} must be in (0, 1]")
+        if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
+            raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
+
+    def _check_launch(self) -> None:
         if not self.launcher or not any("{ranks}" in a for a in self.launcher):
             raise ConfigError(f"--launcher {shlex.join(self.launcher)!r} must contain {{ranks}}, "
                               "e.g. 'srun -n {ranks}' or 'mpiexec -n {ranks}'")
-        if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
-            raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
         if not self.point_timeout_s > 0:
             raise ConfigError(f"--point-timeout {self.point_timeout_s} must be > 0 seconds")
         if self.hosts < 0:
@@ -106,7 +112,6 @@ class SearchConfig:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} is under --hosts "
                               f"{self.hosts}: every host runs at least one accelerator; raise "
                               f"--max-accelerators to {self.hosts} or more")
-        del run
 
     @property
     def run(self) -> WorkloadRun:
