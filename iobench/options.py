@@ -5,11 +5,14 @@ from __future__ import annotations
 from iobench.errors import ConfigError
 
 
-def parse_repeat(repeat: int, of: str = "cold repetitions") -> int:
-    """`repeat` when it is a whole number >= 1; else a ConfigError saying what it counts (`of`)."""
+def parse_repeat(repeat: int, of: str | None = None) -> int:
+    """`repeat` when it is a whole number >= 1; else a ConfigError, saying what it counts
+    (`of`: "cold repetitions of the grid", ...) when the command's help does not."""
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ConfigError(f"--repeat {repeat!r} must be >= 1: give the number of {of} as a "
-                          "whole number >= 1 (5: median and spread, as in MLPerf Storage)")
+        if of is None:
+            raise ConfigError(f"--repeat {repeat!r} must be >= 1")
+        raise ConfigError(f"--repeat {repeat!r}: give the number of {of}, a whole number >= 1 "
+                          "(5: median and spread, as in MLPerf Storage)")
     return repeat
 
 

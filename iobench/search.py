@@ -89,7 +89,7 @@ class SearchConfig:
         run = resolve(self.workload, self.accelerator)
         if self.max_accelerators < 1:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} must be >= 1")
-        parse_repeat(self.repeat, "repetitions of each point")
+        parse_repeat(self.repeat)
         if self.epochs < 1:
             raise ConfigError(f"--epochs {self.epochs} must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:

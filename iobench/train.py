@@ -212,7 +212,7 @@ def parse_compute_time(seconds: float) -> float:
 def parse_count(name: str, value: int, least: int = 1) -> int:
     """A count option (`name` as the config field) when it is at least `least`."""
     if name == "repeat":
-        return parse_repeat(value, "cold repetitions of the whole run")
+        return parse_repeat(value)
     if value < least:
         raise ConfigError(f"--{name.replace('_', '-')} {value} must be >= {least}")
     return value
