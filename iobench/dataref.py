@@ -140,6 +140,9 @@ def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = No
     if not root.is_dir():
         raise DatasetNotFoundError(f"{root} is not a directory; give the storage root you "
                                    "generated into (iobench generate --storage DIR)")
+    if dataset and fmt and dataset_root(root, dataset, fmt).is_dir():
+        # named, and there: its manifest says what is wrong (e.g. generation unfinished)
+        return load_ref(dataset_root(root, dataset, fmt), str(root))
     found = [(d, f) for d in ([dataset] if dataset else DATASETS)
              for f in ([fmt] if fmt else FORMATS)
              if (dataset_root(root, d, f) / MANIFEST_NAME).is_file()]
