@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from iobench import __version__
-from iobench.datasets import DatasetSpec, dataset_dirname, parse_dataset
+from iobench.dataref import dataset_root
+from iobench.datasets import DatasetSpec, parse_dataset
 from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, NPZ, parse_compression, parse_format
 from iobench.generators.base import Task, Writer, sha256_file
@@ -97,7 +98,8 @@ class GenerateConfig:
 
     @property
     def root(self) -> Path:
-        return self.storage / dataset_dirname(self.dataset, self.format)
+        """Where the dataset is written: `iobench.dataref.dataset_root` of the request."""
+        return dataset_root(self.storage, self.dataset, self.format)
 
     def identity(self) -> dict[str, Any]:
         """What makes two generations the same dataset (parallelism excluded)."""

@@ -18,7 +18,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from iobench.errors import ConfigError, DatasetError, DatasetNotFoundError
+from iobench.errors import DatasetError, DatasetNotFoundError
 from iobench.jsonio import read_json, write_json_atomic
 from iobench.schema import Count, Enum, Int, List, Map, Opt, SchemaError, Str, check
 
@@ -751,51 +751,6 @@ def check_magic(path: str | Path, head: bytes, suffix: str | None = None) -> Non
         raise DatasetError(f"{path}: does not start as a {suffix} "
                            f"file does (first bytes {bytes(head[:8])!r}); it is damaged or "
                            "another kind of file: regenerate it")
-
-
-def locate(storage: str | Path, dataset: str | None = None, fmt: str | None = None
-           ) -> tuple[str, str, Path]:
-    """(dataset, format, root) of the one iobench dataset under a storage root.
-
-    `storage` is a storage root holding `<dataset>-<format>/` directories, or a
-    dataset root itself. `dataset` and `fmt` narrow the choice; when they are
-    not given and exactly one dataset matches, it is the one, so commands can
-    take `--dataset`/`--format` from what is there. Several matches or none are
-    one-line errors naming the options that fix them.
-    """
-    from iobench.datasets import DATASETS, dataset_dirname
-    from iobench.formats import DEFAULT_FORMAT, FORMATS
-
-    root = Path(storage)
-    if (root / MANIFEST_NAME).is_file():
-        m = Manifest.load(root)
-        if (dataset or m.dataset, fmt or m.format) != (m.dataset, m.format):
-            raise DatasetError(f"{root} holds {m.dataset}/{m.format}, not "
-                               f"{dataset or m.dataset}/{fmt or m.format}: drop --dataset/"
-                               "--format or give the ones it holds")
-        return m.dataset, m.format, root
-    if not root.exists():
-        raise DatasetNotFoundError(f"{root} does not exist; give the storage root you "
-                                   "generated into (iobench generate --storage DIR)")
-    if not root.is_dir():
-        raise DatasetNotFoundError(f"{root} is not a directory; give the storage root you "
-                                   "generated into (iobench generate --storage DIR)")
-    found = [(d, f) for d in ([dataset] if dataset else DATASETS)
-             for f in ([fmt] if fmt else FORMATS)
-             if (root / dataset_dirname(d, f) / MANIFEST_NAME).is_file()]
-    if len(found) == 1:
-        d, f = found[0]
-        return d, f, root / dataset_dirname(d, f)
-    if not found:
-        d, f = dataset or "cifar10", fmt or DEFAULT_FORMAT
-        what = (f"no dataset {dataset_dirname(dataset, fmt)} under {root}: "
-                f"{root / dataset_dirname(dataset, fmt)} does not exist" if dataset and fmt
-                else f"no {dataset or fmt or 'iobench'} dataset under {root}")
-        raise DatasetNotFoundError(f"{what}; generate it with `iobench generate --dataset {d} "
-                                   f"--format {f} --storage {root}`")
-    names = ", ".join(f"{d}-{f}" for d, f in found)
-    hint = "--format" if dataset else "--dataset and --format"
-    raise ConfigError(f"{root} holds several datasets ({names}); pick one with {hint}")
 
 
 # ------------------------------------------------------------------------ checking a manifest

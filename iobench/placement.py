@@ -1,8 +1,8 @@
-"""Where a run's dataset lives and what its copies need: shared by train, stage and preflight.
+"""What a dataset's copies need: staging modes, missing bytes, one version on every node.
 
-The helpers these workflows used to import from one another: the dataset root
-a run reads (`resolve_dataset`), the staging modes, the bytes a node's copy
-still lacks, and the check that every node reads one version of the dataset.
+Shared by train, stage and preflight: the staging modes, the bytes a node's copy
+still lacks, and the check that every node reads one version of the dataset
+(where the dataset lives is `iobench.dataref`).
 """
 
 from __future__ import annotations
@@ -10,61 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
 
 from iobench.cache import share_bytes
-from iobench.datasets import dataset_dirname
-from iobench.errors import ConfigError, DatasetNotFoundError
-from iobench.formats import DEFAULT_FORMAT, loader_formats
+from iobench.dataref import DatasetRef, dataset_root
+from iobench.errors import ConfigError
 from iobench.manifest import FileEntry, Manifest
 from iobench.world import World
 
 MODES = ("replicate", "shard")
 
 
-class DatasetRequest(Protocol):
-    """The fields of a run that name its dataset (`iobench.train.TrainConfig` has them)."""
-
-    @property
-    def loader(self) -> str: ...
-    @property
-    def storage(self) -> str: ...
-    @property
-    def dataset(self) -> str: ...
-    @property
-    def format(self) -> str | None: ...
-    @property
-    def data(self) -> str | None: ...
-
-
-def resolve_dataset(config: DatasetRequest) -> Path:
-    """The dataset root `STORAGE/<dataset>-<format>`; a clear error naming `iobench generate`.
-    With `--data`, the user's folder (or the folder of the user's file)."""
-    if config.data is not None:
-        p = Path(config.data).resolve()
-        return p if p.is_dir() else p.parent
-    storage = Path(config.storage)
-    if not storage.is_dir():
-        raise DatasetNotFoundError(f"--storage {storage} is not a directory; give the directory "
-                                   "you generated into (iobench generate --storage DIR)")
-    if config.format is not None or config.loader != "dali":
-        fmt = config.format or config.loader
-    else:  # dali: whichever format exists
-        found = [f for f in loader_formats("dali")
-                 if (storage / dataset_dirname(config.dataset, f) / "iobench.json").is_file()]
-        if len(found) > 1:
-            raise ConfigError(f"{storage} holds {config.dataset} in several formats "
-                              f"({', '.join(found)}); pick one with --format")
-        fmt = found[0] if found else DEFAULT_FORMAT
-    root = storage / dataset_dirname(config.dataset, fmt)
-    if not (root / "iobench.json").is_file():
-        raise DatasetNotFoundError(
-            f"no {config.dataset} dataset in {fmt} format at {root}; create it with: "
-            f"iobench generate --dataset {config.dataset} --format {fmt} --storage {storage}")
-    return root
-
-
 def parse_mode(mode: str) -> str:
+    """`mode` when it is a staging mode (replicate, shard); else a ConfigError naming them."""
     if mode not in MODES:
         raise ConfigError(f"unknown staging mode {mode!r}; choose one of: {', '.join(MODES)}")
     return mode
@@ -103,3 +60,19 @@ def check_same_dataset(world: World, manifest: Manifest) -> None:
                           "`iobench preflight` and fix the stale copy")
         err.agreed = True  # every rank raises it
         raise err
+
+
+def node_path(path: str | Path, world: World, option: str = "--to") -> Path:
+    """`path` with `{node}` and `{host}` replaced by this rank's node index and short host
+    name (node-local paths that differ per host, or several "nodes" emulated on one)."""
+    try:
+        return Path(str(path).format(node=world.node, host=world.hostname.split(".")[0]))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"{option} {path}: only {{node}} and {{host}} may appear in "
+                          f"braces ({e})") from None
+
+
+def staging_root(dest: str | Path, source: DatasetRef, world: World,
+                 option: str = "--to") -> Path:
+    """Where this node's copy of `source` goes: `<dest>/<dataset>-<format>` (`node_path`)."""
+    return dataset_root(node_path(dest, world, option), source.dataset, source.format)

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from iobench import cache
+from iobench.dataref import DatasetRef, locate
 from iobench.errors import ConfigError, IobenchError
-from iobench.manifest import MANIFEST_NAME, TABLE_DIR, FileEntry, Manifest, locate
-from iobench.placement import need_bytes, parse_mode
+from iobench.manifest import MANIFEST_NAME, TABLE_DIR, FileEntry, Manifest
+from iobench.placement import need_bytes, node_path, parse_mode, staging_root
 from iobench.world import World
 
 CHECKS = ("dataset", "version", "files", "staging", "eviction", "ranks")
@@ -86,14 +87,15 @@ def _spot(manifest: Manifest, node: int) -> list[FileEntry]:
     return [files[i] for i in sorted(picks)]
 
 
-def _staging_need(cfg: PreflightConfig, manifest: Manifest, world: World,
+def _staging_need(cfg: PreflightConfig, dataset: DatasetRef, world: World,
                   ranks: list[int]) -> tuple[str, bool, str]:
     """(check, ok, detail) for the node's staging target."""
     from iobench.sysinfo import mount_of
 
     assert cfg.stage_to is not None
-    dest = Path(str(cfg.stage_to).format(node=world.node, host=world.hostname.split(".")[0]))
-    root = dest / Path(manifest.root or ".").name
+    manifest = dataset.manifest
+    dest = node_path(cfg.stage_to, world, "--stage-to")
+    root = staging_root(cfg.stage_to, dataset, world, "--stage-to")
     scope = "local" if cfg.stage_mode == "shard" else "global"
     # share by share, as the node's ranks will copy them: a compact dataset is never listed
     need = sum(need_bytes(cache.rank_share(manifest, ranks, i, world.size, scope), root)
@@ -152,8 +154,8 @@ def _node_checks(cfg: PreflightConfig, world: World, ranks: list[int]) -> list[t
     """This node's answers (on its local rank 0): [(check, ok, detail)], ok None = unknown."""
     out: list[tuple[str, bool | None, str]] = []
     try:
-        _, _, root = locate(cfg.storage, cfg.dataset, cfg.format)
-        manifest = Manifest.load(root)
+        dataset = locate(cfg.storage, cfg.dataset, cfg.format)
+        root, manifest = dataset.root, dataset.manifest
     except (IobenchError, OSError) as e:
         return [("dataset", False, str(e))]
     out.append(("dataset", True, f"{manifest.dataset}/{manifest.format} at {root}"))
@@ -172,7 +174,7 @@ def _node_checks(cfg: PreflightConfig, world: World, ranks: list[int]) -> list[t
                 f"{bad[0]}" if bad else f"{len(spot)} of {len(manifest.files)} files checked"))
     if cfg.stage_to is not None:
         try:
-            out.append(_staging_need(cfg, manifest, world, ranks))
+            out.append(_staging_need(cfg, dataset, world, ranks))
         except (IobenchError, OSError, KeyError, ValueError) as e:
             out.append(("staging", False, f"--stage-to {cfg.stage_to}: {e}"))
     if cfg.eviction:

@@ -24,6 +24,7 @@ from iobench import launch
 from iobench.errors import ConfigError, IobenchError
 from iobench.jsonio import write_json_atomic
 from iobench.launch import Command, require_launcher
+from iobench.options import parse_repeat
 from iobench.results import SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION
 from iobench.schema import (
     Bool,
@@ -89,8 +90,7 @@ class SearchConfig:
     def _check_counts(self) -> None:
         if self.max_accelerators < 1:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} must be >= 1")
-        if self.repeat < 1:
-            raise ConfigError(f"--repeat {self.repeat} must be >= 1")
+        parse_repeat(self.repeat)
         if self.epochs < 1:
             raise ConfigError(f"--epochs {self.epochs} must be >= 1")
         if self.batch_size is not None and self.batch_size < 1:
@@ -227,8 +227,7 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     points that completed, and the exception is raised again with it
     raised as `SearchInterrupted` carrying it as `document`.
     """
-    from iobench.manifest import Manifest
-    from iobench.placement import resolve_dataset
+    from iobench import dataref
     from iobench.results import new_run_id
     from iobench.train import TrainConfig
 
@@ -236,8 +235,8 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     w = cfg.run.workload
     tc = TrainConfig(loader=w.loader, storage=cfg.storage, dataset=str(w.dataset),
                      compute_time_s=cfg.compute_s, batch_size=cfg.batch, decode=False)
-    root = resolve_dataset(tc)  # a missing dataset: one line naming the generate command
-    manifest = Manifest.load(root)
+    dataset = dataref.resolve(tc)  # a missing dataset: one line naming the generate command
+    root, manifest = dataset.root, dataset.manifest
     run_id = run_id or new_run_id()
     doc = _new_document(cfg, run_id, root, manifest)
     passed: dict[int, bool] = {}

@@ -37,17 +37,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from iobench import cache, procio
-from iobench.datasets import dataset_dirname, parse_dataset
+from iobench.dataref import DatasetRef, load_ref, locate
+from iobench.datasets import parse_dataset
 from iobench.errors import (
     ConfigError,
     DatasetError,
-    DatasetNotFoundError,
     IobenchError,
     StorageError,
 )
 from iobench.formats import parse_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
-from iobench.placement import check_same_dataset, need_bytes, parse_mode, resolve_dataset
+from iobench.options import parse_evict_cmd, parse_repeat
+from iobench.placement import check_same_dataset, need_bytes, parse_mode, staging_root
 from iobench.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.spread import spread
 from iobench.watchdog import pending
@@ -58,13 +59,6 @@ MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
 WINDOW = 4  # copy tasks queued per thread: enough to keep every thread busy, never a list
 T = TypeVar("T")
-
-
-def parse_repeat(repeat: int) -> int:
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ConfigError(f"--repeat {repeat!r}: the number of full copies must be a whole "
-                          "number >= 1 (1: one copy, resumable; 5: median and spread)")
-    return repeat
 
 
 @dataclass(frozen=True)
@@ -98,41 +92,18 @@ class StageConfig:
             raise ConfigError(f"threads={self.threads} must be >= 1")
         if not MiB // 16 <= self.buffer_bytes <= 1024 * MiB:
             raise ConfigError(f"buffer_bytes={self.buffer_bytes} must be in [64 KiB, 1 GiB]")
-        parse_repeat(self.repeat)
-        cache.parse_evict_cmd(self.evict_cmd)
-        if self.evict_cmd is not None and self.warm_source:
-            raise ConfigError("--evict-cmd empties the source's caches before the copy; "
-                              "--warm-source asks for none: drop one of them")
+        parse_repeat(self.repeat, "full copies")
+        parse_evict_cmd(self.evict_cmd, self.warm_source, "--warm-source")
 
     @property
     def shuffle_scope(self) -> str:
         """The shuffle scope a training run from the staged copy must use."""
         return "local" if self.mode == "shard" else "global"
 
-    def source_root(self) -> Path:
-        name = dataset_dirname(self.dataset, self.format)
-        if (self.source / name).is_dir():
-            return self.source / name
-        if (self.source / MANIFEST_NAME).is_file():
-            return self.source
-        if not self.source.is_dir():
-            raise DatasetNotFoundError(f"--from {self.source} does not exist; give the storage "
-                                       f"root that holds {name}/")
-        raise DatasetNotFoundError(f"no dataset {name} under --from {self.source}: "
-                                   f"{self.source / name} does not exist; generate it with "
-                                   f"`iobench generate --dataset {self.dataset} --format "
-                                   f"{self.format} --storage {self.source}`")
-
-    def dest_root(self, world: World | None = None) -> Path:
-        """`<dest>/<dataset>-<format>`; `{node}` and `{host}` in `dest` name this rank's node
-        (node-local paths that differ per host, or several "nodes" emulated on one)."""
-        world = world or World()
-        try:
-            dest = str(self.dest).format(node=world.node, host=world.hostname.split(".")[0])
-        except (KeyError, IndexError, ValueError) as e:
-            raise ConfigError(f"--to {self.dest}: only {{node}} and {{host}} may appear in "
-                              f"braces ({e})") from None
-        return Path(dest) / dataset_dirname(self.dataset, self.format)
+    def locate_source(self) -> DatasetRef:
+        """The dataset to copy: `<source>/<dataset>-<format>`, or `source` when it is that
+        dataset's root."""
+        return locate(self.source, self.dataset, self.format)
 
 
 @dataclass
@@ -151,6 +122,7 @@ class _Counters:
 
 
 def _check_manifest(m: Manifest, cfg: StageConfig) -> None:
+    """A DatasetError unless `m` is the dataset `cfg` names and lists only plain paths."""
     if (m.dataset, m.format) != (cfg.dataset, cfg.format):
         raise DatasetError(f"{m.root} holds {m.dataset}/{m.format}, not "
                            f"{cfg.dataset}/{cfg.format}: check --dataset/--format/--from")
@@ -392,68 +364,108 @@ def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: S
         local.buf = memoryview(bytearray(cfg.buffer_bytes))
         local.dirs = set()
         local.tag = f"{PARTIAL}{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    copied: list[_Copied] = []
+    where = [batch[0], ""]  # the file being worked on, and its copy's temporary name
+    try:
+        _copy_batch(batch, src_root, dest_root, cfg, counters, lock, progress, local, copied,
+                    where)
+        _sync_batch(copied, cfg, where)
+        while copied:
+            c = copied[0]
+            where[0] = c.entry
+            c.close()
+            os.replace(c.tmp, c.dst)
+            copied.pop(0)
+            with lock:
+                counters.add(copied_files=1, copied_bytes=c.entry.bytes, recopied_files=c.recopy)
+    except BaseException as e:
+        _discard(copied, str(where[1]))
+        current = where[0]
+        assert isinstance(current, FileEntry)
+        if isinstance(e, OSError) and not isinstance(e, IobenchError):
+            raise _copy_error(e, current, src_root, dest_root) from e
+        raise
+
+
+@dataclass
+class _Copied:
+    """A file of a batch copied under its temporary name, its descriptor open until synced."""
+
+    fd: int  # -1 once closed (or when the copy was synced on its own)
+    tmp: str
+    dst: str
+    entry: FileEntry
+    recopy: int  # 1 when it replaces a wrong or partial file
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
+                counters: _Counters, lock: threading.Lock, progress: _Progress,
+                local: threading.local, copied: list[_Copied], where: list[Any]) -> None:
+    """Copy the batch's files that are not staged yet under temporary names (into `copied`);
+    `where` names the file being copied and its temporary name, for the caller's cleanup."""
     # plain strings, not Paths: with thousands of small files a second, building Paths
     # was a fifth of the copy threads' time (and they share one interpreter lock)
     src_top, dst_top = os.fspath(src_root), os.fspath(dest_root)
-    copied: list[tuple[int, str, str, FileEntry, int]] = []  # (fd, tmp, final, entry, recopy)
-    current, tmp = batch[0], ""
-    try:
-        for entry in batch:
-            current = entry
-            src, dst = os.path.join(src_top, entry.path), os.path.join(dst_top, entry.path)
-            recopy = _already_staged(entry, dst, cfg, counters, lock, progress, local.buf)
-            if recopy is None:
-                continue
-            folder, name = os.path.split(dst)
-            if folder not in local.dirs:
-                os.makedirs(folder, exist_ok=True)
-                local.dirs.add(folder)
-            tmp = os.path.join(folder, f".{name}{local.tag}")
-            try:
-                fd = _copy_verified(src, tmp, entry, cfg, local.buf, progress.advance,
-                                    defer_sync=len(batch) > 1)
-            except FileNotFoundError as e:
-                if e.filename is not None and os.fspath(e.filename) == src:
-                    raise DatasetError(f"source file {src} (in the manifest) is missing: the "
-                                       "source dataset is incomplete; regenerate it or run "
-                                       "`iobench verify`") from None
-                raise
-            copied.append((-1 if fd is None else fd, tmp, dst, entry, recopy))
-            tmp = ""
-        synced = [c for c in copied if c[0] >= 0]
-        if synced:
-            with ThreadPoolExecutor(len(synced), thread_name_prefix="stage-sync") as pool:
-                for (_, _, _, entry, _), fut in [(c, pool.submit(_finish, c[0], cfg))
-                                                 for c in synced]:
-                    current = entry
-                    fut.result()  # the first error, named by its file
-        while copied:
-            fd, ctmp, dst, entry, recopy = copied[0]
-            current = entry
-            if fd >= 0:
-                os.close(fd)
-                copied[0] = (-1, ctmp, dst, entry, recopy)
-            os.replace(ctmp, dst)
-            copied.pop(0)
-            with lock:
-                counters.add(copied_files=1, copied_bytes=entry.bytes, recopied_files=recopy)
-    except BaseException as e:
-        for fd, ctmp, _, _, _ in copied:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(ctmp)
-        if tmp:  # the copy that failed midway
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        if isinstance(e, OSError) and not isinstance(e, IobenchError):
-            where = f"{src_root / current.path} to {dest_root / current.path}"
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StorageError(f"out of space on {dest_root} while copying {current.path} "
-                                   f"({current.bytes} bytes); free space or stage elsewhere; "
-                                   "the partial copy was removed") from e
-            raise StorageError(f"cannot copy {where}: {e.strerror or e}") from e
-        raise
+    for entry in batch:
+        where[0] = entry
+        src, dst = os.path.join(src_top, entry.path), os.path.join(dst_top, entry.path)
+        recopy = _already_staged(entry, dst, cfg, counters, lock, progress, local.buf)
+        if recopy is None:
+            continue
+        folder, name = os.path.split(dst)
+        if folder not in local.dirs:
+            os.makedirs(folder, exist_ok=True)
+            local.dirs.add(folder)
+        where[1] = tmp = os.path.join(folder, f".{name}{local.tag}")
+        try:
+            fd = _copy_verified(src, tmp, entry, cfg, local.buf, progress.advance,
+                                defer_sync=len(batch) > 1)
+        except FileNotFoundError as e:
+            if e.filename is not None and os.fspath(e.filename) == src:
+                raise DatasetError(f"source file {src} (in the manifest) is missing: the "
+                                   "source dataset is incomplete; regenerate it or run "
+                                   "`iobench verify`") from None
+            raise
+        copied.append(_Copied(-1 if fd is None else fd, tmp, dst, entry, recopy))
+        where[1] = ""
+
+
+def _sync_batch(copied: list[_Copied], cfg: StageConfig, where: list[Any]) -> None:
+    """fsync the batch's open copies together (they share journal commits)."""
+    synced = [c for c in copied if c.fd >= 0]
+    if not synced:
+        return
+    with ThreadPoolExecutor(len(synced), thread_name_prefix="stage-sync") as pool:
+        for c, fut in [(c, pool.submit(_finish, c.fd, cfg)) for c in synced]:
+            where[0] = c.entry
+            fut.result()  # the first error, named by its file
+
+
+def _discard(copied: list[_Copied], tmp: str) -> None:
+    """Remove a failed batch's temporary copies (and `tmp`, the copy that failed midway)."""
+    for c in copied:
+        c.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(c.tmp)
+    if tmp:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _copy_error(e: OSError, current: FileEntry, src_root: Path, dest_root: Path
+                ) -> StorageError:
+    """The one-line error of a copy that failed: out of space, or what the OS said."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageError(f"out of space on {dest_root} while copying {current.path} "
+                            f"({current.bytes} bytes); free space or stage elsewhere; "
+                            "the partial copy was removed")
+    where = f"{src_root / current.path} to {dest_root / current.path}"
+    return StorageError(f"cannot copy {where}: {e.strerror or e}")
 
 
 def _already_staged(entry: FileEntry, dst: str, cfg: StageConfig, counters: _Counters,
@@ -503,13 +515,15 @@ def _check_dest(dest_root: Path, need_bytes: int) -> None:
                            "space, stage elsewhere, or use --mode shard")
 
 
-def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any]:
+def stage_dataset(cfg: StageConfig, world: World | None = None,
+                  source: DatasetRef | None = None) -> dict[str, Any]:
     """Stage the dataset; return the staging result (the `iobench.stage` v2 document).
 
     A collective under MPI: every rank calls it, and every rank gets the same
     result. Errors (missing source, unwritable or full destination, a checksum
     mismatch) are raised on every rank, and no half-written file is left
-    under a final name.
+    under a final name. `source` is the dataset to copy, when the caller has
+    resolved it already; else `cfg` names it (`StageConfig.locate_source`).
 
     Before each copy the source is evicted on every node (unless
     `cfg.warm_source`) and its residency measured (`source_cache`); the OS's
@@ -518,73 +532,122 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     repetition (no resume), the files the previous repetition wrote are removed
     first, and `stage_s` / `stage_MBps` are the medians (`spread` has the rest).
     """
-    from iobench.sysinfo import mount_of, provenance
+    return _stage(cfg, world or World(), source)[1]
 
-    world = world or World()
+
+def _stage(cfg: StageConfig, world: World, source: DatasetRef | None
+           ) -> tuple[_Plan, dict[str, Any]]:
+    """`stage_dataset`, with the plan it followed."""
+    plan = _plan(cfg, world, source)
+    node_bytes = _prepare_dest(plan, world)
+    reps = _copy_repetitions(plan, world)
+    error = None
+    if plan.node_leader:  # manifest last: its presence means the copy is complete
+        try:
+            _write_dest_manifest(plan, world)
+        except Exception as e:  # every rank must hear of it
+            error = e
+    agree(world, error, "staging")
+    return plan, _document(plan, world, reps, node_bytes)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One rank's part of a staging: the source, its copy's folder, the rank's share."""
+
+    cfg: StageConfig
+    source: DatasetRef
+    dest_root: Path
+    rank: int
+    ranks: list[int]  # the global ranks on this rank's node
+    mine: Sequence[FileEntry]  # this rank's files (a compact table's are never listed)
+    my_bytes: int
+    my_need: int  # bytes of `mine` the destination lacks
+    note: str | None  # why the OS cannot count the copy's storage reads, if it cannot
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.source.manifest
+
+    @property
+    def node_leader(self) -> bool:
+        """The node's first rank: it prepares the destination and writes the manifest."""
+        return self.ranks[0] == self.rank
+
+
+def _plan(cfg: StageConfig, world: World, source: DatasetRef | None) -> _Plan:
+    """Find the source, its copy's folder and this rank's share; raised on every rank."""
     error: BaseException | None = None
-    src_root = dest_root = None
-    mine: Sequence[FileEntry] = []
-    my_bytes = my_need = 0
-    manifest = None
-    note: str | None = None  # why the OS cannot count the copy's storage reads, if it cannot
+    plan = None
     ranks = cache.node_ranks(world)
-    local_index = ranks.index(world.rank)
     try:
-        src_root = cfg.source_root()
-        manifest = Manifest.load(src_root)
-        _check_manifest(manifest, cfg)
-        note = procio.read_bytes_unavailable(src_root)
-        dest_root = cfg.dest_root(world)
-        if dest_root.resolve() == src_root.resolve():
-            raise ConfigError(f"--to {cfg.dest} would stage {src_root} onto itself; give "
+        source = source or cfg.locate_source()
+        _check_manifest(source.manifest, cfg)
+        dest_root = staging_root(cfg.dest, source, world)
+        if dest_root.resolve() == source.root.resolve():
+            raise ConfigError(f"--to {cfg.dest} would stage {source.root} onto itself; give "
                               "another storage root")
+        manifest = source.manifest
         if cfg.mode == "shard" and len(manifest.data_files) < world.size:
             raise ConfigError(f"--mode shard needs at least one data file per rank: "
                               f"{len(manifest.data_files)} files for {world.size} ranks; "
                               "regenerate with a smaller --samples-per-file")
         # the node's files, dealt to its ranks as eviction deals them: arithmetic slices of
         # a compact table, never a list of every file
-        mine = cache.rank_share(manifest, ranks, local_index, world.size, cfg.shuffle_scope)
-        my_bytes = cache.share_bytes(mine)
-        my_need = need_bytes(mine, dest_root)  # each rank stats its own share, side by side
+        mine = cache.rank_share(manifest, ranks, ranks.index(world.rank), world.size,
+                                cfg.shuffle_scope)
+        plan = _Plan(cfg, source, dest_root, world.rank, ranks, mine, cache.share_bytes(mine),
+                     need_bytes(mine, dest_root),  # each rank stats its own share
+                     procio.read_bytes_unavailable(source.root))
     except Exception as e:  # whatever it is, every rank must hear of it (no rank left waiting)
         error = e
     agree(world, error, "staging")
-    assert manifest is not None and src_root is not None and dest_root is not None
-    check_same_dataset(world, manifest)  # every node copies the same version, or none does
-    shares = world.allgather((world.node, my_bytes, my_need))
-    node_bytes = sum(b for node, b, _ in shares if node == world.node)
-    if local_index == 0:
+    assert plan is not None
+    check_same_dataset(world, plan.manifest)  # every node copies the same version, or none does
+    return plan
+
+
+def _prepare_dest(plan: _Plan, world: World) -> int:
+    """The node's leader checks the destination has room for what the node's ranks copy
+    and removes a manifest there (an older dataset must not pass for this one mid-way);
+    the bytes of the node's share."""
+    shares = world.allgather((world.node, plan.my_bytes, plan.my_need))
+    error: BaseException | None = None
+    if plan.node_leader:
         try:
-            _check_dest(dest_root, sum(n for node, _, n in shares if node == world.node))
-            # an older, different dataset here must not pass for this one mid-way
+            _check_dest(plan.dest_root, sum(n for node, _, n in shares if node == world.node))
             with contextlib.suppress(FileNotFoundError):
-                (dest_root / MANIFEST_NAME).unlink()
+                (plan.dest_root / MANIFEST_NAME).unlink()
         except Exception as e:  # every rank must hear of it
             error = e
     agree(world, error, "staging")
+    return sum(b for node, b, _ in shares if node == world.node)
 
+
+def _copy_repetitions(plan: _Plan, world: World) -> list[dict[str, Any]]:
+    """Every repetition's copy (a collective each); a cold-source warning said once, first."""
+    cfg = plan.cfg
     reps: list[dict[str, Any]] = []
     warned = False
     for r in range(cfg.repeat):
         if r:  # the next repetition copies everything again, into a destination without it
-            agree(world, _remove_files(cache.share_paths(manifest, mine, dest_root)),
-                  "staging")
-        rep = _copy_once(cfg, world, manifest, src_root, dest_root, mine, my_bytes, r,
-                         local_index == 0, count_io=note is None)
+            agree(world, _remove_files(cache.share_paths(plan.manifest, plan.mine,
+                                                         plan.dest_root)), "staging")
+        rep = _copy_once(plan, world, r)
         reps.append(rep)
         warning = rep["source_cache"]["warning"]
         if warning and not warned and world.rank == 0:  # loudly, before the figures
             print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
             warned = True
-    error = None
-    if local_index == 0:  # manifest last: its presence means the copy is complete
-        try:
-            _write_dest_manifest(manifest, dest_root, cfg, world, src_root, ranks)
-        except Exception as e:  # every rank must hear of it
-            error = e
-    agree(world, error, "staging")
+    return reps
 
+
+def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
+              node_bytes: int) -> dict[str, Any]:
+    """The `iobench.stage` document of the repetitions (medians; the first one's counters)."""
+    from iobench.sysinfo import mount_of, provenance
+
+    cfg, manifest = plan.cfg, plan.manifest
     first = reps[0]  # the one that met the destination as it was: the resume counters
     total = first["counters"]
     figures = {"stage_s": spread(r["stage_s"] for r in reps),
@@ -592,7 +655,7 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
     os_reads = [r["os_read_bytes"] for r in reps]
     source_cache = _merge_source_cache([r["source_cache"] for r in reps])
     per_node = node_stage_figures(first["per_rank_full"])
-    doc: dict[str, Any] = {
+    return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "kind": "stage",
         "created": now_iso(),
@@ -601,15 +664,15 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
                    "launcher": world.launcher},
         "dataset": manifest.identity(),
         "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope,
-        "from": {"root": str(src_root.resolve()), **asdict(mount_of(src_root))},
-        "to": {"root": str(dest_root.resolve()), **asdict(mount_of(dest_root))},
+        "from": {"root": str(plan.source.root.resolve()), **asdict(mount_of(plan.source.root))},
+        "to": {"root": str(plan.dest_root.resolve()), **asdict(mount_of(plan.dest_root))},
         # medians over the repetitions (the value itself when there is one)
         "stage_s": figures["stage_s"]["median"] if figures["stage_s"] else None,
         "stage_bytes": first["stage_bytes"],  # per repetition; every repetition copies as much
         "stage_MBps": figures["stage_MBps"]["median"] if figures["stage_MBps"] else None,
         # the least any repetition read from storage: proof that every one of them did
-        "os_read_bytes": None if note or None in os_reads else min(os_reads),
-        "os_read_bytes_note": note,
+        "os_read_bytes": None if plan.note or None in os_reads else min(os_reads),
+        "os_read_bytes_note": plan.note,
         "source_cache": source_cache,
         "repeats": cfg.repeat,
         "spread": figures,
@@ -627,7 +690,6 @@ def stage_dataset(cfg: StageConfig, world: World | None = None) -> dict[str, Any
         "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
         "provenance": provenance() if world.rank == 0 else None,
     }
-    return doc
 
 
 def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -645,38 +707,31 @@ def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Path,
-               dest_root: Path, mine: Sequence[FileEntry], my_bytes: int, repeat: int,
-               node_leader: bool, count_io: bool) -> dict[str, Any]:
+def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     """One repetition: evict the source (unless warm_source), then copy this rank's files, timed.
 
     A collective. Returns the repetition's figures, the same on every rank. The files
     are handed to the copy threads a window at a time (never a task per file up front).
     """
-    evicted = cache.evict_for_node(manifest, world, scope=cfg.shuffle_scope,
+    cfg, mine = plan.cfg, plan.mine
+    evicted = cache.evict_for_node(plan.manifest, world, scope=cfg.shuffle_scope,
                                    evict_pages=not cfg.warm_source, loud=False,
                                    evict_cmd=cfg.evict_cmd)
     counters, lock = _Counters(), threading.Lock()
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
-    progress = _Progress(cfg.progress and world.rank == 0, my_bytes,
+    progress = _Progress(cfg.progress and world.rank == 0, plan.my_bytes,
                          f"{label} (rank 0 of {world.size})" if world.size > 1 else label)
-    error: BaseException | None = None
-    if node_leader:  # before any rank of the node copies: a partial file here is a leftover
-        try:
-            counters.removed_partials = _remove_partials(dest_root, manifest,
-                                                         socket.gethostname())
-        except OSError as e:
-            error = StorageError(f"cannot clear leftovers of an interrupted copy in "
-                                 f"{dest_root}: {e.strerror or e}")
-    io0 = procio.tree_io() if count_io else None
+    error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
+                                   else None)
+    io0 = procio.tree_io() if plan.note is None else None
     world.barrier()
     t0 = time.perf_counter_ns()
     local = threading.local()
     try:
         if error is None:
             error = _copy_all(_batches(mine, batch_files(cfg.threads)),
-                              lambda b: _stage_batch(b, src_root, dest_root, cfg, counters,
-                                                     lock, progress, local),
+                              lambda b: _stage_batch(b, plan.source.root, plan.dest_root, cfg,
+                                                     counters, lock, progress, local),
                               cfg.threads, progress.stop)
     except Exception as e:
         error = error or e
@@ -705,6 +760,18 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
             "per_rank": [{k: r[k] for k in ("rank", "node", "node_name", "seconds", "copied_bytes",
                                             "os_read_bytes")} for r in per_rank],
             "per_rank_full": per_rank, "counters": total}
+
+
+def _clear_leftovers(plan: _Plan, counters: _Counters) -> StorageError | None:
+    """Before any rank of the node copies, remove what an interrupted copy on this host left
+    (a partial file here is a leftover); the error, if that fails."""
+    try:
+        counters.removed_partials = _remove_partials(plan.dest_root, plan.manifest,
+                                                     socket.gethostname())
+    except OSError as e:
+        return StorageError(f"cannot clear leftovers of an interrupted copy in "
+                            f"{plan.dest_root}: {e.strerror or e}")
+    return None
 
 
 def _copy_all(entries: Iterable[T], copy: Callable[[T], None], threads: int,
@@ -835,9 +902,9 @@ def _merge_source_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
             "seconds": sum(c["seconds"] for c in caches)}
 
 
-def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, world: World,
-                         src_root: Path, ranks: list[int]) -> None:
+def _write_dest_manifest(plan: _Plan, world: World) -> None:
     """The full manifest (loaders need every file's sample range), marked as staged."""
+    cfg, manifest, ranks = plan.cfg, plan.manifest, plan.ranks
     present: list[str] | dict[str, Any] | None = None  # in shard mode only these are here
     if cfg.mode == "shard" and manifest.compact is not None:  # the rule, not the list
         present = {"data_files_of_ranks": list(ranks), "world_size": world.size,
@@ -846,7 +913,7 @@ def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, 
         present = [e.path for e in cache.files_for_node(manifest, ranks, world.size, "local")]
     extra = dict(manifest.extra)
     extra["staged"] = {
-        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope, "from": str(src_root),
+        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope, "from": str(plan.source.root),
         "world_size": world.size, "num_nodes": world.num_nodes, "node": world.node,
         # in shard mode only these files are here: the ranks listed read nothing else
         "files_present": present,
@@ -855,32 +922,35 @@ def _write_dest_manifest(manifest: Manifest, dest_root: Path, cfg: StageConfig, 
     import dataclasses
 
     staged = dataclasses.replace(manifest, extra=extra, root=None)
-    staged.write(dest_root)
+    staged.write(plan.dest_root)
 
 
-def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
-                       progress: bool = False, warm_source: bool = False,
-                       evict_cmd: str | None = None) -> tuple[Any, dict[str, Any]]:
-    """For `iobench train --stage-to DIR2`: stage the run's dataset, then train from the copy.
+# what a training run records of the staging that preceded it (the result's `staging`)
+STAGING_KEYS = ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes", "os_read_bytes_note",
+                "source_cache", "mode", "shuffle_scope", "from", "to", "copied_files",
+                "skipped_files", "skipped_bytes", "verified", "dataset_bytes", "per_node",
+                "slowest_node", "warnings")
 
-    Returns the training config pointing at the staged copy, and the result's
-    `staging` section (stage_s, stage_bytes, stage_MBps, os_read_bytes,
-    source_cache, mode, shuffle_scope, tiers). The source is evicted before the
-    copy unless `warm_source`. In `shard` mode the loaders must read with `scope="local"`
-    (`staging["shuffle_scope"]`). A collective: every rank calls it, and a
-    failure is raised on every rank (marked as agreed, so the CLI prints it once).
+
+def stage_copy(source: DatasetRef, dest: str | Path, mode: str, world: World, *,
+               progress: bool = False, warm_source: bool = False, evict_cmd: str | None = None,
+               warm_cache: bool = False) -> tuple[DatasetRef, dict[str, Any]]:
+    """For `iobench train --stage-to DIR2`: stage `source` to DIR2; return the staged copy
+    (this node's) and the result's `staging` section.
+
+    The section holds stage_s, stage_bytes, stage_MBps, os_read_bytes,
+    source_cache, mode, shuffle_scope and the tiers. The source is evicted before
+    the copy unless `warm_source`. In `shard` mode the loaders must read with
+    `scope="local"` (`staging["shuffle_scope"]`). A collective: every rank calls
+    it, and a failure is raised on every rank (marked as agreed, so the CLI
+    prints it once). `warm_cache` is the training run's: staging would warm it.
     """
-    import dataclasses
-
     cfg = error = None
     try:
-        parse_mode(mode)
-        src_root = resolve_dataset(config)
-        fmt = Manifest.load(src_root).format
-        cfg = StageConfig(dataset=config.dataset, format=fmt, source=src_root.parent,
-                          dest=Path(dest), mode=mode, progress=progress,
-                          warm_source=warm_source, evict_cmd=evict_cmd)
-        if config.warm_cache:
+        cfg = StageConfig(dataset=source.dataset, format=source.format,
+                          source=Path(source.storage), dest=Path(dest), mode=parse_mode(mode),
+                          progress=progress, warm_source=warm_source, evict_cmd=evict_cmd)
+        if warm_cache:
             raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
                               "once, which would warm the cache; drop one of them")
     except IobenchError as e:
@@ -888,16 +958,63 @@ def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
     try:
         agree(world, error, "staging")  # no rank enters the copy while another has failed
         assert cfg is not None
-        doc = stage_dataset(cfg, world)
+        plan, doc = _stage(cfg, world, source)
+        copy = plan.dest_root.resolve()
+        staged = load_ref(copy, str(copy.parent))
     except IobenchError as e:
         e.agreed = True  # every rank raised it
         raise
-    staging = {k: doc[k] for k in ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes",
-                                   "os_read_bytes_note", "source_cache", "mode",
-                                   "shuffle_scope", "from", "to", "copied_files",
-                                   "skipped_files", "skipped_bytes", "verified", "dataset_bytes",
-                                   "per_node", "slowest_node", "warnings")}
+    staging = {k: doc[k] for k in STAGING_KEYS}
     # needs an epoch time from the source tier, i.e. another run: `iobench report` pairs them
     staging["break_even_epochs"] = None
-    staged_storage = str(Path(doc["to"]["root"]).parent)
-    return dataclasses.replace(config, storage=staged_storage), staging
+    return staged, staging
+
+
+def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
+                       progress: bool = False, warm_source: bool = False,
+                       evict_cmd: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """`stage_copy` of a training config's dataset (resolved once, here); returns the config
+    pointing at the staged copy, and the result's `staging` section."""
+    import dataclasses
+
+    from iobench.dataref import resolve
+
+    source = error = None
+    try:
+        source = resolve(config, world)
+    except IobenchError as e:
+        error = e
+    agree(world, error, "staging")
+    assert source is not None
+    staged, staging = stage_copy(source, dest, mode, world, progress=progress,
+                                 warm_source=warm_source, evict_cmd=evict_cmd,
+                                 warm_cache=config.warm_cache)
+    return dataclasses.replace(config, storage=staged.storage), staging
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What `iobench stage` did: the staging document (every rank), and where rank 0 wrote it."""
+
+    doc: dict[str, Any]
+    path: Path | None  # None on other ranks
+
+
+def run_stage(cfg: StageConfig, world: World, results: str | Path,
+              source: DatasetRef | None = None) -> StageOutcome:
+    """`iobench stage`: stage the dataset (a collective; torch.distributed set up for it
+    under torchrun), then rank 0 writes the staging result into `results`."""
+    from iobench.results import write_document
+
+    torchrun = world.launcher == "torchrun" and world.size > 1
+    if torchrun:  # collectives go through torch.distributed there (gloo: CPU only)
+        from iobench import distributed
+
+        distributed.init_process_group(world, False)
+    try:
+        doc = stage_dataset(cfg, world, source)
+    finally:
+        if torchrun:
+            distributed.destroy_process_group()
+    path = write_document(doc, results, "stage") if world.rank == 0 else None
+    return StageOutcome(doc, path)

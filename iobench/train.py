@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from iobench import cache, faults, procio, sysinfo
+from iobench.dataref import DatasetRef, resolve
 from iobench.datasets import DATASETS, parse_dataset
 from iobench.errors import (
     ConfigError,
@@ -39,11 +40,12 @@ from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
 from iobench.models import build_model, count_parameters, parse_model, resolve_model
-from iobench.placement import check_same_dataset, resolve_dataset
+from iobench.options import parse_evict_cmd, parse_repeat
+from iobench.placement import check_same_dataset
 from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
-from iobench.userdata import USER_DATASET, shared_manifest
+from iobench.userdata import USER_DATASET
 from iobench.watchdog import Interrupted, Watchdog, pending
 from iobench.world import World, agree
 
@@ -92,9 +94,27 @@ class TrainConfig:
     label_key: str | None = None  # its labels array or LMDB record, else detected
 
     def __post_init__(self) -> None:
-        if self.loader not in LOADER_NAMES:
-            raise ConfigError(f"unknown loader {self.loader!r}; choose one of: "
-                              f"{', '.join(LOADER_NAMES)}")
+        parse_loader(self.loader)
+        self._check_dataset()
+        if self.format is not None:
+            parse_loader_format(self.loader, self.format)
+        self._check_compute()
+        for name in ("epochs", "batch_size", "repeat"):
+            parse_count(name, getattr(self, name))
+        parse_count("workers", self.workers, least=0)
+        if self.max_steps is not None:
+            parse_count("max_steps", self.max_steps)
+        if self.worker_type not in WORKER_TYPES:
+            raise ConfigError(f"--worker-type {self.worker_type!r}; choose one of {WORKER_TYPES}")
+        parse_shuffle(self.shuffle)
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"--lr {self.lr} must be a positive number")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
+        self._check_cache()
+
+    def _check_dataset(self) -> None:
+        """A generated dataset by name, or the user's data (`--data`) with its keys."""
         if self.data is None:
             parse_dataset(self.dataset)
             if self.data_key or self.label_key:
@@ -107,60 +127,35 @@ class TrainConfig:
             raise ConfigError(f"--model {self.model}: iobench's models train on its generated "
                               "datasets only; with --data use --model none (pure ingest) or "
                               "--compute-time SECONDS (an emulated accelerator)")
-        if self.format is not None:
-            parse_format(self.format)
-            if self.format not in loader_formats(self.loader) and self.loader == "dali":
-                raise ConfigError(f"--loader dali cannot read {self.format} datasets; use "
-                                  f"--loader {self.format}")
-            if self.loader != "dali" and self.format != self.loader:
-                raise ConfigError(f"--format {self.format} does not fit --loader {self.loader} "
-                                  f"(it reads {self.loader} datasets); --format is for "
-                                  "--loader dali only")
+
+    def _check_compute(self) -> None:
+        """A real model, an emulated step (--compute-time) or none, and what each allows."""
         if self.model not in ("auto", "none") and self.data is None:
             resolve_model(self.model, self.dataset)
         if self.compute_time_s is not None:
-            if not (self.compute_time_s >= 0 and math.isfinite(self.compute_time_s)):
-                raise ConfigError(f"--compute-time {self.compute_time_s} must be a finite "
-                                  "number of seconds >= 0")
+            parse_compute_time(self.compute_time_s)
             if self.model not in ("auto", "none"):
                 raise ConfigError(f"--compute-time emulates the compute, --model "
                                   f"{self.model} runs a real one: give one of them")
         if not self.decode and self.compute_kind == "model":
             raise ConfigError("--no-decode leaves samples undecoded, which no model can train "
                               "on: add --model none (pure ingest) or --compute-time SECONDS")
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
-        if self.workers < 0:
-            raise ConfigError(f"--workers {self.workers} must be >= 0")
-        if self.worker_type not in WORKER_TYPES:
-            raise ConfigError(f"--worker-type {self.worker_type!r}; choose one of {WORKER_TYPES}")
-        parse_shuffle(self.shuffle)
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"--max-steps {self.max_steps} must be >= 1")
+        if self.amp and self.compute_kind != "model":
+            raise ConfigError("--amp only applies to a real model; drop it or pick --model")
+        if not self.step_sync and self.compute_kind == "model":
+            raise ConfigError("--no-step-sync applies to --compute-time and --model none; a "
+                              "real model is synchronised by DDP's all-reduce")
+
+    def _check_cache(self) -> None:
+        """Eviction (--drop-caches, --evict-cmd), the server cache rule and the verdict."""
+        from iobench.verdict import parse_threshold
+
         if self.drop_caches and (self.warm_cache or not os.access("/proc/sys/vm/drop_caches",
                                                                   os.W_OK)):
             raise ConfigError("--drop-caches needs root (a writable /proc/sys/vm/drop_caches) "
                               "and a cold-cache run (no --warm-cache)")
-        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"--lr {self.lr} must be a positive number")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
-        if self.amp and self.compute_kind != "model":
-            raise ConfigError("--amp only applies to a real model; drop it or pick --model")
-        if self.repeat < 1:
-            raise ConfigError(f"--repeat {self.repeat} must be >= 1")
-        from iobench.verdict import parse_threshold
-
         parse_threshold(self.au_threshold)
-        if not self.step_sync and self.compute_kind == "model":
-            raise ConfigError("--no-step-sync applies to --compute-time and --model none; a "
-                              "real model is synchronised by DDP's all-reduce")
-        if self.evict_cmd is not None:
-            cache.parse_evict_cmd(self.evict_cmd)
-            if self.warm_cache:
-                raise ConfigError("--evict-cmd empties caches before cold epochs; --warm-cache "
-                                  "asks for none: drop one of them")
+        parse_evict_cmd(self.evict_cmd, self.warm_cache)
         if self.server_cache_gb is not None and not (self.server_cache_gb >= 0
                                                      and math.isfinite(self.server_cache_gb)):
             raise ConfigError(f"--server-cache-gb {self.server_cache_gb} must be a number of "
@@ -187,6 +182,40 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parse_loader(loader: str) -> str:
+    """`loader` when iobench has it (a format's own reader, or dali)."""
+    if loader not in LOADER_NAMES:
+        raise ConfigError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADER_NAMES)}")
+    return loader
+
+
+def parse_loader_format(loader: str, fmt: str) -> str:
+    """`fmt` when `loader` reads it: `--format` is for dali, the others read their own."""
+    parse_format(fmt)
+    if fmt not in loader_formats(loader) and loader == "dali":
+        raise ConfigError(f"--loader dali cannot read {fmt} datasets; use --loader {fmt}")
+    if loader != "dali" and fmt != loader:
+        raise ConfigError(f"--format {fmt} does not fit --loader {loader} (it reads {loader} "
+                          "datasets); --format is for --loader dali only")
+    return fmt
+
+
+def parse_compute_time(seconds: float) -> float:
+    """An emulated step's seconds: finite and >= 0."""
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ConfigError(f"--compute-time {seconds} must be a finite number of seconds >= 0")
+    return seconds
+
+
+def parse_count(name: str, value: int, least: int = 1) -> int:
+    """A count option (`name` as the config field) when it is at least `least`."""
+    if name == "repeat":
+        return parse_repeat(value)
+    if value < least:
+        raise ConfigError(f"--{name.replace('_', '-')} {value} must be >= {least}")
+    return value
 
 
 def check_results_dir(path: str | Path) -> Path:
@@ -273,7 +302,8 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         counters: Callable[[], dict[str, int]] | None = None,
         started: Callable[[], None] | None = None,
         live: Callable[[int, int, int, EpochClock], None] | None = None,
-        live_interval_s: float = 2.0) -> dict[str, Any] | None:
+        live_interval_s: float = 2.0,
+        dataset: DatasetRef | None = None) -> dict[str, Any] | None:
     """Train `config.repeat` times for `config.epochs`; return the result document on rank 0.
 
     torch.distributed must already be initialised when `world.size > 1`
@@ -287,30 +317,13 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     (inside an emulated step it costs nothing; with a model it is part of
     that step's compute, never of the stall). `counters()`, if given,
     returns byte counters of a storage tier; their per-epoch deltas (rank
-    0's) are stored as `tier_bytes`.
+    0's) are stored as `tier_bytes`. `dataset` is the dataset to read, when the
+    caller resolved it already (`iobench.dataref`); else `config` names it.
     """
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{world.local_rank}" if use_cuda else "cpu")
-    err: IobenchError | None = None
-    try:
-        if config.data is not None:  # built in memory (rank 0's, sent to all): never written
-            manifest = shared_manifest(world, config.data, config.data_key, config.label_key)
-            if manifest.format != config.loader:
-                raise ConfigError(f"--data {config.data} is {manifest.format} data; read it "
-                                  f"with --loader {manifest.format}")
-            root = manifest.root
-            assert root is not None  # shared_manifest roots it at the user's folder
-        else:
-            root = resolve_dataset(config)
-            manifest = Manifest.load(root)
-        if manifest.dataset != config.dataset:
-            raise ConfigError(f"{root} holds {manifest.dataset!r}, not {config.dataset!r}")
-        mount = sysinfo.mount_of(root)
-        if world.is_root:
-            check_results_dir(config.results)
-    except IobenchError as e:
-        err = e
-    agree(world, err)
+    dataset, mount = _open_dataset(config, world, dataset)
+    manifest = dataset.manifest
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
     node_memory = {n: m for n, m in world.allgather((world.hostname, sysinfo.memory_bytes()))}
     memory = sum(node_memory.values())
@@ -324,17 +337,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
                    if world.is_root else None)
     run.watchdog = dog
     try:
-        for rep in range(config.repeat):
-            dog.progress("building the loader")
-            loader = _make_loader(loader_factory, manifest, config, world, device)
-            try:
-                dog.progress("starting the loader's workers")
-                startup = run.start_loader(loader)
-                if rep == 0 and started is not None and world.is_root:
-                    started()
-                run.repetition(rep, loader, startup)
-            finally:
-                loader.close()
+        _repetitions(run, loader_factory, started)
     except Interrupted as e:
         raise RunInterrupted(e.signum, run.document(memory, "interrupted", str(e))
                              if world.is_root else None) from None
@@ -345,6 +348,44 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
             with contextlib.suppress(OSError):
                 beats.parent.rmdir()  # only when no other run beats there
     return run.document(memory) if world.is_root else None
+
+
+def _open_dataset(config: TrainConfig, world: World, dataset: DatasetRef | None
+                  ) -> tuple[DatasetRef, sysinfo.MountInfo]:
+    """The run's dataset (resolved here unless given) and its mount, and the results
+    directory proven writable and outside the user's data; an error on every rank."""
+    err: IobenchError | None = None
+    mount = None
+    try:
+        dataset = dataset or resolve(config, world)
+        mount = sysinfo.mount_of(dataset.root)
+        if world.is_root:
+            dataset.refuse_inside(config.results)  # never write into the user's data
+            check_results_dir(config.results)
+    except IobenchError as e:
+        err = e
+    agree(world, err)
+    assert dataset is not None and mount is not None
+    return dataset, mount
+
+
+def _repetitions(run: _Run, loader_factory: LoaderFactory,
+                 started: Callable[[], None] | None) -> None:
+    """Each repetition with a fresh loader, closed after it."""
+    config, world = run.config, run.world
+    dog = run.watchdog
+    assert dog is not None
+    for rep in range(config.repeat):
+        dog.progress("building the loader")
+        loader = _make_loader(loader_factory, run.manifest, config, world, run.device)
+        try:
+            dog.progress("starting the loader's workers")
+            startup = run.start_loader(loader)
+            if rep == 0 and started is not None and world.is_root:
+                started()
+            run.repetition(rep, loader, startup)
+        finally:
+            loader.close()
 
 
 class RunInterrupted(Interrupted):
@@ -500,6 +541,43 @@ class _Hooks:
     live_interval_ns: int  # at most one `live` call per interval
 
 
+class _LoaderTimes:
+    """The readers' own clocks over an epoch's batches (`Batch.timing`): read, decode and
+    hand-over time, in total and per worker."""
+
+    def __init__(self) -> None:
+        self.batches = self.read_ns = self.decode_ns = self.handoff_ns = 0
+        self.per_worker: dict[int, list[int]] = {}  # worker id -> [batches, read_ns, decode_ns]
+
+    def add(self, batch: Any, t_got: int, prev_end: int) -> None:
+        """A batch received at `t_got`, the previous step having ended at `prev_end`."""
+        if batch.timing is None:
+            return
+        read_ns, decode_ns, made_ns, worker = batch.timing[:4]
+        self.batches += 1
+        self.read_ns += read_ns
+        self.decode_ns += decode_ns
+        w = self.per_worker.setdefault(worker, [0, 0, 0])
+        w[0] += 1
+        w[1] += read_ns
+        w[2] += decode_ns
+        # the part of this step's wait in which its batch was already made: handing it
+        # over (queues, unpickling, collate) cost the step that much
+        self.handoff_ns += max(0, t_got - max(made_ns, prev_end))
+
+    def summary(self, workers: int, wall_ns: int) -> dict[str, Any] | None:
+        """The epoch's `loader` timing (None when no batch carried a clock)."""
+        if not self.batches:
+            return None
+        return {"workers": workers, "batches": self.batches, "read_s": self.read_ns / 1e9,
+                "decode_s": self.decode_ns / 1e9, "handoff_s": self.handoff_ns / 1e9,
+                # each worker: its batches, and the part of the epoch it was busy
+                "per_worker": [{"worker": k, "batches": v[0], "read_s": v[1] / 1e9,
+                                "decode_s": v[2] / 1e9,
+                                "busy_fraction": (v[1] + v[2]) / wall_ns}
+                               for k, v in sorted(self.per_worker.items())]}
+
+
 class _Run:
     """The repetitions and epochs of one `iobench train` on one rank, and its result."""
 
@@ -520,6 +598,7 @@ class _Run:
         self.watchdog: Watchdog | None = None
         self.t_run = time.perf_counter()
         self.run_id = new_run_id(world.hostname)  # named by its start time
+        self._last_live = 0  # when `hooks.live` was last called (perf_counter ns)
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
         """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
@@ -594,15 +673,15 @@ class _Run:
         Also sums the readers' own clocks carried by each batch (`Batch.timing`):
         where the loader's time went, for the verdict (None without such clocks).
         """
-        config, world = self.config, self.world
+        config = self.config
         steps_total = loader.steps_per_epoch()
         if config.max_steps is not None:
             steps_total = min(steps_total, config.max_steps)
         clock = EpochClock()
-        last_live = prev_end = clock.start()
+        self._last_live = prev_end = clock.start()
+        times = _LoaderTimes()
         it: Iterator[Any] = iter(loader.epoch(epoch))
-        step = timed = read_ns = decode_ns = handoff_ns = 0
-        per_worker: dict[int, list[int]] = {}  # worker id -> [batches, read_ns, decode_ns]
+        step = 0
         try:
             while config.max_steps is None or step < config.max_steps:
                 if not compute.agrees and pending():
@@ -613,44 +692,33 @@ class _Run:
                 except StopIteration:
                     break
                 t_got = time.perf_counter_ns()
-                x, y = _to_device(batch, self.device)
-                self._at(f"waiting for the other ranks' batch {step + 1}", step)
-                compute.wait_for_all_ranks()
-                t_ready = clock.batch_ready()
-                if (self.hooks.live is not None
-                        and t_ready - last_live >= self.hooks.live_interval_ns):
-                    self.hooks.live(epoch, step + 1, steps_total, clock)
-                    last_live = t_ready
-                self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
-                faults.at_step(self.fault, world.rank, epoch, step)
-                end = compute.step(x, y, t_ready, batch.finish)
-                clock.compute_done(len(batch.indices), batch.payload_bytes, end)
+                self._step(epoch, step, steps_total, batch, clock, compute)
                 step += 1
-                if batch.timing is not None:
-                    timed += 1
-                    read_ns += batch.timing[0]
-                    decode_ns += batch.timing[1]
-                    w = per_worker.setdefault(batch.timing[3], [0, 0, 0])
-                    w[0] += 1
-                    w[1] += batch.timing[0]
-                    w[2] += batch.timing[1]
-                    # the part of this step's wait in which its batch was already made:
-                    # handing it over (queues, unpickling, collate) cost the step that much
-                    handoff_ns += max(0, t_got - max(batch.timing[2], prev_end))
+                times.add(batch, t_got, prev_end)
                 prev_end = clock.last_ns
         finally:
             close = getattr(it, "close", None)
             if close is not None:
                 close()  # stop a generator left early (--max-steps) so workers settle
         wall = max(clock.end_ns - (clock.start_ns or clock.end_ns), 1)
-        timing = {"workers": loader.config.workers, "batches": timed, "read_s": read_ns / 1e9,
-                  "decode_s": decode_ns / 1e9, "handoff_s": handoff_ns / 1e9,
-                  # each worker: its batches, and the part of the epoch it was busy
-                  "per_worker": [{"worker": k, "batches": v[0], "read_s": v[1] / 1e9,
-                                  "decode_s": v[2] / 1e9,
-                                  "busy_fraction": (v[1] + v[2]) / wall}
-                                 for k, v in sorted(per_worker.items())]} if timed else None
-        return clock, timing
+        return clock, times.summary(loader.config.workers, wall)
+
+    def _step(self, epoch: int, step: int, steps_total: int, batch: Any, clock: EpochClock,
+              compute: _Compute) -> None:
+        """One step on a batch just received: to the device, wait for the other ranks,
+        compute; the clock reads the batch ready and the compute done."""
+        x, y = _to_device(batch, self.device)
+        self._at(f"waiting for the other ranks' batch {step + 1}", step)
+        compute.wait_for_all_ranks()
+        t_ready = clock.batch_ready()
+        if (self.hooks.live is not None
+                and t_ready - self._last_live >= self.hooks.live_interval_ns):
+            self.hooks.live(epoch, step + 1, steps_total, clock)
+            self._last_live = t_ready
+        self._at(f"computing step {step + 1} of epoch {epoch + 1}", step)
+        faults.at_step(self.fault, self.world.rank, epoch, step)
+        end = compute.step(x, y, t_ready, batch.finish)
+        clock.compute_done(len(batch.indices), batch.payload_bytes, end)
 
     def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],
                 stats: list[tuple[float, int, int]], report: cache.EvictReport,
@@ -691,7 +759,6 @@ class _Run:
         """
         config, world = self.config, self.world
         compute: Any = self.compute or _NotBuilt(config)
-        use_cuda = self.device.type == "cuda"
         server = server_cache_check(config, self.mount, self.manifest, cluster_memory_bytes,
                                     world.num_nodes)
         device = describe_device(self.device)
@@ -700,7 +767,6 @@ class _Run:
             warnings.append(server["warning"])
         if self.io_note:
             warnings.append(self.io_note)
-        model_name = compute.model_name
         if status != "complete":
             warnings.insert(0, f"{status.upper()}: {why}; the result holds the "
                             f"{len(self.epochs)} epoch(s) that completed")
@@ -711,30 +777,9 @@ class _Run:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "kind": "train",
             "config": config.to_dict(),
-            "world": {"size": world.size, "num_nodes": world.num_nodes,
-                      "local_size": world.local_size, "launcher": world.launcher,
-                      "nodes": list(world.node_names) or None,
-                      "backend": ("nccl" if use_cuda else "gloo") if world.size > 1 else None,
-                      "device": self.device.type},
-            "compute": {"kind": compute.kind, "model": model_name, "parameters": compute.params,
-                        "task": compute.task, "compute_time_s": config.compute_time_s,
-                        "lr": compute.lr if model_name else None,
-                        "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
-                        "amp": config.amp and use_cuda, "channels_last": config.channels_last,
-                        "decode": config.decode, "torch_threads": compute.threads,
-                        "device": device,
-                        "steps": _steps_mode(config, world)},
-            "cache": {"mode": "warm" if config.warm_cache else "cold",
-                      "method": None if config.warm_cache else "posix_fadvise(DONTNEED) per "
-                      "file, spread over the local ranks of each node"
-                      + (f", after --evict-cmd {config.evict_cmd!r} on each node's local "
-                         "rank 0" if config.evict_cmd else ""),
-                      "evict_cmd": config.evict_cmd,
-                      "plan": cache.eviction_plan(self.mount).to_dict(),
-                      "user_space": self.cache_settings,
-                      "server_cache": server,
-                      "os_read_bytes_available": self.count_io,
-                      "os_read_bytes_note": self.io_note},
+            "world": self._world_section(),
+            "compute": self._compute_section(compute, device),
+            "cache": self._cache_section(server),
             "loader": {"name": config.loader, "startup": self.startups},
             "dataset": self.manifest.identity(),
             "provenance": {**sysinfo.provenance(self.manifest.root),
@@ -746,6 +791,42 @@ class _Run:
             "warnings": warnings,
             "staging": None,
         }
+
+    def _world_section(self) -> dict[str, Any]:
+        world = self.world
+        return {"size": world.size, "num_nodes": world.num_nodes,
+                "local_size": world.local_size, "launcher": world.launcher,
+                "nodes": list(world.node_names) or None,
+                "backend": (("nccl" if self.device.type == "cuda" else "gloo")
+                            if world.size > 1 else None),
+                "device": self.device.type}
+
+    def _compute_section(self, compute: Any, device: dict[str, Any]) -> dict[str, Any]:
+        config = self.config
+        model_name = compute.model_name
+        return {"kind": compute.kind, "model": model_name, "parameters": compute.params,
+                "task": compute.task, "compute_time_s": config.compute_time_s,
+                "lr": compute.lr if model_name else None,
+                "optimizer": "SGD(momentum=0.9, nesterov)" if model_name else None,
+                "amp": config.amp and self.device.type == "cuda",
+                "channels_last": config.channels_last,
+                "decode": config.decode, "torch_threads": compute.threads,
+                "device": device,
+                "steps": _steps_mode(config, self.world)}
+
+    def _cache_section(self, server: dict[str, Any] | None) -> dict[str, Any]:
+        config = self.config
+        return {"mode": "warm" if config.warm_cache else "cold",
+                "method": None if config.warm_cache else "posix_fadvise(DONTNEED) per "
+                "file, spread over the local ranks of each node"
+                + (f", after --evict-cmd {config.evict_cmd!r} on each node's local "
+                   "rank 0" if config.evict_cmd else ""),
+                "evict_cmd": config.evict_cmd,
+                "plan": cache.eviction_plan(self.mount).to_dict(),
+                "user_space": self.cache_settings,
+                "server_cache": server,
+                "os_read_bytes_available": self.count_io,
+                "os_read_bytes_note": self.io_note}
 
 
 def _steps_mode(config: TrainConfig, world: World) -> str:

@@ -31,15 +31,17 @@ import numpy as np
 import torch
 
 from iobench import cache, procio, sampling
-from iobench.datasets import dataset_dirname, parse_dataset
-from iobench.errors import ConfigError, DatasetNotFoundError, IobenchError
+from iobench.dataref import DatasetRef, locate, user_data
+from iobench.datasets import parse_dataset
+from iobench.errors import ConfigError, IobenchError
 from iobench.formats import BASELINE_FORMAT, parse_format
 from iobench.loaders import LOADERS, make_loader
 from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig
 from iobench.loaders.naive import BASELINES
 from iobench.manifest import Manifest
+from iobench.options import parse_evict_cmd, parse_repeat
 from iobench.spread import fmt_spread, spread
-from iobench.userdata import USER_DATASET, shared_manifest
+from iobench.userdata import USER_DATASET
 from iobench.world import World, agree
 
 SCHEMA = "iobench.bench_read"
@@ -121,20 +123,18 @@ class BenchReadConfig:
                      seed=self.seed, device=self.device)
         if self.max_batches is not None and self.max_batches < 1:
             raise ConfigError(f"max_batches={self.max_batches} must be >= 1 (or None)")
-        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
-            raise ConfigError(f"--repeat {self.repeat!r}: give the number of cold repetitions "
-                              "of the grid, an integer >= 1 (5 as in MLPerf Storage)")
-        cache.parse_evict_cmd(self.evict_cmd)
-        if self.evict_cmd is not None and self.warm_cache:
-            raise ConfigError("--evict-cmd empties caches before cold epochs; --warm-cache "
-                              "asks for none: drop one of them")
+        parse_repeat(self.repeat, "cold repetitions of the grid")
+        parse_evict_cmd(self.evict_cmd, self.warm_cache)
 
-    @property
-    def root(self) -> Path:
-        if self.data is not None:
-            p = Path(self.data).resolve()
-            return p if p.is_dir() else p.parent
-        return Path(self.storage) / dataset_dirname(self.dataset, self.format)
+    def locate(self, world: World) -> DatasetRef:
+        """The dataset the grid reads (the user's data: a collective), checked to be the one
+        the config names."""
+        ref = (user_data(world, self.data, self.data_key, self.label_key)
+               if self.data is not None else locate(self.storage, self.dataset, self.format))
+        if ref.dataset != self.dataset or ref.format != self.format:
+            raise ConfigError(f"{ref.root} holds {ref.dataset}/{ref.format}, not "
+                              f"{self.dataset}/{self.format}")
+        return ref
 
 
 def _pct(a: list[float], q: float) -> float | None:
@@ -275,17 +275,13 @@ def dd_baseline(manifest: Manifest, max_files: int, seed: int = 0) -> dict[str, 
             "seconds": secs, "MBps": total / secs / 1e6 if secs > 0 else None}
 
 
-def naive_manifest(cfg: BenchReadConfig, manifest: Manifest) -> Manifest | None:
-    """The HDF5 copy of the dataset the naive baselines read, if there is one."""
-    if manifest.format == BASELINE_FORMAT:
-        return manifest
-    if cfg.data is not None:  # the user's data has no HDF5 copy
-        return None
-    root = Path(cfg.storage) / dataset_dirname(cfg.dataset, BASELINE_FORMAT)
-    try:
-        return Manifest.load(root)
-    except DatasetNotFoundError:
-        return None
+def naive_manifest(dataset: DatasetRef) -> Manifest | None:
+    """The HDF5 copy of the dataset the naive baselines read, if there is one (the user's
+    data has none but itself)."""
+    if dataset.format == BASELINE_FORMAT:
+        return dataset.manifest
+    copy = dataset.sibling(BASELINE_FORMAT)
+    return copy.manifest if copy is not None else None
 
 
 @dataclass(frozen=True)
@@ -363,21 +359,19 @@ def _significant(s: dict[str, Any] | None) -> bool | None:
     return not s["min"] <= 1.0 <= s["max"]
 
 
-def run(cfg: BenchReadConfig, world: World,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(cfg: BenchReadConfig, world: World, progress: Callable[[str], None] | None = None,
+        dataset: DatasetRef | None = None) -> dict[str, Any]:
     """Measure the grid `cfg.repeat` times, interleaved; return the bench-read document.
 
     Repetition r measures every cell once (cold) before repetition r + 1
     starts, so drift on a shared machine hits every cell alike; each ratio
     to a baseline is taken within one repetition (paired), then summarised.
+    `dataset` is the dataset read, when the caller resolved it already.
     """
-    manifest = (shared_manifest(world, cfg.data, cfg.data_key, cfg.label_key)
-                if cfg.data is not None else Manifest.load(cfg.root))
-    if manifest.dataset != cfg.dataset or manifest.format != cfg.format:
-        raise ConfigError(f"{cfg.root} holds {manifest.dataset}/{manifest.format}, not "
-                          f"{cfg.dataset}/{cfg.format}")
+    dataset = dataset or cfg.locate(world)
+    manifest = dataset.manifest
     say = progress or (lambda s: None)
-    nm = naive_manifest(cfg, manifest) if cfg.naive else None
+    nm = naive_manifest(dataset) if cfg.naive else None
     dd = None
     if cfg.dd:
         say("dd: reading the data files with direct I/O")
@@ -477,3 +471,46 @@ def markdown_table(doc: dict[str, Any]) -> str:
     for w in warnings:
         lines.append(f"\nWARNING: {w}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class BenchReadOutcome:
+    """What `iobench bench-read` measured (rank 0's document) and where it was written."""
+
+    doc: dict[str, Any]
+    path: Path | None  # None without a results directory
+
+
+def bench_read(cfg: BenchReadConfig, world: World, results: str | None = None,
+               progress: Callable[[str], None] | None = None,
+               dataset: DatasetRef | None = None) -> BenchReadOutcome | None:
+    """`iobench bench-read`: find the dataset, prove `results` writable (and outside the
+    user's data), measure the grid, and write the document on rank 0 (None elsewhere)."""
+    from iobench import sysinfo
+    from iobench.outputs import writable_dir
+
+    error = None
+    try:
+        dataset = dataset or cfg.locate(world)
+        if results:
+            dataset.refuse_inside(results)  # never write into the user's data
+            writable_dir(results, "--results")  # before measuring anything
+    except IobenchError as e:
+        error = e
+    agree(world, error)
+    assert dataset is not None
+    doc = run(cfg, world, progress, dataset)
+    if world.rank != 0:
+        return None
+    doc["provenance"] = sysinfo.provenance(dataset.storage)
+    user = doc.pop("user_data", None)
+    if user is not None:  # what was read: the user's own data, as detected
+        doc["provenance"]["user_data"] = user
+    path = None
+    if results:
+        from iobench.jsonio import write_json_atomic
+        from iobench.results import new_run_id
+
+        path = write_json_atomic(f"{results}/bench-read-{new_run_id()}.json", doc,
+                                 exclusive=True)
+    return BenchReadOutcome(doc, path)

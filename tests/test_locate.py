@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import cli
+from iobench.dataref import locate
 from iobench.errors import ConfigError, DatasetError, DatasetNotFoundError
-from iobench.manifest import locate
 
 
 def test_stage_and_bench_read_find_the_one_dataset(tmp_path, capsys) -> None:
@@ -28,7 +28,8 @@ def test_several_datasets_or_none_are_one_line_errors(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"several datasets \(cifar10-hdf5, cifar10-lmdb\); "
                                           "pick one with --format"):
         locate(tmp_path, "cifar10")
-    assert locate(tmp_path, fmt="lmdb")[:2] == ("cifar10", "lmdb")
+    ref = locate(tmp_path, fmt="lmdb")
+    assert (ref.dataset, ref.format) == ("cifar10", "lmdb")
     with pytest.raises(DatasetNotFoundError, match="no cosmoflow dataset under"):
         locate(tmp_path, "cosmoflow")
     with pytest.raises(DatasetError, match="holds cifar10/hdf5, not cifar10/lmdb"):

@@ -296,14 +296,26 @@ def test_regression_model_reports_loss(tmp_path: Path) -> None:
 
 
 def test_dali_format_found_or_asked(tmp_path: Path) -> None:
-    from iobench.placement import resolve_dataset
+    from iobench.dataref import resolve
+    from iobench.manifest import FileEntry, Manifest
 
-    (tmp_path / "cifar10-lmdb").mkdir()
-    (tmp_path / "cifar10-lmdb" / "iobench.json").write_text("{}")
+    def resolve_dataset(cfg: TrainConfig) -> Path:
+        return resolve(cfg).root
+
+    def manifest(fmt: str) -> None:  # a dataset's manifest (its files are not read here)
+        root = tmp_path / f"cifar10-{fmt}"
+        root.mkdir()
+        (root / "data.bin").write_bytes(b"\0")
+        Manifest(dataset="cifar10", format=fmt, num_samples=1, num_classes=10,
+                 sample={"kind": "array", "shape": [32, 32, 3], "dtype": "uint8"},
+                 label={"shape": [], "dtype": "int64"}, layout={},
+                 files=(FileEntry("data.bin", 1, "0" * 64, 0, 1, "data"),), seed=0,
+                 iobench_version="test", created="2026-01-01T00:00:00Z").write(root)
+
+    manifest("lmdb")
     cfg = TrainConfig(loader="dali", storage=str(tmp_path), results=str(tmp_path / "r"))
     assert resolve_dataset(cfg) == tmp_path / "cifar10-lmdb"  # the only format there
-    (tmp_path / "cifar10-files").mkdir()
-    (tmp_path / "cifar10-files" / "iobench.json").write_text("{}")
+    manifest("files")
     with pytest.raises(ConfigError, match=r"several formats \(lmdb, files\); pick one with --format"):
         resolve_dataset(cfg)
     assert resolve_dataset(TrainConfig(loader="dali", storage=str(tmp_path), format="files")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from typing import Any
 
 from iobench.datasets import DATASETS
 from iobench.errors import ConfigError
@@ -89,13 +89,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from iobench.loaders import bench
-    from iobench.manifest import locate
     from iobench.world import get_world
 
-    if args.results:
-        from iobench.outputs import writable_dir
+    cfg, dataset = build_config(args)
+    world = get_world()
+    verbose = world.rank == 0
 
-        writable_dir(args.results, "--results")  # before measuring anything
+    def progress(msg: str) -> None:
+        if verbose:
+            print(f"bench-read: {msg}", file=sys.stderr, flush=True)
+
+    out = bench.bench_read(cfg, world, args.results, progress, dataset)
+    if out is None:
+        return 0
+    print(bench.markdown_table(out.doc))
+    if out.path is not None:
+        print(f"\nwrote {out.path}")
+    return 0
+
+
+def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The grid to measure, and the generated dataset it reads (found once, here; None for
+    the user's data, which the library lists on rank 0)."""
+    from iobench.loaders.bench import BenchReadConfig
+
+    dataset = None
+    storage, name, fmt = args.storage, args.dataset, args.format
     if args.data is not None:
         from iobench.userdata import USER_DATASET, detect_format
 
@@ -106,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
         if args.format not in (None, fmt):
             raise ConfigError(f"--data {args.data} is {fmt} data, not {args.format}: drop "
                               "--format")
-        args.storage, args.dataset, args.format = args.data, USER_DATASET, fmt
+        storage, name = args.data, USER_DATASET
         default: tuple[str, ...] = (fmt,)  # DALI has no pipeline for data iobench knows nothing about
     elif args.storage is None:
         raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
@@ -115,46 +134,21 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--data-key/--label-key name arrays of your own data: add --data "
                           "PATH, or drop them")
     else:
-        dataset, fmt, root = locate(args.storage, args.dataset, args.format)
-        if root == Path(args.storage):  # --storage named the dataset directory itself
-            args.storage = str(root.parent)
-        args.dataset, args.format = dataset, fmt
-        default = _default_loaders(args.format)
-    loaders = _names(args.loaders) if args.loaders else default
-    cfg = bench.BenchReadConfig(
-        storage=args.storage, dataset=args.dataset, format=args.format, loaders=loaders,
+        from iobench.dataref import locate
+
+        dataset = locate(args.storage, args.dataset, args.format)
+        storage, name, fmt = dataset.storage, dataset.dataset, dataset.format
+        default = _default_loaders(fmt)
+    return BenchReadConfig(
+        storage=storage, dataset=name, format=fmt,
+        loaders=_names(args.loaders) if args.loaders else default,
         workers=_ints(args.workers), shuffles=_names(args.shuffle),
         worker_type=args.worker_type, batch_size=args.batch_size, epochs=args.epochs,
         decode=not args.no_decode, warm_cache=args.warm_cache, block_size=args.block_size,
         shuffle_window=args.shuffle_window, seed=args.seed, naive=not args.no_naive,
         dd=not args.no_dd, dd_max_files=args.dd_max_files, device=args.device,
         max_batches=args.max_batches, repeat=args.repeat, evict_cmd=args.evict_cmd,
-        data=args.data, data_key=args.data_key, label_key=args.label_key)
-    world = get_world()
-    verbose = world.rank == 0
-
-    def progress(msg: str) -> None:
-        if verbose:
-            print(f"bench-read: {msg}", file=sys.stderr, flush=True)
-
-    doc = bench.run(cfg, world, progress)
-    if world.rank != 0:
-        return 0
-    from iobench import sysinfo
-
-    doc["provenance"] = sysinfo.provenance(args.storage)
-    user = doc.pop("user_data", None)
-    if user is not None:  # what was read: the user's own data, as detected
-        doc["provenance"]["user_data"] = user
-    print(bench.markdown_table(doc))
-    if args.results:
-        from iobench.jsonio import write_json_atomic
-        from iobench.results import new_run_id
-
-        path = write_json_atomic(f"{args.results}/bench-read-{new_run_id()}.json", doc,
-                                 exclusive=True)
-        print(f"\nwrote {path}")
-    return 0
+        data=args.data, data_key=args.data_key, label_key=args.label_key), dataset
 
 
 def _default_loaders(fmt: str) -> tuple[str, ...]:

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from iobench.dataref import DatasetRef, locate
 from iobench.datasets import DATASETS
 from iobench.formats import FORMATS
 from iobench.placement import MODES
-from iobench.results import write_document
-from iobench.stage import MiB, StageConfig, stage_dataset
+from iobench.stage import MiB, StageConfig, run_stage
 from iobench.world import get_world
 
 
@@ -61,17 +61,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def config_from_args(args: argparse.Namespace) -> StageConfig:
-    from iobench.manifest import locate
-
-    dataset, fmt, _ = locate(args.source, args.dataset, args.format)
-    return StageConfig(dataset=dataset, format=fmt, source=Path(args.source),
-                       dest=Path(args.dest), mode=args.mode, threads=args.threads,
-                       buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
-                       verify_existing=not args.trust_existing, fsync=not args.no_fsync,
-                       progress=not args.no_progress and sys.stderr.isatty(),
-                       warm_source=args.warm_source, repeat=args.repeat,
-                       evict_cmd=args.evict_cmd)
+def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]:
+    """The staging config, and the dataset it copies (found once, here)."""
+    source = locate(args.source, args.dataset, args.format)
+    cfg = StageConfig(dataset=source.dataset, format=source.format, source=Path(args.source),
+                      dest=Path(args.dest), mode=args.mode, threads=args.threads,
+                      buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
+                      verify_existing=not args.trust_existing, fsync=not args.no_fsync,
+                      progress=not args.no_progress and sys.stderr.isatty(),
+                      warm_source=args.warm_source, repeat=args.repeat,
+                      evict_cmd=args.evict_cmd)
+    return cfg, source
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,32 +80,19 @@ def main(args: argparse.Namespace) -> int:
 
     world = get_world()
     try:
-        cfg = config_from_args(args)  # bad values fail here, the same on every rank
+        cfg, source = config_from_args(args)  # bad values fail here, the same on every rank
         writable_dir(args.results, "--results")  # before copying anything
-    except IobenchError as e:
-        if world.rank == 0:
-            raise  # printed once
-        return e.exit_code
-    torchrun = world.launcher == "torchrun" and world.size > 1
-    if torchrun:  # collectives go through torch.distributed there (gloo: CPU only)
-        from iobench import distributed
-
-        distributed.init_process_group(world, False)
-    try:
-        doc = stage_dataset(cfg, world)
+        out = run_stage(cfg, world, args.results, source)
     except IobenchError as e:
         if world.rank == 0:
             raise  # every rank raised it (stage_dataset agrees on failures): print it once
         return e.exit_code
-    finally:
-        if torchrun:
-            distributed.destroy_process_group()
-    if world.rank == 0:
-        path = write_document(doc, args.results, "stage")
+    if out.path is not None:
+        doc = out.doc
         print(f"staged {doc['dataset']['dataset']}/{doc['dataset']['format']} "
               f"({doc['mode']}) to {doc['to']['root']}: {doc['copied_files']} files copied, "
               f"{doc['skipped_files']} already complete, {_figures(doc)}; {_source(doc)}; "
-              f"result {path}")
+              f"result {out.path}")
     return 0
 
 

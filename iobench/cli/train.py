@@ -193,196 +193,55 @@ def _apply_workload(args: argparse.Namespace) -> None:
     args.au_threshold = w.au_threshold if args.au_threshold is None else args.au_threshold
 
 
+def build_request(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(the training config, the `--stage-to` plan or None, the `--workload` run or None);
+    a bad option is raised the same on every rank."""
+    from iobench.cli._workload import workload_of
+    from iobench.train_run import StagePlan
+
+    try:
+        config = build_config(args)
+        if args.warm_source and not args.stage_to:
+            raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
+                              "or drop --warm-source")
+        stage = StagePlan(args.stage_to, args.stage_mode, warm_source=args.warm_source,
+                          progress=sys.stderr.isatty()) if args.stage_to else None
+        return config, stage, workload_of(args)
+    except IobenchError as e:
+        e.agreed = True  # same on every rank
+        raise
+
+
 def main(args: argparse.Namespace) -> int:
-    from iobench.results import write_result
-    from iobench.train import RunInterrupted
-    from iobench.watchdog import Interrupted, interrupts
+    from iobench.train_run import train_job
     from iobench.world import get_world
 
     world = get_world()
     try:
-        # several ranks act on an interrupt together, at a collective (iobench.watchdog)
-        with interrupts(defer=world.size > 1):
-            return _main(args, world)
-    except RunInterrupted as e:  # the result of the epochs that completed, marked interrupted
-        if e.partial is not None and e.partial["epochs"]:
-            path = write_result(e.partial, e.partial["config"]["results"])
-            print(f"iobench: interrupted ({e}) after {len(e.partial['epochs'])} complete "
-                  f"epoch(s); result marked interrupted: {path}", file=sys.stderr, flush=True)
-        if world.is_root and (e.partial is None or not e.partial["epochs"]):
-            print(f"iobench: interrupted ({e}) before any epoch completed; no result written",
-                  file=sys.stderr, flush=True)
-        return e.exit_code
-    except Interrupted as e:
+        config, stage, workload = build_request(args)
+    except IobenchError as e:
         if world.is_root:
-            print(f"iobench: interrupted ({e}) before any epoch completed; no result written",
-                  file=sys.stderr, flush=True)
+            raise  # the CLI prints it once
         return e.exit_code
-    except IobenchError as e:
-        if e.agreed or world.size == 1:
-            if world.is_root:
-                raise  # the CLI prints it once
-            return e.exit_code
-        _die(world, f"rank {world.rank} failed: {e}")
-    except Exception as e:  # a rank failing mid-run must take the job down, not hang it
-        if world.size == 1:
-            raise
-        _die(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
-    return 3
+    out = _Output(world, config)
+    outcome = train_job(config, world, stage=stage, workload=workload, hooks=out.hooks())
+    if outcome.interrupted is not None:
+        _interrupted(outcome, world)
+    elif outcome.doc is not None and outcome.path is not None:
+        out.finish(outcome.doc, outcome.path)
+    return outcome.exit_code
 
 
-def _die(world: Any, message: str) -> None:
-    print(f"iobench: error: {message}; ending all {world.size} ranks", file=sys.stderr, flush=True)
-    world.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
-    sys.exit(3)
-
-
-MIN_STEPS = 10  # fewer steps per epoch than this: warn (stall percentiles need batches)
-
-
-def _main(args: argparse.Namespace, world: Any) -> int:
-    from dataclasses import replace
-
-    import torch
-
-    from iobench import distributed, faults, results, train
-    from iobench.loaders import make_loader
-    from iobench.watchdog import act_now
-
-    try:
-        config = build_config(args)
-        if args.amp and not torch.cuda.is_available():
-            raise ConfigError("--amp needs a CUDA GPU and none is visible; drop --amp")
-        if args.warm_source and not args.stage_to:
-            raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
-                              "or drop --warm-source")
-    except IobenchError as e:
-        e.agreed = True  # same on every rank
-        raise
-    # the watchdog (--timeout without progress) names a stuck rank; a collective's own
-    # timeout, later, is only the backstop
-    distributed.init_process_group(world, torch.cuda.is_available(),
-                                   config.timeout_s * 1.5 + 10)
-    try:
-        staging = None
-        if args.stage_to:  # stage first, then train from the copy
-            from dataclasses import replace
-
-            from iobench.stage import stage_for_training
-
-            config, staging = stage_for_training(config, args.stage_to, args.stage_mode, world,
-                                                 progress=world.is_root and sys.stderr.isatty(),
-                                                 warm_source=args.warm_source,
-                                                 evict_cmd=None if args.warm_source
-                                                 else config.evict_cmd)
-        scope = staging["shuffle_scope"] if staging else "global"
-        out = _Output(world, config)
-        counters, tier = _emulated_tier(config)
-        if tier is not None and world.is_root:
-            out.console.print(f"[bold yellow]{tier['note']}[/] (profile "
-                              f"{tier['profile'].get('name')}, backing {tier['backing']})")
-        few_steps: list[str] = _datasize_warning(args, config, world)
-        if few_steps and world.is_root:
-            out.console.print(f"[bold yellow]warning: {few_steps[0]}[/]")
-
-        short: list[int] = []  # warn of few steps once (the factory runs every repetition)
-
-        def factory(m: Any, c: Any, r: int, w: int) -> Any:
-            loader = make_loader(config.loader, m, replace(c, scope=scope) if staging else c,
-                                 r, w)
-            steps = loader.steps_per_epoch()
-            if steps < MIN_STEPS and not short:
-                short.append(steps)
-                few_steps.append(
-                    f"an epoch has only {steps} step(s) per rank ({m.num_samples} samples, "
-                    f"{w} rank(s), batch {c.batch_size}): too few for per-step figures; use a "
-                    "smaller --batch-size" + ("" if config.data else " or generate more "
-                                              "--samples"))
-                if world.is_root:
-                    out.console.print(f"[bold yellow]warning: {few_steps[-1]}[/]")
-            return loader
-
-        doc = train.run(config, factory, world, progress=out.epoch, started=out.start,
-                        live=out.live, live_interval_s=out.live_interval_s, counters=counters)
-        if doc is None:
-            act_now()  # no collective is left: an interrupt received since still counts
-            return 0
-        doc["warnings"] += [w for w in few_steps if w not in doc["warnings"]]
-        doc["tier"] = tier
-        if staging:
-            # one repetition's epochs after one staging (the median repetition's walls)
-            walls = doc["summary"]["spread"]["epoch_wall_s"]
-            doc["staging"] = {**staging, "time_to_solution_s": staging["stage_s"]
-                              + (walls["median"] * config.epochs if walls else 0.0)}
-            doc["warnings"] += [w for w in staging.get("warnings", [])
-                                if w not in doc["warnings"]]
-        from iobench.verdict import for_run
-
-        doc["summary"]["verdict"] = for_run(doc, config.results, config.au_threshold)
-        from iobench.train import RunInterrupted
-        from iobench.watchdog import Interrupted
-
-        try:
-            act_now()  # rank 0 alone from here: an interrupt stops the write at once
-            faults.at_result_write()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
-            path = results.write_result(doc, config.results)
-        except Interrupted as e:  # every epoch ran, but what is written after it says so
-            doc["status"], doc["status_reason"] = "interrupted", str(e)
-            doc["warnings"].insert(0, f"INTERRUPTED: {e} while the result was written; the "
-                                   f"result holds the {len(doc['epochs'])} epoch(s) that "
-                                   "completed")
-            raise RunInterrupted(e.signum, doc) from None
-        out.finish(doc, path)
-        return 0
-    finally:
-        distributed.destroy_process_group()
-
-
-def _datasize_warning(args: argparse.Namespace, config: Any, world: Any) -> list[str]:
-    """With --workload: a warning when the dataset is under MLPerf's size for this many
-    accelerators (`iobench datasize`), else nothing."""
-    from iobench.cli._workload import workload_of
-    from iobench.manifest import Manifest
-    from iobench.placement import resolve_dataset
-
-    run = workload_of(args)
-    if run is None:
-        return []
-    try:
-        have = Manifest.load(resolve_dataset(config)).num_samples
-    except IobenchError:
-        return []  # train.run reports a missing dataset on every rank
-    need = run.required_samples(world.size)
-    if have >= need:
-        return []
-    return [f"the dataset holds {have:,} samples and MLPerf Storage asks for {need:,} for "
-            f"{world.size} x {run.accelerator} ({run.workload.name}; iobench datasize): a "
-            "smaller dataset is cached more easily by the storage"]
-
-
-def _emulated_tier(config: Any) -> tuple[Any, dict[str, Any] | None]:
-    """Counters of the emulated parallel filesystem holding the dataset, if it is on one.
-
-    The kernel does not count FUSE reads (`os_read_bytes` is null there), so the
-    daemon's own counters (bytes served, requests, opens) become each epoch's
-    `tier_bytes`. They are per mount, so rank 0 reads its node's.
-    """
-    from iobench import pfs
-    from iobench.placement import resolve_dataset
-
-    try:
-        root = resolve_dataset(config)
-    except IobenchError:
-        return None, None  # train.run reports a missing dataset on every rank
-    tier = pfs.is_emulated(root)
-    if tier is None:
-        return None, None
-
-    def counters() -> dict[str, float]:
-        doc = pfs.stats_for(root) or {}
-        return dict(doc.get("counters", {}))
-
-    return counters, tier
+def _interrupted(outcome: Any, world: Any) -> None:
+    """What an interrupt left: the epochs that completed, written, or nothing."""
+    doc = outcome.doc
+    if doc is not None and doc["epochs"]:
+        print(f"iobench: interrupted ({outcome.interrupted}) after {len(doc['epochs'])} "
+              f"complete epoch(s); result marked interrupted: {outcome.path}",
+              file=sys.stderr, flush=True)
+    elif world.is_root:
+        print(f"iobench: interrupted ({outcome.interrupted}) before any epoch completed; no "
+              "result written", file=sys.stderr, flush=True)
 
 
 def spread_line(doc: dict[str, Any]) -> str:
@@ -415,7 +274,24 @@ class _Output:
         self.shown: set[str] = set()
         self.redraw = False
 
-    def start(self) -> None:
+    def hooks(self) -> Any:
+        """The console's ears on the job (rank 0 prints; the others stay quiet)."""
+        from iobench.train_run import TrainHooks
+
+        return TrainHooks(started=self.start, progress=self.epoch, live=self.live,
+                          live_interval_s=self.live_interval_s, tier=self.tier,
+                          warning=self.warning)
+
+    def tier(self, tier: dict[str, Any]) -> None:
+        if self.on:
+            self.console.print(f"[bold yellow]{tier['note']}[/] (profile "
+                               f"{tier['profile'].get('name')}, backing {tier['backing']})")
+
+    def warning(self, message: str) -> None:
+        if self.on:
+            self.console.print(f"[bold yellow]warning: {message}[/]")
+
+    def start(self, dataset: Any) -> None:
         if not self.on:
             return
         c = self.config
@@ -425,7 +301,7 @@ class _Output:
                    "none": "none (pure ingest" + (", no decode)" if not c.decode else ")")
                    }[c.compute_kind]
         what = "your data" if c.data else c.dataset
-        self.console.print(f"[bold]iobench train[/] {what} via {c.loader} from {c.storage}: "
+        self.console.print(f"[bold]iobench train[/] {what} via {c.loader} from {dataset.storage}: "
                            f"{self.world.size} rank(s), batch {c.batch_size}/rank, "
                            f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
         import torch

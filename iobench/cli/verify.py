@@ -22,28 +22,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.errors import ConfigError
-    from iobench.generators.verify import verify_dataset
-    from iobench.manifest import Manifest
+    from iobench.verify_run import verify
     from iobench.world import get_world
 
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs {args.jobs} must be >= 1")
     world = get_world()
-    problems = verify_dataset(args.path, jobs=args.jobs, world=world,
-                              allow_extra=args.allow_extra)
-    if args.deep and not problems:  # the files are what the manifest says: now each sample
-        from iobench.loaders.readers import deep_check
-
-        mine = deep_check(Manifest.load(args.path), first=world.rank, step=world.size)
-        problems = sorted(sum(world.allgather(mine), []))
+    out = verify(args.path, world, jobs=args.jobs, deep=args.deep, allow_extra=args.allow_extra)
     if not world.is_root:
-        return 1 if problems else 0
-    for p in problems:
+        return 1 if out.problems else 0
+    for p in out.problems:
         print(p, file=sys.stderr)
-    m = Manifest.load(args.path)
-    if problems:
-        print(f"{m.root}: {len(problems)} problem(s) in {len(m.files)} files", file=sys.stderr)
+    m = out.dataset.manifest
+    if out.problems:
+        print(f"{m.root}: {len(out.problems)} problem(s) in {len(m.files)} files",
+              file=sys.stderr)
         return 1
     print(f"{m.root}: OK ({len(m.files)} files, {m.num_samples} samples, "
           f"{m.total_bytes / 1e6:.1f} MB)")
