@@ -13,6 +13,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from iobench.result_types import Epoch
+
 MB = 1_000_000
 
 # The headline figures of a training run whose spread over repetitions is reported.
@@ -78,7 +80,18 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _summary(e: Epoch | Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
+    """(repeat, summary) of an epoch record: typed (readers) or as the writer builds it."""
+    if isinstance(e, Epoch):
+        return e.repeat, {"au_mlperf_mean": e.summary.au_mlperf_mean,
+                          **{k: getattr(e.summary, k) for k in _SUMMED}}
+    return int(e.get("repeat", 0)), e["summary"]
+
+
+_SUMMED = ("wall_s", "stall_s_max", "stall_fraction_max", "au_mean", "samples", "batch_bytes")
+
+
+def repetition_figures(epochs: Iterable[Epoch | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The headline figures of each repetition of a training result.
 
     `epochs` are the result's epoch records; they are grouped by their
@@ -89,8 +102,8 @@ def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     bytes over its summed epoch walls.
     """
     groups: dict[int, list[Mapping[str, Any]]] = {}
-    for e in epochs:
-        groups.setdefault(int(e.get("repeat", 0)), []).append(e["summary"])
+    for repeat, summary in map(_summary, epochs):
+        groups.setdefault(repeat, []).append(summary)
     out = []
     for r in sorted(groups):
         sums = groups[r]
@@ -108,6 +121,7 @@ def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     return out
 
 
-def run_spread(epochs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+def run_spread(epochs: Iterable[Epoch | Mapping[str, Any]]
+               ) -> dict[str, dict[str, Any] | None]:
     """`spread` of each HEADLINE figure over the repetitions of a training result."""
     return spread_of(repetition_figures(epochs), HEADLINE)
