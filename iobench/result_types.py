@@ -12,6 +12,7 @@ first bad field), so a record built from it holds what its types say.
 
 from __future__ import annotations
 
+import copy
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -72,6 +73,8 @@ class Record:
 
     EXTRA: ClassVar[bool] = True  # False: a key it does not name is an error
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    # optional keys the document did not have (to_dict leaves them out again)
+    absent: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     @classmethod
     def spec(cls) -> Map:
@@ -88,7 +91,8 @@ class Record:
             named.add(k)
             if k in doc:
                 kw[f.name] = _convert(doc[k], hint)
-        return cls(**kw, extra={k: v for k, v in doc.items() if k not in named})
+        return cls(**kw, extra={k: v for k, v in doc.items() if k not in named},
+                   absent=frozenset(named - set(doc)))
 
     @classmethod
     def from_dict(cls: type[R], doc: Any, where: str = "document") -> R:
@@ -105,14 +109,12 @@ class Record:
         return doc if isinstance(doc, cls) else cls.from_dict(doc)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (an absent optional key stays absent while it holds its default)."""
+        """The JSON document: the one parsed, or every field of a record built in code."""
         out: dict[str, Any] = {}
         for f, _ in _fields(type(self)):
-            v = getattr(self, f.name)
-            if f.metadata.get("optional") and f.default is not MISSING and v == f.default:
-                continue
-            out[_json_name(f)] = _jsonable(v)
-        out.update(self.extra)
+            if _json_name(f) not in self.absent:
+                out[_json_name(f)] = _jsonable(getattr(self, f.name))
+        out.update(copy.deepcopy(dict(self.extra)))  # a document the caller may change
         return out
 
 
@@ -125,10 +127,11 @@ _SPECS: dict[type[Record], Map] = {}
 
 
 def _fields(cls: type[Record]) -> tuple[tuple[Field[Any], Any], ...]:
-    """(field, its type) of each field of a record but `extra` (worked out once per class)."""
+    """(field, its type) of each JSON field of a record (worked out once per class)."""
     if cls not in _FIELDS:
         hints = get_type_hints(cls)
-        _FIELDS[cls] = tuple((f, hints[f.name]) for f in fields(cls) if f.name != "extra")
+        _FIELDS[cls] = tuple((f, hints[f.name]) for f in fields(cls)
+                             if f.name not in ("extra", "absent"))
     return _FIELDS[cls]
 
 
@@ -765,3 +768,7 @@ def schema_markdown() -> str:
             out += ["", "Other keys: " + ("allowed, kept as they are." if spec.extra
                                           else "an error."), ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":  # the block docs/results-schema.md holds between its markers
+    print(schema_markdown(), end="")

@@ -21,11 +21,11 @@ def one_pass(value: float) -> dict[str, Any]:
 
 
 def probe_doc(path: str, sample_read_MBps: float, label: str = "tier") -> dict[str, Any]:
-    """An `iobench.probe` document of `path` with its random-read limit (other figures null)."""
+    """An `iobench.probe` document of `path` with its random-read limit (other figures 100)."""
     figures = ("seq_read_MBps", "seq_write_MBps", "rand4k_read_iops", "rand4k_read_MBps",
                "create_per_s", "stat_per_s", "open_read_close_per_s")
     return {"schema": "iobench.probe", "schema_version": 2, "label": label, "created": "x",
             "engine": "python", "direct": False,
             "storage": {"path": path, "fstype": "lustre", "kind": "parallel"},
-            "summary": {**dict.fromkeys(figures), "sample_read_MBps": sample_read_MBps,
+            "summary": {**dict.fromkeys(figures, 100.0), "sample_read_MBps": sample_read_MBps,
                         "sample_bytes": 3072, "sample_reads": [], "readers_max": 1}}
