@@ -179,7 +179,7 @@ _LEAVES: dict[Any, Spec] = {str: Str, bool: Bool, int: Count, float: NonNeg, Any
 def _spec_of_type(hint: Any, min_len: int = 0) -> Spec:
     inner = _inner(hint)
     if inner is not None:
-        return Opt(_NUM if inner is float else _spec_of_type(inner))
+        return _NUM if inner is float else Opt(_spec_of_type(inner))
     origin = get_origin(hint)
     if origin is tuple:
         return List(_spec_of_type(get_args(hint)[0]), min_len=min_len)
@@ -761,7 +761,8 @@ def schema_markdown() -> str:
                 continue
             seen.add(path)
             spec = cls.spec()
-            out += [f"#### `{path}` ({cls.__name__})", "", "| key | type | required |",
+            doc = (cls.__doc__ or "").strip().splitlines()[0]
+            out += [f"#### `{path}` ({cls.__name__})", "", doc, "", "| key | type | required |",
                     "|---|---|---|"]
             out += [f"| `{k}` | {s.name} | {'no' if k in spec.optional else 'yes'} |"
                     for k, s in spec.keys.items()]
