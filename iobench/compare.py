@@ -23,7 +23,7 @@ from iobench.breakeven import root_of, staging_pairs
 from iobench.errors import IobenchError, StorageError
 from iobench.jsonio import read_json
 from iobench.metrics import fmt_rate
-from iobench.result_types import Epoch, StageDoc, TrainResult
+from iobench.result_types import Epoch, StageDoc, TrainResult, Verdict
 from iobench.results import (
     STAGE_SCHEMA,
     STAGE_SCHEMA_VERSION,
@@ -276,7 +276,7 @@ def _print_runs(console: Any, runs: Sequence[TrainResult],
         spread = node_spread(doc)
         if spread is not None:
             console.print(f"  {escape(node_spread_line(spread))}")
-        console.print(f"  {escape(run_verdict(doc)['line'])}")
+        console.print(f"  {escape(run_verdict(doc).line)}")
     index = {d.run_id: i + 1 for i, d in enumerate(runs)}
     for b in staging_pairs(runs, stages):
         console.print(escape(staging_line(b, index)))
@@ -326,14 +326,13 @@ def node_spread_line(spread: Mapping[str, Any]) -> str:
     return f"per node ({spread['nodes']}, min / median / max): " + "; ".join(parts)
 
 
-def run_verdict(doc: Doc) -> dict[str, Any]:
+def run_verdict(doc: Doc) -> Verdict:
     """The run's verdict as `iobench train` recorded it, or worked out now for a result
     written before verdicts (the default AU threshold)."""
-    from iobench.verdict import verdict
+    from iobench.verdict import judge
 
     res = TrainResult.of(doc)
-    recorded = res.summary.verdict
-    return recorded.to_dict() if recorded is not None else verdict(res)
+    return res.summary.verdict or judge(res)
 
 
 def staging_line(b: Mapping[str, Any], index: Mapping[str, int]) -> str:
@@ -512,7 +511,7 @@ def plot_stall(docs: Sequence[Doc], path: str | Path) -> Path:
     au_pts = [a or {"median": 0.0, "min": 0.0, "max": 0.0, "n": 1} for a in aus]
     ax_au.bar(range(1, n + 1), [a["median"] for a in au_pts], 0.6,
               yerr=error_bars(au_pts), capsize=3, color=[f"C{i}" for i in range(n)])
-    threshold = max((run_verdict(d)["threshold"] for d in docs), default=0.9)
+    threshold = max((run_verdict(d).threshold for d in docs), default=0.9)
     ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1)
     ax_au.text(0.02, threshold, f"AU {threshold:.2f}: keeps up above", color="red", fontsize=7,
                va="bottom", ha="left", transform=ax_au.get_yaxis_transform())

@@ -1,9 +1,11 @@
 """The answer a run ends with: did the storage keep the accelerator busy, what held it back, what to do.
 
-`verdict(doc, probe=None, staging=None)` reads a training result (and, when
-there is one, a probe of the tier it read and a staging pairing) and returns
-`{status, au, threshold, bottleneck, evidence, advice, line}`; `line` is the
-one line `iobench train` ends with (docs/metrics.md, "Verdict").
+`judge(result, probe=None, break_even=None)` reads a typed training result
+(and, when there is one, a probe of the tier it read and a staging pairing)
+and returns a `Verdict` record (`status, au, threshold, bottleneck, evidence,
+advice, line, stragglers`); `verdict(doc, ...)` is the same as the document
+`summary.verdict` holds. `line` is the one line `iobench train` ends with
+(docs/metrics.md, "Verdict").
 
 Status: `keeps up` when the median AU over repetitions is at or above the
 threshold (MLPerf Storage's 0.90 by default), else `starved`. The bottleneck
@@ -40,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from iobench.result_types import ProbeDoc, TrainResult
+from iobench.result_types import ProbeDoc, Straggler, TrainResult, Verdict
 
 DEFAULT_THRESHOLD = 0.90  # MLPerf Storage: AU below 0.90 means storage cannot keep up
 BUSY_SATURATED = 0.75  # readers busy at least this fraction of the epoch: they set the pace
@@ -239,8 +241,14 @@ def _spread_median(doc: TrainResult, figure: str) -> float | None:
 def verdict(doc: TrainResult | Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
             probe: ProbeDoc | Mapping[str, Any] | None = None,
             break_even: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict on one training result as a result document holds it (`summary.verdict`)."""
+    return judge(TrainResult.of(doc), threshold,
+                 None if probe is None else ProbeDoc.of(probe), break_even).to_dict()
+
+
+def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDoc | None = None,
+          break_even: Mapping[str, Any] | None = None) -> Verdict:
     """The verdict on one training result (see the module docstring)."""
-    res = TrainResult.of(doc)
     au = _spread_median(res, "au")
     if au is None:
         au = _median([e.summary.au_mean for e in res.epochs])
@@ -265,7 +273,7 @@ def verdict(doc: TrainResult | Mapping[str, Any], threshold: float = DEFAULT_THR
     if bottleneck == "storage":
         limit = None
         if probe is not None:
-            limit = probe_limit(ProbeDoc.of(probe), res.dataset.sample_bytes)
+            limit = probe_limit(probe, res.dataset.sample_bytes)
         _advise_storage(case, limit, break_even)
     elif bottleneck == "cpu":
         _advise_cpu(case)
@@ -275,7 +283,7 @@ def verdict(doc: TrainResult | Mapping[str, Any], threshold: float = DEFAULT_THR
     return _done("starved", au, threshold, bottleneck, case.evidence, case.advice, case.slow)
 
 
-def _keeps_up(case: _Case) -> dict[str, Any]:
+def _keeps_up(case: _Case) -> Verdict:
     """The verdict on a run at or above the threshold: compute-bound."""
     doc = case.doc
     case.evidence.append(f"AU {case.au:.2f} >= {case.threshold:.2f}")
@@ -407,12 +415,12 @@ _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (de
 
 def _done(status: str, au: float | None, threshold: float, bottleneck: str,
           evidence: list[str], advice: list[str],
-          slow: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+          slow: Sequence[Mapping[str, Any]] = ()) -> Verdict:
     head = "keeps up" if status == "keeps up" else _STATUS_WORDS.get(bottleneck, status)
     line = f"verdict: {head} - " + "; ".join(evidence + advice)
-    return {"status": status, "au": au, "threshold": threshold, "bottleneck": bottleneck,
-            "evidence": evidence, "advice": advice, "line": line,
-            "stragglers": [dict(s) for s in slow]}
+    return Verdict(status=status, au=au, threshold=threshold, bottleneck=bottleneck,
+                   evidence=tuple(evidence), advice=tuple(advice), line=line,
+                   stragglers=tuple(Straggler(**s) for s in slow))
 
 
 def for_run(doc: TrainResult | Mapping[str, Any], results_dir: str,
@@ -445,4 +453,4 @@ def for_run(doc: TrainResult | Mapping[str, Any], results_dir: str,
     pairs = [b for b in staging_pairs(runs) if res.run_id in (b["slow_run_id"],
                                                               b["fast_run_id"])
              and not b["refused"]]
-    return verdict(res, threshold, probe, pairs[-1] if pairs else None)
+    return judge(res, threshold, probe, pairs[-1] if pairs else None).to_dict()
