@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from iobench.result_types import Epoch
 
@@ -80,15 +80,29 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _summary(e: Epoch | Mapping[str, Any]) -> tuple[int, Mapping[str, Any]]:
-    """(repeat, summary) of an epoch record: typed (readers) or as the writer builds it."""
+class _EpochFigures(NamedTuple):
+    """What the spread over repetitions reads from one epoch record."""
+
+    repeat: int
+    wall_s: float
+    stall_s_max: float
+    stall_fraction_max: float | None
+    au_mean: float | None
+    au_mlperf_mean: float | None
+    samples: int
+    batch_bytes: int
+
+
+def _figures(e: Epoch | Mapping[str, Any]) -> _EpochFigures:
+    """An epoch record's figures: typed (readers) or the dict the writer builds (train)."""
     if isinstance(e, Epoch):
-        return e.repeat, {"au_mlperf_mean": e.summary.au_mlperf_mean,
-                          **{k: getattr(e.summary, k) for k in _SUMMED}}
-    return int(e.get("repeat", 0)), e["summary"]
-
-
-_SUMMED = ("wall_s", "stall_s_max", "stall_fraction_max", "au_mean", "samples", "batch_bytes")
+        s = e.summary
+        return _EpochFigures(e.repeat, s.wall_s, s.stall_s_max, s.stall_fraction_max,
+                             s.au_mean, s.au_mlperf_mean, s.samples, s.batch_bytes)
+    d = e["summary"]
+    return _EpochFigures(int(e.get("repeat", 0)), d["wall_s"], d["stall_s_max"],
+                         d["stall_fraction_max"], d["au_mean"], d.get("au_mlperf_mean"),
+                         d["samples"], d["batch_bytes"])
 
 
 def repetition_figures(epochs: Iterable[Epoch | Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -101,22 +115,22 @@ def repetition_figures(epochs: Iterable[Epoch | Mapping[str, Any]]) -> list[dict
     AU (`au`); `samples_per_s` and `read_MBps` are its samples and payload
     bytes over its summed epoch walls.
     """
-    groups: dict[int, list[Mapping[str, Any]]] = {}
-    for repeat, summary in map(_summary, epochs):
-        groups.setdefault(repeat, []).append(summary)
+    groups: dict[int, list[_EpochFigures]] = {}
+    for f in map(_figures, epochs):
+        groups.setdefault(f.repeat, []).append(f)
     out = []
     for r in sorted(groups):
         sums = groups[r]
-        wall = sum(s["wall_s"] for s in sums)
+        wall = sum(s.wall_s for s in sums)
         out.append({
             "repeat": r, "epochs": len(sums),
             "epoch_wall_s": wall / len(sums),
-            "stall_s": _mean([s["stall_s_max"] for s in sums]),
-            "stall_fraction": _mean([s["stall_fraction_max"] for s in sums]),
-            "au": _mean([s["au_mean"] for s in sums]),
-            "au_mlperf": _mean([s.get("au_mlperf_mean") for s in sums]),
-            "samples_per_s": sum(s["samples"] for s in sums) / wall if wall > 0 else None,
-            "read_MBps": sum(s["batch_bytes"] for s in sums) / MB / wall if wall > 0 else None,
+            "stall_s": _mean([s.stall_s_max for s in sums]),
+            "stall_fraction": _mean([s.stall_fraction_max for s in sums]),
+            "au": _mean([s.au_mean for s in sums]),
+            "au_mlperf": _mean([s.au_mlperf_mean for s in sums]),
+            "samples_per_s": sum(s.samples for s in sums) / wall if wall > 0 else None,
+            "read_MBps": sum(s.batch_bytes for s in sums) / MB / wall if wall > 0 else None,
         })
     return out
 
