@@ -11,13 +11,19 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from iobench.results import STAGE_SCHEMA
+from iobench.result_types import StageDoc, Staging, StagingSpread, TrainResult
 from iobench.spread import differs, repetition_figures, run_spread
 
 
 def root_of(place: Any) -> str | None:
     """The root of a staging's `from`/`to` (an object with `root`, or a bare path)."""
-    return place.get("root") if isinstance(place, dict) else place
+    root = place.get("root") if isinstance(place, dict) else place
+    return root if isinstance(root, str) else None
+
+
+def _fstype(place: Any) -> str | None:
+    fstype = place.get("fstype") if isinstance(place, dict) else None
+    return fstype if isinstance(fstype, str) else None
 
 
 def real(path: str | None) -> str:
@@ -25,52 +31,50 @@ def real(path: str | None) -> str:
     return os.path.realpath(path) if path else ""
 
 
-def staging_record(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+def staging_record(doc: TrainResult | StageDoc) -> dict[str, Any] | None:
     """The staging a document describes, or None: an `iobench.stage` result, or a training
     result with a `staging` section (`iobench train --stage-to`).
 
     With `--repeat N` stagings (a `spread` section), `stage_s` and `stage_MBps`
     are the medians and `stage_spread` the spread of `stage_s`.
     """
-    if doc.get("schema") == STAGE_SCHEMA:
+    st: Staging
+    if isinstance(doc, StageDoc):
         st, run = doc, None
-    elif doc.get("staging"):
-        st, run = doc["staging"], doc
+    elif doc.staging is not None:
+        st, run = doc.staging, doc
     else:
         return None
-    sp = st.get("spread") or {}
-    src, dst = st.get("from"), st.get("to")
-    ds = doc["dataset"]
-    resumed = st.get("skipped_files") or 0
+    sp = st.spread or StagingSpread(stage_s=None, stage_MBps=None)
+    resumed = st.skipped_files
     return {
-        "stage_s": sp["stage_s"]["median"] if sp.get("stage_s") else st["stage_s"],
-        "stage_spread": sp.get("stage_s"),
-        "stage_bytes": st["stage_bytes"],
-        "stage_MBps": sp["stage_MBps"]["median"] if sp.get("stage_MBps") else st.get("stage_MBps"),
-        "repeats": st.get("repeats") or 1,
-        "mode": (st.get("mode") or "n/a") + (f" (resumed: {resumed} files were already there)"
-                                              if resumed else ""),
+        "stage_s": sp.stage_s.median if sp.stage_s else st.stage_s,
+        "stage_spread": sp.stage_s.to_dict() if sp.stage_s else None,
+        "stage_bytes": st.stage_bytes,
+        "stage_MBps": sp.stage_MBps.median if sp.stage_MBps else st.stage_MBps,
+        "repeats": st.repeats or 1,
+        "mode": (st.mode or "n/a") + (f" (resumed: {resumed} files were already there)"
+                                      if resumed else ""),
         "resumed": resumed,
-        "from": real(root_of(src)), "to": real(root_of(dst)),
-        "from_kind": src.get("fstype") if isinstance(src, dict) else None,
-        "to_kind": dst.get("fstype") if isinstance(dst, dict) else None,
-        "dataset": ds["dataset"], "format": ds["format"],
+        "from": real(root_of(st.source)), "to": real(root_of(st.dest)),
+        "from_kind": _fstype(st.source), "to_kind": _fstype(st.dest),
+        "dataset": doc.dataset.dataset, "format": doc.dataset.format,
         "staged_run": run,
     }
 
 
-def _comparable_key(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _comparable_key(doc: TrainResult) -> dict[str, Any]:
     """What must be equal for two runs' epoch times to differ by their storage alone."""
-    c, comp, ds = doc["config"], doc["compute"], doc["dataset"]
-    return {"dataset": ds["dataset"], "format": ds["format"], "samples": ds.get("num_samples"),
-            "compute": comp["kind"], "model": comp.get("model"),
-            "compute_time_s": comp.get("compute_time_s"), "decode": comp.get("decode"),
-            "batch_size": c["batch_size"], "ranks": doc["world"]["size"], "loader": c["loader"],
-            "workers": c["workers"], "shuffle": c.get("shuffle"),
-            "max_steps": c.get("max_steps"), "cache": doc["cache"]["mode"]}
+    c, comp, ds = doc.config, doc.compute, doc.dataset
+    return {"dataset": ds.dataset, "format": ds.format, "samples": ds.num_samples,
+            "compute": comp.kind, "model": comp.model,
+            "compute_time_s": comp.compute_time_s, "decode": comp.decode,
+            "batch_size": c.batch_size, "ranks": doc.world.size, "loader": c.loader,
+            "workers": c.workers, "shuffle": c.shuffle,
+            "max_steps": c.max_steps, "cache": doc.cache.mode}
 
 
-def comparability(slow: Mapping[str, Any], fast: Mapping[str, Any]) -> list[str]:
+def comparability(slow: TrainResult, fast: TrainResult) -> list[str]:
     """Why two runs' epoch times are not comparable, one `field a vs b` each; [] when they are.
 
     Dataset (name, format, samples), compute (kind, model, emulated step time,
@@ -99,8 +103,8 @@ def jsonable_break_even(value: float | None) -> float | str | None:
     return "never" if value is not None and math.isinf(value) else value
 
 
-def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
-               fast: Mapping[str, Any]) -> dict[str, Any]:
+def break_even(staging: Mapping[str, Any], slow: TrainResult,
+               fast: TrainResult) -> dict[str, Any]:
     """Staging cost against the epoch time it saves, per docs/metrics.md.
 
     `slow` reads the staging's source in place, `fast` the staged copy.
@@ -112,9 +116,9 @@ def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
     (part of the data was already there: its time is no staging cost).
     `significant` is `iobench.spread.differs` of the two epoch walls.
     """
-    out = {**staging, "slow_run_id": slow["run_id"], "fast_run_id": fast["run_id"],
-           "run": f"{slow['config']['loader']}, {slow['config']['workers']} workers, batch "
-                  f"{slow['config']['batch_size']}, shuffle {slow['config'].get('shuffle')}",
+    c = slow.config
+    out = {**staging, "slow_run_id": slow.run_id, "fast_run_id": fast.run_id,
+           "run": f"{c.loader}, {c.workers} workers, batch {c.batch_size}, shuffle {c.shuffle}",
            "refused": None, "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
            "epoch_fast": None, "significant": None, "break_even_epochs": None, "epochs": None,
            "in_place_s": None, "staged_total_s": None}
@@ -124,15 +128,15 @@ def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
         out["refused"] = ("runs not comparable: " + ", ".join(diff)
                           + " (in place vs staged)")
         return out
-    slow_sp, fast_sp = run_spread(slow["epochs"])["epoch_wall_s"], \
-        run_spread(fast["epochs"])["epoch_wall_s"]
+    slow_sp, fast_sp = run_spread(slow.epochs)["epoch_wall_s"], \
+        run_spread(fast.epochs)["epoch_wall_s"]
     if not slow_sp or not fast_sp:
         out["refused"] = "a run has no epochs"
         return out
     slow_s, fast_s = slow_sp["median"], fast_sp["median"]
     gain = slow_s - fast_s
     stage_s = staging["stage_s"]
-    epochs = repetition_figures(slow["epochs"])[0]["epochs"]
+    epochs = repetition_figures(slow.epochs)[0]["epochs"]
     out.update({
         "epoch_slow_s": slow_s, "epoch_fast_s": fast_s, "epoch_slow": slow_sp,
         "epoch_fast": fast_sp, "significant": differs(slow_sp, fast_sp),
@@ -145,8 +149,8 @@ def break_even(staging: Mapping[str, Any], slow: Mapping[str, Any],
     return out
 
 
-def staging_pairs(runs: Sequence[Mapping[str, Any]],
-                  stages: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+def staging_pairs(runs: Sequence[TrainResult | Mapping[str, Any]],
+                  stages: Sequence[StageDoc | Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Every staging paired with the in-place runs of its source: `break_even` rows.
 
     A staging is a training result with a `staging` section (its own epochs
@@ -158,17 +162,18 @@ def staging_pairs(runs: Sequence[Mapping[str, Any]],
     one staging share their `staging_index`.
     """
     out = []
-    stagings = [st for st in map(staging_record, [*stages, *runs]) if st is not None]
+    typed = [TrainResult.of(r) for r in runs]
+    docs: list[TrainResult | StageDoc] = [*map(StageDoc.of, stages), *typed]
+    stagings = [st for st in map(staging_record, docs) if st is not None]
     for k, st in enumerate(stagings):
         st = {**st, "staging_index": k}
         fasts = ([st["staged_run"]] if st["staged_run"] is not None else
-                 [r for r in runs if real(r["dataset"].get("root")) == st["to"]])
-        slows = [r for r in runs if not r.get("staging")
-                 and real(r["dataset"].get("root")) == st["from"]]
+                 [r for r in typed if real(r.dataset.root) == st["to"]])
+        slows = [r for r in typed if r.staging is None and real(r.dataset.root) == st["from"]]
         pairs = [(a, b) for a in slows for b in fasts if a is not b]
         if not pairs:
             row = {**st, "run": None, "slow_run_id": None,
-                   "fast_run_id": st["staged_run"]["run_id"] if st["staged_run"] else None,
+                   "fast_run_id": st["staged_run"].run_id if st["staged_run"] else None,
                    "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
                    "epoch_fast": None, "significant": None, "break_even_epochs": None,
                    "epochs": None, "in_place_s": None, "staged_total_s": None,

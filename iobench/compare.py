@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,13 +23,13 @@ from iobench.breakeven import root_of, staging_pairs
 from iobench.errors import IobenchError, StorageError
 from iobench.jsonio import read_json
 from iobench.metrics import fmt_rate
+from iobench.result_types import Epoch, StageDoc, TrainResult, Verdict
 from iobench.results import (
     STAGE_SCHEMA,
     STAGE_SCHEMA_VERSION,
     ResultError,
     find_documents,
-    find_results,
-    load_result,
+    load_typed,
 )
 from iobench.spread import HEADLINE, differs, fmt_spread, run_spread, spread
 
@@ -37,13 +37,16 @@ if TYPE_CHECKING:
     from matplotlib.axis import Axis
 
 
-def load_runs(paths: list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
-    """(path, document) for each training result named by `paths` (files or directories)."""
-    return [(p, load_result(p)) for p in find_results(paths)]
+Doc = TrainResult | Mapping[str, Any]  # a training result, typed or as a document
+
+
+def typed(docs: Sequence[Doc]) -> list[TrainResult]:
+    """`docs` as typed results (validated where given as documents)."""
+    return [TrainResult.of(d) for d in docs]
 
 
 def load_documents(paths: list[str | Path]
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[tuple[Path, str]]]:
+                   ) -> tuple[list[TrainResult], list[StageDoc], list[tuple[Path, str]]]:
     """Training results, staging results (`iobench stage`, used for the break-even of
     staging) and what was set aside with why, from files and directories (searched with
     their sub-directories)."""
@@ -51,41 +54,43 @@ def load_documents(paths: list[str | Path]
     stages = []
     for p in found.stages:
         try:
-            stages.append(read_json(p, schema=STAGE_SCHEMA, max_version=STAGE_SCHEMA_VERSION))
+            stages.append(StageDoc.from_dict(
+                read_json(p, schema=STAGE_SCHEMA, max_version=STAGE_SCHEMA_VERSION), str(p)))
         except IobenchError as e:
             found.skipped.append((p, str(e)))
-    return [load_result(p) for p in found.results], stages, found.skipped
+    return [load_typed(p) for p in found.results], stages, found.skipped
 
 
-def run_label(doc: dict[str, Any]) -> str:
+def run_label(doc: Doc) -> str:
     """A short human label: loader, storage path and filesystem, compute kind."""
-    c, comp = doc["config"], doc["compute"]
-    storage = doc.get("provenance", {}).get("storage") or {}
-    fs = storage.get("fstype")
-    what = {"model": comp.get("model"), "emulated": f"emulated {comp.get('compute_time_s')} s",
-            "none": "ingest only"}[comp["kind"]]
-    where = c["storage"] + (f" ({fs})" if fs else "")
-    if doc.get("tier"):
-        where += f" [EMULATED pfs, {doc['tier']['profile'].get('name')}]"
-    if doc.get("staging"):
-        where += f" [staged from {root_of(doc['staging'].get('from'))}]"
-    if doc.get("status", "complete") != "complete":  # a part of a run: said where it shows
-        where += f" [{str(doc['status']).upper()}: {len(doc['epochs'])} epoch(s) completed]"
-    return f"{c['loader']} @ {where}, {what}"
+    res = TrainResult.of(doc)
+    c, comp = res.config, res.compute
+    fs = res.provenance.storage.fstype
+    what = {"model": comp.model, "emulated": f"emulated {comp.compute_time_s} s",
+            "none": "ingest only"}[comp.kind]
+    where = c.storage + (f" ({fs})" if fs else "")
+    if res.tier:
+        where += f" [EMULATED pfs, {res.tier.profile.name}]"
+    if res.staging:
+        where += f" [staged from {root_of(res.staging.source)}]"
+    if not res.complete:  # a part of a run: said where it shows
+        where += f" [{res.status.upper()}: {len(res.epochs)} epoch(s) completed]"
+    return f"{c.loader} @ {where}, {what}"
 
 
-def repetitions(doc: Mapping[str, Any]) -> int:
+def repetitions(doc: Doc) -> int:
     """How many repetitions (`--repeat N`) a training result holds (1 for v1 results)."""
-    return len({int(e.get("repeat", 0)) for e in doc["epochs"]}) or 1
+    return TrainResult.of(doc).repetitions
 
 
 # ------------------------------------------------------------------------ per-run figures
 
-def unique_labels(docs: list[dict[str, Any]]) -> list[str]:
+def unique_labels(docs: Sequence[Doc]) -> list[str]:
     """Labels for `docs`, with the run id's tail appended where two would read the same."""
-    labels = [run_label(d) for d in docs]
-    return [f"{lab} [{d['run_id'][-6:]}]" if labels.count(lab) > 1 else lab
-            for lab, d in zip(labels, docs, strict=True)]
+    runs = typed(docs)
+    labels = [run_label(d) for d in runs]
+    return [f"{lab} [{d.run_id[-6:]}]" if labels.count(lab) > 1 else lab
+            for lab, d in zip(labels, runs, strict=True)]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -98,7 +103,7 @@ def _median(s: Mapping[str, Any] | None) -> float | None:
     return s["median"] if s else None
 
 
-def run_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_rows(docs: Sequence[Doc]) -> list[dict[str, Any]]:
     """One row per run: the spread of each HEADLINE figure over its repetitions.
 
     `spread[k]` is `iobench.spread.run_spread`'s (median, min, max, cv, n);
@@ -106,12 +111,13 @@ def run_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     spread (None: unknown, both single passes); `samples_per_s_vs_first` the
     ratio of the medians.
     """
-    spreads = [run_spread(d["epochs"]) for d in docs]
+    runs = typed(docs)
+    spreads = [run_spread(d.epochs) for d in runs]
     rows = []
-    for i, (doc, label, sp) in enumerate(zip(docs, unique_labels(docs), spreads, strict=True)):
+    for i, (doc, label, sp) in enumerate(zip(runs, unique_labels(runs), spreads, strict=True)):
         first = spreads[0]
         rows.append({
-            "run": i, "label": label, "run_id": doc["run_id"], "repeats": repetitions(doc),
+            "run": i, "label": label, "run_id": doc.run_id, "repeats": doc.repetitions,
             "spread": sp,
             "differs": {k: None if i == 0 else differs(sp[k], first[k]) for k in HEADLINE},
             "samples_per_s_vs_first": _ratio(_median(sp["samples_per_s"]),
@@ -121,7 +127,7 @@ def run_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def comparison_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def comparison_rows(docs: Sequence[Doc]) -> list[dict[str, Any]]:
     """One row per (run, repetition, epoch): headline figures and the ratios to the first run.
 
     `stall_s` is the max over ranks (the pace setter), `stall_fraction` the
@@ -129,25 +135,25 @@ def comparison_rows(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     `read_MBps` global (docs/metrics.md). `*_vs_first` divide by the first run's
     figure for the same repetition and epoch (None when it has no such one).
     """
-    labels = unique_labels(docs)
-    first = ({(int(e.get("repeat", 0)), e["epoch"]): e["summary"] for e in docs[0]["epochs"]}
-             if docs else {})
+    runs = typed(docs)
+    labels = unique_labels(runs)
+    first = {(e.repeat, e.epoch): e.summary for e in runs[0].epochs} if runs else {}
     rows = []
-    for i, (doc, label) in enumerate(zip(docs, labels, strict=True)):
-        for e in doc["epochs"]:
-            s = e["summary"]
-            rep = int(e.get("repeat", 0))
-            f = first.get((rep, e["epoch"]))
+    for i, (doc, label) in enumerate(zip(runs, labels, strict=True)):
+        for e in doc.epochs:
+            s = e.summary
+            f = first.get((e.repeat, e.epoch))
             rows.append({
-                "run": i, "label": label, "run_id": doc["run_id"], "repeat": rep,
-                "epoch": e["epoch"],
-                "stall_s": s["stall_s_max"], "stall_fraction": s["stall_fraction_max"],
-                "au": s["au_mean"], "samples_per_s": s["samples_per_s"],
-                "read_MBps": s["read_MBps"], "wall_s": s["wall_s"],
-                "cache": doc["cache"]["mode"],
-                "accuracy": (e.get("training") or {}).get("accuracy"),
-                "stall_vs_first": _ratio(s["stall_s_max"], f and f["stall_s_max"]),
-                "samples_per_s_vs_first": _ratio(s["samples_per_s"], f and f["samples_per_s"]),
+                "run": i, "label": label, "run_id": doc.run_id, "repeat": e.repeat,
+                "epoch": e.epoch,
+                "stall_s": s.stall_s_max, "stall_fraction": s.stall_fraction_max,
+                "au": s.au_mean, "samples_per_s": s.samples_per_s,
+                "read_MBps": s.read_MBps, "wall_s": s.wall_s,
+                "cache": doc.cache.mode,
+                "accuracy": e.training.accuracy if e.training else None,
+                "stall_vs_first": _ratio(s.stall_s_max, f.stall_s_max if f else None),
+                "samples_per_s_vs_first": _ratio(s.samples_per_s,
+                                                 f.samples_per_s if f else None),
             })
     return rows
 
@@ -182,22 +188,34 @@ RUN_COLUMNS: tuple[tuple[str, str, str | None, float], ...] = (
     ("samples_per_s", "samples/s", None, 1.0), ("read_MBps", "MB/s", None, 1.0))
 
 
-def render_table(docs: list[dict[str, Any]], console: Any = None,
-                 stages: Sequence[Mapping[str, Any]] = ()) -> Any:
+def render_table(docs: Sequence[Doc], console: Any = None,
+                 stages: Sequence[StageDoc | Mapping[str, Any]] = ()) -> Any:
     """Print (and return) the side-by-side rich tables: per epoch, then per run with spreads."""
     from rich.console import Console
-    from rich.markup import escape
+
+    runs = typed(docs)
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    table = epoch_table(runs)
+    console.print(table)
+    per_run = run_rows(runs)
+    console.print(run_table(per_run))
+    _print_notes(console, per_run)
+    _print_runs(console, runs, stages)
+    return table
+
+
+def epoch_table(runs: Sequence[TrainResult]) -> Any:
+    """The rich table of every (run, repetition, epoch), ratios to run 1."""
     from rich.table import Table
 
-    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-    repeated = any(repetitions(d) > 1 for d in docs)
+    repeated = any(d.repetitions > 1 for d in runs)
     table = Table(title="iobench compare: per epoch, stall = max over ranks; ratios vs run 1"
                   + (" (same repetition and epoch)" if repeated else ""))
     cols = ["run", *(["rep"] if repeated else []), "epoch", "stall s", "stall %", "AU",
             "samples/s", "MB/s", "wall s", "stall ×run1", "samples/s ×run1", "train acc"]
     for col in cols:
         table.add_column(col, justify="left" if col == "run" else "right")
-    rows = comparison_rows(docs)
+    rows = comparison_rows(runs)
     for row_no, r in enumerate(rows):
         nxt = rows[row_no + 1] if row_no + 1 < len(rows) else None
         table.add_row(f"{r['run'] + 1}", *([str(r["repeat"] + 1)] if repeated else []),
@@ -209,9 +227,14 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
                       _fmt(r["accuracy"], ".3f"),
                       end_section=nxt is not None and (nxt["run"], nxt["repeat"])
                       != (r["run"], r["repeat"]))
-    console.print(table)
+    return table
 
-    per_run = run_rows(docs)
+
+def run_table(per_run: Sequence[Mapping[str, Any]]) -> Any:
+    """The rich table of each run's headline figures, median [min-max] over repetitions."""
+    from rich.markup import escape
+    from rich.table import Table
+
     summary = Table(title=escape("iobench compare: per run, median [min-max] over "
                                  "repetitions"))
     summary.add_column("figure")
@@ -224,7 +247,12 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
     summary.add_row("samples/s ×run1", *(_fmt(r["samples_per_s_vs_first"], ".2f")
                                           + mark(r["differs"]["samples_per_s"])
                                           for r in per_run))
-    console.print(summary)
+    return summary
+
+
+def _print_notes(console: Any, per_run: Sequence[Mapping[str, Any]]) -> None:
+    from rich.markup import escape
+
     console.print(escape("per run: median [min-max] over repetitions; epoch figures: mean over "
                          "a repetition's epochs, rates over its summed epoch time; n.s. = not "
                          "significant: the difference to run 1 is within the min-max spread "
@@ -234,38 +262,44 @@ def render_table(docs: list[dict[str, Any]], console: Any = None,
             console.print(f"run {r['run'] + 1} vs run 1: significance unknown (single passes: "
                           "no spread measured; `iobench train --repeat N` measures it)")
 
-    for i, (doc, label) in enumerate(zip(docs, unique_labels(docs), strict=True)):
-        warn = f"  [bold red]{len(doc['warnings'])} warning(s)[/]" if doc["warnings"] else ""
-        reps = f"; {repetitions(doc)} repetitions" if repetitions(doc) > 1 else ""
-        console.print(f"run {i + 1}: {escape(label)}; cache {doc['cache']['mode']}; "
-                      f"{doc['world']['size']} rank(s){reps}; {doc['run_id']}{warn}")
+
+def _print_runs(console: Any, runs: Sequence[TrainResult],
+                stages: Sequence[StageDoc | Mapping[str, Any]]) -> None:
+    """Each run's label, node spread and verdict, then the staging break-evens."""
+    from rich.markup import escape
+
+    for i, (doc, label) in enumerate(zip(runs, unique_labels(runs), strict=True)):
+        warn = f"  [bold red]{len(doc.warnings)} warning(s)[/]" if doc.warnings else ""
+        reps = f"; {doc.repetitions} repetitions" if doc.repetitions > 1 else ""
+        console.print(f"run {i + 1}: {escape(label)}; cache {doc.cache.mode}; "
+                      f"{doc.world.size} rank(s){reps}; {doc.run_id}{warn}")
         spread = node_spread(doc)
         if spread is not None:
             console.print(f"  {escape(node_spread_line(spread))}")
-        console.print(f"  {escape(run_verdict(doc)['line'])}")
-    index = {d["run_id"]: i + 1 for i, d in enumerate(docs)}
-    for b in staging_pairs(docs, stages):
+        console.print(f"  {escape(run_verdict(doc).line)}")
+    index = {d.run_id: i + 1 for i, d in enumerate(runs)}
+    for b in staging_pairs(runs, stages):
         console.print(escape(staging_line(b, index)))
-    if any(d.get("tier") for d in docs):
+    if any(d.tier for d in runs):
         from iobench.pfs.stats import NOTE
 
         console.print(f"[yellow]{NOTE}[/]")
-    return table
 
 
-def node_spread(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+def node_spread(doc: Doc) -> dict[str, Any] | None:
     """Each node's figures over the run (`epochs[i].per_node`, v3): samples/s and MB/s over its
     summed epoch walls, and its summed stall; for each figure the `min`, `median` and `max`
     with the nodes holding the extremes. None for one node or a result before v3."""
     from iobench.verdict import node_stalls
 
-    nodes = node_stalls(doc)
+    res = TrainResult.of(doc)
+    nodes = node_stalls(res)
     if not nodes:
         return None
     nbytes: dict[int, int] = {}
-    for ep in doc["epochs"]:
-        for n in ep.get("per_node") or []:
-            nbytes[n["node"]] = nbytes.get(n["node"], 0) + n["batch_bytes"]
+    for ep in res.epochs:
+        for n in ep.per_node:
+            nbytes[n.node] = nbytes.get(n.node, 0) + n.batch_bytes
     figures = {"samples_per_s": {n["name"]: n["samples"] / n["wall_s"] for n in nodes
                                  if n["wall_s"] > 0},
                "read_MBps": {n["name"]: nbytes[n["node"]] / 1e6 / n["wall_s"] for n in nodes
@@ -292,12 +326,13 @@ def node_spread_line(spread: Mapping[str, Any]) -> str:
     return f"per node ({spread['nodes']}, min / median / max): " + "; ".join(parts)
 
 
-def run_verdict(doc: Mapping[str, Any]) -> dict[str, Any]:
+def run_verdict(doc: Doc) -> Verdict:
     """The run's verdict as `iobench train` recorded it, or worked out now for a result
     written before verdicts (the default AU threshold)."""
-    from iobench.verdict import verdict
+    from iobench.verdict import judge
 
-    return (doc.get("summary") or {}).get("verdict") or verdict(doc)
+    res = TrainResult.of(doc)
+    return res.summary.verdict or judge(res)
 
 
 def staging_line(b: Mapping[str, Any], index: Mapping[str, int]) -> str:
@@ -346,11 +381,12 @@ def _save_png(fig: Any, path: Path) -> Path:
     return path
 
 
-def epoch_spreads(doc: Mapping[str, Any], figure: Any) -> dict[int, dict[str, Any]]:
+def epoch_spreads(doc: Doc, figure: Callable[[Epoch], float | None]
+                  ) -> dict[int, dict[str, Any]]:
     """Per epoch number: the spread over repetitions of `figure(epoch record)` (None skipped)."""
     by_epoch: dict[int, list[float | None]] = {}
-    for e in doc["epochs"]:
-        by_epoch.setdefault(e["epoch"], []).append(figure(e))
+    for e in TrainResult.of(doc).epochs:
+        by_epoch.setdefault(e.epoch, []).append(figure(e))
     out = {}
     for ep in sorted(by_epoch):
         s = spread(by_epoch[ep])
@@ -375,7 +411,7 @@ def integer_ticks(axis: Axis) -> None:
         locator.set_params(integer=True)
 
 
-def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
+def plot_training(docs: Sequence[Doc], path: str | Path) -> Path:
     """Training accuracy (classification) or loss (regression) per epoch, one line per run;
     with repetitions, the median per epoch with min-max error bars.
 
@@ -386,17 +422,18 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs = typed(docs)
     curves = []
-    for doc, label in zip(docs, unique_labels(docs), strict=True):
-        if any(e.get("training") for e in doc["epochs"]):
-            curves.append((label, doc["compute"].get("task"), doc))
+    for doc, label in zip(runs, unique_labels(runs), strict=True):
+        if any(e.training for e in doc.epochs):
+            curves.append((label, doc.compute.task, doc))
     if not curves:
         raise ResultError("no run trained a real model (compute kind `model`): no accuracy or "
                           "loss curve to draw; drop --accuracy-plot")
     fig, ax = plt.subplots(figsize=(7.0, 4.5))
     metric = "accuracy" if all(t == "classification" for _, t, _ in curves) else "loss"
     for i, (label, _, doc) in enumerate(curves):
-        sp = epoch_spreads(doc, lambda e: (e.get("training") or {}).get(metric))
+        sp = epoch_spreads(doc, lambda e: _trained(e, metric))
         eps = sorted(sp)
         ax.errorbar([e + 1 for e in eps], [sp[e]["median"] for e in eps],
                     yerr=error_bars([sp[e] for e in eps]), marker="o", capsize=3,
@@ -408,8 +445,8 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
     if metric == "accuracy":
         from iobench.datasets import DATASETS
 
-        classes = {DATASETS[d["config"]["dataset"]].num_classes for d in docs
-                   if d["config"]["dataset"] in DATASETS and d["epochs"][0].get("training")}
+        classes = {DATASETS[d.config.dataset].num_classes for d in runs
+                   if d.config.dataset in DATASETS and d.epochs and d.epochs[0].training}
         for k in sorted(c for c in classes if c > 0):
             ax.axhline(1 / k, color="grey", linestyle="--", linewidth=1)
             ax.annotate(f"chance, {k} classes", (0.01, 1 / k), xycoords=("axes fraction", "data"),
@@ -421,7 +458,14 @@ def plot_training(docs: list[dict[str, Any]], path: str | Path) -> Path:
     return _save_png(fig, Path(path))
 
 
-def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
+def _trained(e: Epoch, metric: str) -> float | None:
+    """An epoch's training `metric` (accuracy or loss), None without a model."""
+    if e.training is None:
+        return None
+    return e.training.accuracy if metric == "accuracy" else e.training.loss
+
+
+def plot_stall(docs: Sequence[Doc], path: str | Path) -> Path:
     """Stall per epoch (% of the epoch, max over ranks; bars labelled with seconds), grouped
     by epoch with one bar per run, beside each run's AU against the verdict's threshold;
     with repetitions, medians over them with min-max error bars.
@@ -434,10 +478,11 @@ def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    docs = typed(docs)
     labels = unique_labels(docs)
-    fracs = [epoch_spreads(d, lambda e: 100 * (e["summary"]["stall_fraction_max"] or 0.0))
+    fracs = [epoch_spreads(d, lambda e: 100 * (e.summary.stall_fraction_max or 0.0))
              for d in docs]
-    secs = [epoch_spreads(d, lambda e: e["summary"]["stall_s_max"]) for d in docs]
+    secs = [epoch_spreads(d, lambda e: e.summary.stall_s_max) for d in docs]
     epochs = sorted({ep for sp in fracs for ep in sp})
     n = len(docs)
     width = 0.8 / max(n, 1)
@@ -454,7 +499,7 @@ def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
                                    for y, ep in zip(ys, eps, strict=True)],
                      fontsize=7, padding=2)
     ax.set_xticks(range(len(epochs)), [f"epoch {e + 1}" for e in epochs])
-    repeated = any(repetitions(d) > 1 for d in docs)
+    repeated = any(d.repetitions > 1 for d in docs)
     note = "\nmedian over repetitions, bars min-max" if repeated else ""
     ax.set_ylabel("stall, % of the epoch (max over ranks)" + note)
     ax.set_title("Data stall per epoch (lower is better)")
@@ -462,11 +507,11 @@ def plot_stall(docs: list[dict[str, Any]], path: str | Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, frameon=False)
 
-    aus = [run_spread(d["epochs"])["au"] for d in docs]
+    aus = [run_spread(d.epochs)["au"] for d in docs]
     au_pts = [a or {"median": 0.0, "min": 0.0, "max": 0.0, "n": 1} for a in aus]
     ax_au.bar(range(1, n + 1), [a["median"] for a in au_pts], 0.6,
               yerr=error_bars(au_pts), capsize=3, color=[f"C{i}" for i in range(n)])
-    threshold = max((run_verdict(d)["threshold"] for d in docs), default=0.9)
+    threshold = max((run_verdict(d).threshold for d in docs), default=0.9)
     ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1)
     ax_au.text(0.02, threshold, f"AU {threshold:.2f}: keeps up above", color="red", fontsize=7,
                va="bottom", ha="left", transform=ax_au.get_yaxis_transform())

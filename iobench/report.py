@@ -22,7 +22,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,103 +35,115 @@ from iobench.compare import (
     integer_ticks,
     mark,
     node_spread,
-    repetitions,
 )
 from iobench.errors import ConfigError, DatasetNotFoundError
+from iobench.result_types import (
+    Host,
+    ProbeDoc,
+    ProbeSummary,
+    ResultError,
+    SampleRead,
+    SearchDoc,
+    StageDoc,
+    SweepDoc,
+    TrainResult,
+)
 from iobench.spread import differs, run_spread
-from iobench.verdict import DEFAULT_THRESHOLD, LIMIT_KEY, probe_for, probe_limit, under
+from iobench.verdict import DEFAULT_THRESHOLD, probe_for, probe_limit, under
 
 
 @dataclass
 class Collection:
     """What a results directory holds, by kind; `skipped` lists (file, why) not read."""
 
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    stages: list[dict[str, Any]] = field(default_factory=list)
-    probes: list[dict[str, Any]] = field(default_factory=list)
-    sweeps: list[dict[str, Any]] = field(default_factory=list)
-    searches: list[dict[str, Any]] = field(default_factory=list)  # complete `iobench search`es
+    runs: list[TrainResult] = field(default_factory=list)
+    stages: list[StageDoc] = field(default_factory=list)
+    probes: list[ProbeDoc] = field(default_factory=list)
+    sweeps: list[SweepDoc] = field(default_factory=list)
+    searches: list[SearchDoc] = field(default_factory=list)  # complete `iobench search`es
     skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _known() -> dict[str, int]:
+    """The newest version of each document that this reader reads: the one each writer writes
+    (iobench.results names them all, so this reader imports no workflow that writes one)."""
+    from iobench import results
+
+    return {results.SCHEMA: results.SCHEMA_VERSION,
+            results.STAGE_SCHEMA: results.STAGE_SCHEMA_VERSION,
+            results.PROBE_SCHEMA: results.PROBE_SCHEMA_VERSION,
+            results.SWEEP_SCHEMA: results.SWEEP_SCHEMA_VERSION,
+            results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION}
 
 
 def load_directory(results_dir: str | Path) -> Collection:
     """Read every iobench document in `results_dir` (not recursive); damaged files are listed
     in `skipped`, never fatal. An empty or missing directory is an error."""
-    from iobench import results, search
-    from iobench.results import ResultError, validate
-
-    # the newest version each writer writes is what this reader reads (iobench.results
-    # names them all, so this reader imports no workflow that writes one)
-    known = {results.SCHEMA: results.SCHEMA_VERSION,
-             results.STAGE_SCHEMA: results.STAGE_SCHEMA_VERSION,
-             results.PROBE_SCHEMA: results.PROBE_SCHEMA_VERSION,
-             results.SWEEP_SCHEMA: results.SWEEP_SCHEMA_VERSION,
-             results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION}
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
                                    "directory of your runs (default ./iobench-results)")
     col = Collection()
+    known = _known()
     for p in sorted(d.glob("*.json")):
-        try:
-            with open(p) as f:
-                doc = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            col.skipped.append((p.name, f"unreadable: {e}"))
-            continue
-        schema = doc.get("schema") if isinstance(doc, dict) else None
-        if schema not in known:
-            continue  # not ours (a manifest, someone else's JSON)
-        if not isinstance(doc.get("schema_version"), int) or doc["schema_version"] > known[schema]:
-            col.skipped.append((p.name, f"{schema} v{doc.get('schema_version')} is newer than "
-                                        "this iobench reads"))
-            continue
-        if schema == "iobench.result":
+        doc = _read_document(p, known, col)
+        if doc is not None:
             try:
-                validate(doc, p.name)
+                _sort_document(col, p.name, doc)
             except ResultError as e:
                 col.skipped.append((p.name, str(e)))
-                continue
-            if doc.get("status", "complete") != "complete":  # never averaged with whole runs
-                col.skipped.append((p.name, f"{doc['status']} run, left out: "
-                                            f"{doc.get('status_reason') or 'no reason given'}; "
-                                            f"{len(doc['epochs'])} epoch(s) completed"))
-                continue
-            col.runs.append(doc)
-        elif schema == "iobench.stage":
-            if _has(doc, p.name, col, ("stage_s", "stage_bytes", "stage_MBps", "mode", "from",
-                                       "to", "dataset", "created")):
-                col.stages.append(doc)
-        elif schema == "iobench.search":
-            try:
-                search.validate(doc, p.name)
-            except ResultError as e:
-                col.skipped.append((p.name, str(e)))
-                continue
-            if doc["status"] != "complete":  # its answer covers only some points
-                col.skipped.append((p.name, f"{doc['status']} search, left out: "
-                                            f"{doc.get('status_reason') or 'no reason given'}"))
-                continue
-            col.searches.append(doc)
-        elif schema == "iobench.probe":
-            if _has(doc, p.name, col, ("label", "storage", "summary", "engine", "direct",
-                                       "created")):
-                col.probes.append(doc)
-        else:
-            col.sweeps.append(doc)
     if not (col.runs or col.stages or col.probes or col.sweeps or col.searches):
         raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
                                    "probe results); run `iobench train`, `stage`, `probe` or "
                                    "`sweep` with --results pointing there")
-    col.runs.sort(key=lambda r: r["created"])
+    col.runs.sort(key=lambda r: r.created)
     return col
 
 
-def _has(doc: dict[str, Any], name: str, col: Collection, keys: Sequence[str]) -> bool:
-    missing = [k for k in keys if k not in doc]
-    if missing:
-        col.skipped.append((name, f"{doc['schema']} document lacks {missing}"))
-    return not missing
+def _read_document(p: Path, known: Mapping[str, int], col: Collection) -> dict[str, Any] | None:
+    """The iobench document in `p` of a version this reader reads; None (listed in
+    `col.skipped` unless it is not iobench's) otherwise."""
+    try:
+        with open(p) as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        col.skipped.append((p.name, f"unreadable: {e}"))
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") not in known:
+        return None  # not ours (a manifest, someone else's JSON)
+    schema, version = doc["schema"], doc.get("schema_version")
+    if not isinstance(version, int) or version > known[schema]:
+        col.skipped.append((p.name, f"{schema} v{version} is newer than this iobench reads"))
+        return None
+    return dict(doc)
+
+
+def _sort_document(col: Collection, name: str, doc: dict[str, Any]) -> None:
+    """Type `doc` by its schema into `col`; a ResultError says why it cannot be read."""
+    from iobench import results
+
+    schema = doc["schema"]
+    if schema == results.SCHEMA:
+        run = TrainResult.from_dict(doc, name)
+        if not run.complete:  # never averaged with whole runs
+            col.skipped.append((name, f"{run.status} run, left out: "
+                                      f"{run.status_reason or 'no reason given'}; "
+                                      f"{len(run.epochs)} epoch(s) completed"))
+            return
+        col.runs.append(run)
+    elif schema == results.STAGE_SCHEMA:
+        col.stages.append(StageDoc.from_dict(doc, name))
+    elif schema == results.SEARCH_SCHEMA:
+        search = SearchDoc.from_dict(doc, name)
+        if search.status != "complete":  # its answer covers only some points
+            col.skipped.append((name, f"{search.status} search, left out: "
+                                      f"{search.status_reason or 'no reason given'}"))
+            return
+        col.searches.append(search)
+    elif schema == results.PROBE_SCHEMA:
+        col.probes.append(ProbeDoc.from_dict(doc, name))
+    else:
+        col.sweeps.append(SweepDoc.from_dict(doc, name))
 
 
 # ------------------------------------------------------------------------------ figures
@@ -141,18 +153,39 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def sweep_tier_names(sweeps: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+def sweep_tier_names(sweeps: Sequence[SweepDoc]) -> list[tuple[str, str]]:
     """(real path, tier name) of every tier the sweeps in the directory named."""
     out = []
     for s in sweeps:
-        for t in (s.get("config") or {}).get("tiers") or []:
-            out.append((real(t["path"]), t["name"]))
-            if t.get("stage_to"):
-                out.append((real(t["stage_to"]), t.get("stage_name") or f"{t['name']}-staged"))
+        for t in s.config.tiers:
+            out.append((real(t.path), t.name))
+            if t.stage_to:
+                out.append((real(t.stage_to), t.stage_name or f"{t.name}-staged"))
     return out
 
 
-def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
+def _cache_words(doc: TrainResult) -> str:
+    """How cold the run's epochs were, in a word for the runs table."""
+    statuses = [e.cache.status for e in doc.epochs]
+    return ("warm (by choice)" if doc.cache.mode == "warm" else
+            "COLD FAILED" if "warm" in statuses else
+            "unknown" if "unknown" in statuses else
+            "unverified" if "unverified" in statuses else "cold")
+
+
+def _tier_name(doc: TrainResult, probe: ProbeDoc | None, root: str,
+               names: Sequence[tuple[str, str]]) -> str:
+    """A run's tier: its probe's label, else a sweep's tier name, else its filesystem."""
+    if probe:
+        return probe.label
+    named = [n for n in names if under(root, n[0])]
+    if named:
+        return max(named, key=lambda n: len(n[0]))[1]
+    storage = doc.provenance.storage
+    return f"{storage.kind or '?'} ({storage.fstype or '?'})"
+
+
+def run_row(doc: TrainResult | Mapping[str, Any], probes: Sequence[ProbeDoc],
             names: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """One line of a runs table: configuration and figures. The tier is named by its probe's
     label, else by a sweep's tier name, else by its filesystem.
@@ -163,50 +196,41 @@ def run_row(doc: dict[str, Any], probes: Sequence[dict[str, Any]],
     and `wall_s` are per epoch number, medians over repetitions, with spreads
     in `stall_spread`.
     """
-    c, eps = doc["config"], doc["epochs"]
-    storage = (doc.get("provenance") or {}).get("storage") or {}
-    probe = probe_for(doc["dataset"].get("root") or storage.get("path"), probes)
-    sp = run_spread(eps)
+    res = TrainResult.of(doc)
+    c = res.config
+    probe = probe_for(res.dataset.root or res.provenance.storage.path, probes)
+    sp = run_spread(res.epochs)
     med = {k: v["median"] if v else None for k, v in sp.items()}
-    stall = epoch_spreads(doc, lambda e: e["summary"]["stall_s_max"])
-    wall = epoch_spreads(doc, lambda e: e["summary"]["wall_s"])
-    frac = epoch_spreads(doc, lambda e: e["summary"]["stall_fraction_max"])
-    au = epoch_spreads(doc, lambda e: e["summary"]["au_mean"])
+    stall = epoch_spreads(res, lambda e: e.summary.stall_s_max)
+    wall = epoch_spreads(res, lambda e: e.summary.wall_s)
+    frac = epoch_spreads(res, lambda e: e.summary.stall_fraction_max)
+    au = epoch_spreads(res, lambda e: e.summary.au_mean)
     mbps = med["read_MBps"]
-    ds = doc["dataset"]
-    sample = ds["total_bytes"] / ds["num_samples"] if ds.get("num_samples") else None
-    limit = probe_limit(probe, sample) if probe else None
-    statuses = [e["cache"].get("status") for e in eps]
-    cache = ("warm (by choice)" if doc["cache"]["mode"] == "warm" else
-             "COLD FAILED" if "warm" in statuses else
-             "unknown" if "unknown" in statuses else
-             "unverified" if "unverified" in statuses else "cold")
-    root = real(doc["dataset"].get("root"))
-    named = [n for n in names if under(root, n[0])]
-    tier = (probe["label"] if probe else max(named, key=lambda n: len(n[0]))[1] if named
-            else f"{storage.get('kind', '?')} ({storage.get('fstype', '?')})")
+    limit = probe_limit(probe, res.dataset.sample_bytes) if probe else None
+    root = real(res.dataset.root)
+    verdict = res.summary.verdict
     return {
-        "run_id": doc["run_id"], "dataset": doc["dataset"]["dataset"],
-        "format": doc["dataset"]["format"], "loader": c["loader"], "tier": tier,
-        "storage": c["storage"], "root": root,
-        "workers": c["workers"], "batch_size": c["batch_size"],
+        "run_id": res.run_id, "dataset": res.dataset.dataset,
+        "format": res.dataset.format, "loader": c.loader,
+        "tier": _tier_name(res, probe, root, names),
+        "storage": c.storage, "root": root,
+        "workers": c.workers, "batch_size": c.batch_size,
         # a shard-staged run shuffles within each rank's own files
-        "shuffle": c["shuffle"] + (" (local)" if (doc.get("staging") or {}).get(
-            "shuffle_scope") == "local" else ""),
-        "ranks": doc["world"]["size"], "compute": doc["compute"]["kind"],
-        "repeats": repetitions(doc), "epochs": len(stall),
+        "shuffle": c.shuffle + (" (local)" if res.staging is not None
+                                and res.staging.shuffle_scope == "local" else ""),
+        "ranks": res.world.size, "compute": res.compute.kind,
+        "repeats": res.repetitions, "epochs": len(stall),
         "stall_s": [stall[e]["median"] for e in sorted(stall)],
         "stall_spread": [stall[e] for e in sorted(stall)],
         "wall_s": [wall[e]["median"] for e in sorted(wall)],
         "stall_fraction_spread": [frac[e] for e in sorted(frac)],
         "au_spread": [au[e] for e in sorted(au)],
-        "threshold": ((doc["summary"].get("verdict") or {}).get("threshold")
-                      or DEFAULT_THRESHOLD),
+        "threshold": (verdict.threshold if verdict else None) or DEFAULT_THRESHOLD,
         "spread": sp, "au": med["au"], "samples_per_s": med["samples_per_s"],
         "read_MBps": mbps, "limit_MBps": limit,
         "ratio": mbps / limit if mbps is not None and limit else None,
-        "cache": cache, "staged": doc.get("staging") is not None,
-        "warnings": doc.get("warnings", []), "node_spread": node_spread(doc),
+        "cache": _cache_words(res), "staged": res.staging is not None,
+        "warnings": list(res.warnings), "node_spread": node_spread(res),
     }
 
 
@@ -224,7 +248,7 @@ def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[d
     by_staging: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in staging_pairs(col.runs, col.stages):
         by_staging[row["staging_index"]].append(row)
-    runs = {r["run_id"]: r for r in col.runs}
+    runs = {r.run_id: r for r in col.runs}
     for _, pairs in sorted(by_staging.items()):
         good = [p for p in pairs if not p["refused"]]
         if not good:
@@ -232,8 +256,8 @@ def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[d
             continue
         seen = set()
         for p in good:
-            c = runs[p["slow_run_id"]]["config"]
-            key = (c["loader"], c["workers"], c["batch_size"], c["shuffle"])
+            c = runs[p["slow_run_id"]].config
+            key = (c.loader, c.workers, c.batch_size, c.shuffle)
             if key not in seen:
                 seen.add(key)
                 out.append(p)
@@ -242,13 +266,16 @@ def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[d
 
 def environment(col: Collection) -> dict[str, Any]:
     """Host, CPU, memory, GPUs and library versions, from the newest document that has them."""
-    docs = [*col.runs, *col.probes, *col.stages]
-    prov: dict[str, Any] = next((d["provenance"] for d in sorted(docs, key=lambda d: d.get("created", ""),
-                                                  reverse=True) if d.get("provenance")), {})
-    hosts = sorted({d["provenance"]["host"] for d in docs if d.get("provenance")})
-    return {"hosts": hosts, "os": prov.get("os"), "cpu": prov.get("cpu_model"),
-            "cpu_count": prov.get("cpu_count"), "memory_bytes": prov.get("memory_bytes"),
-            "gpus": prov.get("gpus") or [], "versions": prov.get("versions") or {}}
+    docs: list[tuple[str, Host | None]] = [
+        *((d.created, d.provenance) for d in col.runs),
+        *((d.created, d.provenance) for d in col.probes),
+        *((d.created, d.provenance) for d in col.stages)]
+    hosts = [h for _, h in sorted(docs, key=lambda d: d[0], reverse=True) if h is not None]
+    prov = hosts[0] if hosts else Host()
+    return {"hosts": sorted({h.host for h in hosts if h.host is not None}), "os": prov.os,
+            "cpu": prov.cpu_model, "cpu_count": prov.cpu_count,
+            "memory_bytes": prov.memory_bytes,
+            "gpus": [g.name for g in prov.gpus or ()], "versions": prov.versions or {}}
 
 
 # ------------------------------------------------------------------------------- plots
@@ -269,6 +296,23 @@ def pooled(spreads: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "n": max(s["n"] for s in spreads)}
 
 
+def _legend(ax: Any, entries: int) -> None:
+    if entries <= 6:
+        ax.legend(fontsize=7, loc="best")
+    else:  # many runs: beside the axes, not over the data
+        ax.figure.set_size_inches(12, max(4.5, 0.18 * entries))
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
     """PNG bytes by name: stall, throughput, au, limits (only those with data)."""
     import matplotlib
@@ -277,142 +321,146 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
     import matplotlib.pyplot as plt
 
     pngs: dict[str, bytes] = {}
-
-    def _legend(ax: Any, entries: int) -> None:
-        if entries <= 6:
-            ax.legend(fontsize=7, loc="best")
-        else:  # many runs: beside the axes, not over the data
-            ax.figure.set_size_inches(12, max(4.5, 0.18 * entries))
-            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-
-    def save(fig: Any, name: str) -> None:
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        pngs[name] = buf.getvalue()
-
     if rows:
-        repeated = REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""
-        fig, (ax, ax_au) = plt.subplots(1, 2, figsize=(11, 4.5))
-        for r in sorted(rows, key=_short):
-            epochs = range(1, len(r["stall_fraction_spread"]) + 1)
-            pct = [{k: v * 100 if k in ("median", "min", "max") else v for k, v in sp.items()}
-                   for sp in r["stall_fraction_spread"]]
-            line = ax.errorbar(epochs, [p["median"] for p in pct], yerr=error_bars(pct),
-                               marker="o", capsize=3, label=f"{r['dataset']}: {_short(r)}")
-            ax_au.errorbar(epochs, [p["median"] for p in r["au_spread"]],
-                           yerr=error_bars(r["au_spread"]), marker="o", capsize=3,
-                           color=line[0].get_color())
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("stall, % of the epoch (slowest rank)" + repeated)
-        ax.set_title("Data stall per epoch, by run (cold cache)")
-        ax.set_ylim(bottom=0)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        threshold = rows[0]["threshold"]
-        ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1,
-                      label=f"AU {threshold:.2f}: below it storage cannot keep up")
-        ax_au.set_xlabel("epoch")
-        ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
-        ax_au.set_ylim(0, 1.05)
-        ax_au.set_title("AU per epoch, by run")
-        integer_ticks(ax_au.xaxis)
-        ax_au.legend(fontsize=7, loc="lower right")
-        _legend(ax, len(rows))
-        save(fig, "stall")
-
-        groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-        for r in rows if len({r["workers"] for r in rows}) > 1 else ():
-            groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
-                    r["staged"])].append(r)
-        if groups:  # throughput against the worker count: only with several counts
-            fig, ax = plt.subplots(figsize=(8, 4.5))
-            for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
-                by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
-                for r in rs:
-                    if r["spread"]["samples_per_s"] is not None:
-                        by_w[r["workers"]].append(r["spread"]["samples_per_s"])
-                ws = sorted(by_w)
-                pts = [pooled(by_w[w]) for w in ws]
-                ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
-                            capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
-                            + (" staged" if staged else ""))
-            ax.set_xlabel("loader workers per rank")
-            ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
-                          + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
-            ax.set_title("Throughput by workers")
-            ax.set_ylim(bottom=0)
-            integer_ticks(ax.xaxis)
-            _legend(ax, len(groups))
-            save(fig, "throughput")
-
-        tiers = sorted({r["tier"] for r in rows})
-        loaders = sorted({r["loader"] for r in rows})
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        width = 0.8 / max(len(loaders), 1)
-        for k, loader in enumerate(loaders):
-            pts = []
-            for t in tiers:
-                aus = [r["spread"]["au"] for r in rows if r["tier"] == t
-                       and r["loader"] == loader and r["spread"]["au"] is not None]
-                pts.append(pooled(aus) if aus else {"median": 0.0, "min": 0.0, "max": 0.0,
-                                                     "n": 1})
-            ax.bar([i + k * width for i in range(len(tiers))], [p["median"] for p in pts], width,
-                   yerr=error_bars(pts), capsize=3, label=loader)
-        ax.axhline(rows[0]["threshold"], color="red", linestyle="--", linewidth=1,
-                   label=f"AU {rows[0]['threshold']:.2f} (the verdict's threshold)")
-        ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
-        ax.set_xticklabels(tiers, fontsize=8)
-        ax.set_ylabel("accelerator utilisation (mean over runs)"
-                      + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
-        ax.set_ylim(0, 1.05)
-        ax.set_title("AU by storage tier")
-        ax.legend(fontsize=7)
-        save(fig, "au")
-
+        pngs["stall"] = _png(plt, _stall_figure(plt, rows))
+        throughput = _throughput_figure(plt, rows)
+        if throughput is not None:
+            pngs["throughput"] = _png(plt, throughput)
+        pngs["au"] = _png(plt, _au_figure(plt, rows))
     if col.probes:
-        tiers = sorted({p["label"] for p in col.probes})
-        latest = {t: max((p for p in col.probes if p["label"] == t), key=lambda p: p["created"])
-                  for t in tiers}
-        series = [("probe: sequential read", [latest[t]["summary"]["seq_read_MBps"]
-                                              for t in tiers]),
-                  ("probe: random reads at sample size", [latest[t]["summary"][LIMIT_KEY]
-                                                          for t in tiers])]
-        if rows:
-            series.append(("best loader run", [max((r["read_MBps"] or 0 for r in rows
-                                                    if r["tier"] == t), default=0)
-                                               for t in tiers]))
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        width = 0.8 / len(series)
-        for k, (name, vals) in enumerate(series):
-            ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=name)
-        ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(tiers))])
-        ax.set_xticklabels(tiers, fontsize=8)
-        ax.set_yscale("log")
-        ax.set_ylabel("MB/s (log scale)")
-        ax.set_title("Storage limits (probe) next to what the loaders reached")
-        ax.legend(fontsize=7)
-        save(fig, "limits")
+        pngs["limits"] = _png(plt, _limits_figure(plt, rows, col.probes))
     if col.searches:
-        save(search_figure(plt, col.searches), "search")
+        pngs["search"] = _png(plt, search_figure(plt, col.searches))
     return pngs
 
 
-def search_figure(plt: Any, searches: Sequence[dict[str, Any]]) -> Any:
+def _stall_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    """Stall per epoch by run, beside AU per epoch against the verdict's threshold."""
+    repeated = REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""
+    fig, (ax, ax_au) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for r in sorted(rows, key=_short):
+        epochs = range(1, len(r["stall_fraction_spread"]) + 1)
+        pct = [{k: v * 100 if k in ("median", "min", "max") else v for k, v in sp.items()}
+               for sp in r["stall_fraction_spread"]]
+        line = ax.errorbar(epochs, [p["median"] for p in pct], yerr=error_bars(pct),
+                           marker="o", capsize=3, label=f"{r['dataset']}: {_short(r)}")
+        ax_au.errorbar(epochs, [p["median"] for p in r["au_spread"]],
+                       yerr=error_bars(r["au_spread"]), marker="o", capsize=3,
+                       color=line[0].get_color())
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("stall, % of the epoch (slowest rank)" + repeated)
+    ax.set_title("Data stall per epoch, by run (cold cache)")
+    ax.set_ylim(bottom=0)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    threshold = rows[0]["threshold"]
+    ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1,
+                  label=f"AU {threshold:.2f}: below it storage cannot keep up")
+    ax_au.set_xlabel("epoch")
+    ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
+    ax_au.set_ylim(0, 1.05)
+    ax_au.set_title("AU per epoch, by run")
+    integer_ticks(ax_au.xaxis)
+    ax_au.legend(fontsize=7, loc="lower right")
+    _legend(ax, len(rows))
+    return fig
+
+
+def _throughput_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any | None:
+    """Samples/s against the worker count, one line per alike group; None with one count."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows if len({r["workers"] for r in rows}) > 1 else ():
+        groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
+                r["staged"])].append(r)
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
+        by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for r in rs:
+            if r["spread"]["samples_per_s"] is not None:
+                by_w[r["workers"]].append(r["spread"]["samples_per_s"])
+        ws = sorted(by_w)
+        pts = [pooled(by_w[w]) for w in ws]
+        ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
+                    capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
+                    + (" staged" if staged else ""))
+    ax.set_xlabel("loader workers per rank")
+    ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
+                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+    ax.set_title("Throughput by workers")
+    ax.set_ylim(bottom=0)
+    integer_ticks(ax.xaxis)
+    _legend(ax, len(groups))
+    return fig
+
+
+def _au_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    """AU by storage tier, one bar per loader."""
+    tiers = sorted({r["tier"] for r in rows})
+    loaders = sorted({r["loader"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(len(loaders), 1)
+    for k, loader in enumerate(loaders):
+        pts = []
+        for t in tiers:
+            aus = [r["spread"]["au"] for r in rows if r["tier"] == t
+                   and r["loader"] == loader and r["spread"]["au"] is not None]
+            pts.append(pooled(aus) if aus else {"median": 0.0, "min": 0.0, "max": 0.0,
+                                                 "n": 1})
+        ax.bar([i + k * width for i in range(len(tiers))], [p["median"] for p in pts], width,
+               yerr=error_bars(pts), capsize=3, label=loader)
+    ax.axhline(rows[0]["threshold"], color="red", linestyle="--", linewidth=1,
+               label=f"AU {rows[0]['threshold']:.2f} (the verdict's threshold)")
+    ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
+    ax.set_xticklabels(tiers, fontsize=8)
+    ax.set_ylabel("accelerator utilisation (mean over runs)"
+                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+    ax.set_ylim(0, 1.05)
+    ax.set_title("AU by storage tier")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _limits_figure(plt: Any, rows: Sequence[dict[str, Any]], probes: Sequence[ProbeDoc]) -> Any:
+    """Each tier's probed limits beside the best loader run's MB/s there."""
+    tiers = sorted({p.label for p in probes})
+    latest = {t: max((p for p in probes if p.label == t), key=lambda p: p.created)
+              for t in tiers}
+    series = [("probe: sequential read", [latest[t].summary.seq_read_MBps for t in tiers]),
+              ("probe: random reads at sample size", [latest[t].summary.sample_read_MBps
+                                                      for t in tiers])]
+    if rows:
+        series.append(("best loader run", [max((r["read_MBps"] or 0 for r in rows
+                                                if r["tier"] == t), default=0)
+                                           for t in tiers]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(series)
+    for k, (name, vals) in enumerate(series):
+        ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=name)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(tiers))])
+    ax.set_xticklabels(tiers, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("MB/s (log scale)")
+    ax.set_title("Storage limits (probe) next to what the loaders reached")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def search_figure(plt: Any, searches: Sequence[SearchDoc]) -> Any:
     """AU against accelerator count per `iobench search`, with each threshold as a line."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in sorted(searches, key=lambda d: d["created"]):
-        pts = sorted(d["points"], key=lambda p: p["accelerators"])
-        w = d["workload"]
-        xs = [p["accelerators"] for p in pts]
-        ys = [p["au"] for p in pts]
-        lo = [p["au"] - p.get("au_min", p["au"]) for p in pts]
-        hi = [p.get("au_max", p["au"]) - p["au"] for p in pts]
+    for d in sorted(searches, key=lambda d: d.created):
+        pts = sorted(d.points, key=lambda p: p.accelerators)
+        w = d.workload
+        xs = [p.accelerators for p in pts]
+        ys = [p.au for p in pts]
+        lo = [p.au - (p.au if p.au_min is None else p.au_min) for p in pts]
+        hi = [(p.au if p.au_max is None else p.au_max) - p.au for p in pts]
         line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3,
-                           label=f"{w['name']}/{w['accelerator']} on "
-                                 f"{Path(d['config']['storage']).name}: "
-                                 f"{d['max_accelerators']} max")
-        ax.axhline(d["threshold"], color=line[0].get_color(), linestyle="--", linewidth=1)
+                           label=f"{w.name}/{w.accelerator} on "
+                                 f"{Path(d.config.storage).name}: "
+                                 f"{d.max_accelerators} max")
+        ax.axhline(d.threshold, color=line[0].get_color(), linestyle="--", linewidth=1)
     ax.set_xlabel("emulated accelerators (ranks)")
     ax.set_ylabel("AU without the first step's I/O (median over repeats)")
     ax.set_title("iobench search: AU against accelerators (dashed: each threshold)")
@@ -476,42 +524,64 @@ class Table:
 
 
 def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
-    tables: list[Table] = []
+    """The report's tables, in order: environment, probes, runs per dataset, per-node spread,
+    staging cost, searches, failed sweep runs, warnings (only those with data)."""
+    tables = [environment_table(col), *run_tables(rows)]
+    if col.probes:
+        tables.insert(1, probe_table(col.probes))
+    for table in (node_table(rows), staging_table(col, rows), search_table(col.searches),
+                  failed_sweeps_table(col.sweeps), warnings_table(col, rows)):
+        if table is not None:
+            tables.append(table)
+    return tables
+
+
+def environment_table(col: Collection) -> Table:
     env = environment(col)
     v = env["versions"]
-    tables.append(Table("Environment", ["item", "value"], [
+    return Table("Environment", ["item", "value"], [
         ["hosts", ", ".join(env["hosts"]) or "n/a"], ["os", env["os"] or "n/a"],
         ["cpu", f"{env['cpu']} x {env['cpu_count']}"], ["memory", _gb(env["memory_bytes"])],
-        ["gpus", ", ".join(g["name"] for g in env["gpus"]) or "none"],
+        ["gpus", ", ".join(env["gpus"]) or "none"],
         *[[k, str(v.get(k) or "not installed")] for k in
           ("iobench", "python", "torch", "numpy", "h5py", "hdf5", "netCDF4", "lmdb",
-           "nvidia-dali", "mpi4py", "mpi")]]))
-    if col.probes:
-        trs = []
-        for p in sorted(col.probes, key=lambda p: (p["label"], p["created"])):
-            s, st = p["summary"], p["storage"]
-            trs.append([p["label"], st["path"], f"{st['fstype']} ({st['kind']})",
-                        f"{p['engine']}{', O_DIRECT' if p['direct'] else ', evicted'}"
-                        + (f", written via {p['write_via']}" if p.get("write_via") else ""),
-                        _f(s["seq_read_MBps"], ".0f"), _f(s["seq_write_MBps"], ".0f"),
-                        _f(s["rand4k_read_iops"], ".0f"), _f(s["rand4k_read_MBps"], ".1f"),
-                        ", ".join(f"{_f(r['MBps'], '.0f')} ({r['sample_bytes']} B)"
-                                  for r in s.get("sample_reads") or
-                                  [{"MBps": s[LIMIT_KEY], "sample_bytes": s["sample_bytes"]}]),
-                        _f(s["create_per_s"], ".0f"), _f(s["stat_per_s"], ".0f"),
-                        _f(s["open_read_close_per_s"], ".0f"), str(s["readers_max"])])
-        tables.append(Table("Storage tiers (iobench probe, cold cache)",
-                            ["tier", "path", "filesystem", "engine", "seq read MB/s",
-                             "seq write MB/s", "4 KiB rand IOPS", "4 KiB rand MB/s",
-                             "sample rand MB/s", "creates/s", "stats/s", "open+read+close/s",
-                             "readers"], trs,
-                            "Best over the probed reader counts. Random reads: synchronous, one "
-                            "file per reader, like loader workers. A tier written via another "
-                            "directory (a read-only mount's backing) has write and create "
-                            "figures of that directory."))
+           "nvidia-dali", "mpi4py", "mpi")]])
+
+
+def _sample_reads(s: ProbeSummary) -> str:
+    reads = s.sample_reads or (SampleRead(MBps=s.sample_read_MBps, sample_bytes=s.sample_bytes),)
+    return ", ".join(f"{_f(r.MBps, '.0f')} ({r.sample_bytes} B)" for r in reads)
+
+
+def probe_table(probes: Sequence[ProbeDoc]) -> Table:
+    trs = []
+    for p in sorted(probes, key=lambda p: (p.label, p.created)):
+        s, st = p.summary, p.storage
+        trs.append([p.label, st.path, f"{st.fstype} ({st.kind})",
+                    f"{p.engine}{', O_DIRECT' if p.direct else ', evicted'}"
+                    + (f", written via {p.write_via}" if p.write_via else ""),
+                    _f(s.seq_read_MBps, ".0f"), _f(s.seq_write_MBps, ".0f"),
+                    _f(s.rand4k_read_iops, ".0f"), _f(s.rand4k_read_MBps, ".1f"),
+                    _sample_reads(s),
+                    _f(s.create_per_s, ".0f"), _f(s.stat_per_s, ".0f"),
+                    _f(s.open_read_close_per_s, ".0f"), str(s.readers_max)])
+    return Table("Storage tiers (iobench probe, cold cache)",
+                 ["tier", "path", "filesystem", "engine", "seq read MB/s",
+                  "seq write MB/s", "4 KiB rand IOPS", "4 KiB rand MB/s",
+                  "sample rand MB/s", "creates/s", "stats/s", "open+read+close/s",
+                  "readers"], trs,
+                 "Best over the probed reader counts. Random reads: synchronous, one "
+                 "file per reader, like loader workers. A tier written via another "
+                 "directory (a read-only mount's backing) has write and create "
+                 "figures of that directory.")
+
+
+def run_tables(rows: Sequence[dict[str, Any]]) -> list[Table]:
+    """One table of runs per dataset."""
     by_ds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_ds[r["dataset"]].append(r)
+    tables = []
     for ds, rs in sorted(by_ds.items()):
         rs = sorted(rs, key=lambda r: (r["tier"], r["staged"], r["loader"], r["format"],
                                        r["batch_size"], r["shuffle"], r["workers"], r["ranks"]))
@@ -536,82 +606,102 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
                             "'of probe limit': MB/s over the tier's random-read MB/s at the "
                             "probed sample size nearest the dataset's (n/a without a probe of "
                             "that tier)."))
-    spread_rows = [r for r in rows if r["node_spread"]]
-    if spread_rows:
-        def extremes(s: dict[str, Any] | None, spec: str) -> list[str]:
-            if not s:
-                return ["n/a"] * 3
-            return [f"{_f(s['min'], spec)} ({s['min_node']})", _f(s["median"], spec),
-                    f"{_f(s['max'], spec)} ({s['max_node']})"]
-
-        nrs = [[r["run_id"], f"{r['dataset']}/{r['loader']}", r["tier"],
-                str(r["node_spread"]["nodes"]),
-                *extremes(r["node_spread"].get("samples_per_s"), ".0f"),
-                *extremes(r["node_spread"].get("read_MBps"), ".1f"),
-                *extremes(r["node_spread"].get("stall_s"), ".2f")]
-               for r in sorted(spread_rows, key=lambda r: r["run_id"])]
-        tables.append(Table("Per-node spread (multi-node runs)",
-                            ["run", "dataset/loader", "storage tier", "nodes",
-                             "samples/s min", "median", "max", "MB/s min", "median", "max",
-                             "stall s min", "median", "max"], nrs,
-                            "Each node's figures over the whole run (all repetitions): "
-                            "samples/s and MB/s over its summed epoch walls, its summed "
-                            "stall; the nodes holding the extremes in brackets. A node far "
-                            "from the median is a straggler: the verdict names it."))
-    st_rows = staging_rows(col, rows)
-    if st_rows:
-        trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",
-                f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
-                fmt_figure(s["stage_spread"], ".2f") if s["stage_spread"] else _f(s["stage_s"]),
-                _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
-                s["run"] or "no matching runs",
-                fmt_figure(s["epoch_slow"], ".2f") if s["epoch_slow"] else "n/a",
-                fmt_figure(s["epoch_fast"], ".2f") if s["epoch_fast"] else "n/a",
-                break_even_text(s),
-                "n/a" if s["epochs"] is None else
-                f"{_f(s['in_place_s'])} / {_f(s['staged_total_s'])} ({s['epochs']} epochs)"]
-               for s in st_rows]
-        tables.append(Table("Staging cost", ["dataset", "mode", "from", "to", "stage s", "MB",
-                                             "MB/s", "compared runs", "epoch s (from)",
-                                             "epoch s (staged)", "break-even epochs",
-                                             "time to solution s: in place / staged"], trs,
-                            "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
-                            "(docs/metrics.md), from the medians over repetitions (stage s and epoch "
-                            "s: median [min-max] where repeated): staging pays for itself after "
-                            "that many epochs; never when the copy is not faster; n.s. when "
-                            "the two epoch times are within their spread. Runs are compared "
-                            "only when dataset, format, compute, batch, ranks, loader, workers, "
-                            "shuffle, steps and cache mode match. A resumed staging copied "
-                            "only part of the data: no break-even (n/a). Time to solution: "
-                            "epochs x epoch time in place, against stage_s + epochs x epoch "
-                            "time from the copy (epoch wall time, eviction excluded)."))
-    if col.searches:
-        srs = []
-        for d in sorted(col.searches, key=lambda d: d["created"]):
-            w = d["workload"]
-            curve = ", ".join(f"{p['accelerators']}: {_f(p['au'])}" for p in
-                              sorted(d["points"], key=lambda p: p["accelerators"]))
-            srs.append([f"{w['name']}/{w['accelerator']}", d["config"]["storage"],
-                        str(d["max_accelerators"]), f"{d['threshold']:.2f}", curve,
-                        _f(w["demand_MBps"], ".1f"), str(d["config"]["repeat"])])
-        tables.append(Table("Accelerators the storage keeps busy (iobench search)",
-                            ["workload", "storage", "max accelerators", "AU threshold",
-                             "AU per accelerator count", "demand MB/s per accelerator",
-                             "repeats"], srs,
-                            "Every point is a cold run of N ranks with synchronised steps; AU "
-                            "excludes the first step's I/O (au_mlperf) and is the median over "
-                            "repeats. Interrupted searches are left out."))
-    failed = [r for s in col.sweeps for r in s.get("runs", []) if r.get("status") == "failed"]
-    if failed:
-        tables.append(Table("Failed sweep runs", ["run", "error"],
-                            [[r["label"], r.get("error") or ""] for r in failed]))
-    warn = sorted({(r["run_id"], w) for r in rows for w in r["warnings"]})
-    warn += [(p["label"], w) for p in col.probes for w in p.get("warnings", [])]
-    if warn or col.skipped:
-        tables.append(Table("Warnings", ["source", "warning"],
-                            [[a, b] for a, b in warn] + [[f, f"not read: {why}"]
-                                                         for f, why in col.skipped]))
     return tables
+
+
+def _extremes(s: Mapping[str, Any] | None, spec: str) -> list[str]:
+    if not s:
+        return ["n/a"] * 3
+    return [f"{_f(s['min'], spec)} ({s['min_node']})", _f(s["median"], spec),
+            f"{_f(s['max'], spec)} ({s['max_node']})"]
+
+
+def node_table(rows: Sequence[dict[str, Any]]) -> Table | None:
+    spread_rows = [r for r in rows if r["node_spread"]]
+    if not spread_rows:
+        return None
+    nrs = [[r["run_id"], f"{r['dataset']}/{r['loader']}", r["tier"],
+            str(r["node_spread"]["nodes"]),
+            *_extremes(r["node_spread"].get("samples_per_s"), ".0f"),
+            *_extremes(r["node_spread"].get("read_MBps"), ".1f"),
+            *_extremes(r["node_spread"].get("stall_s"), ".2f")]
+           for r in sorted(spread_rows, key=lambda r: r["run_id"])]
+    return Table("Per-node spread (multi-node runs)",
+                 ["run", "dataset/loader", "storage tier", "nodes",
+                  "samples/s min", "median", "max", "MB/s min", "median", "max",
+                  "stall s min", "median", "max"], nrs,
+                 "Each node's figures over the whole run (all repetitions): "
+                 "samples/s and MB/s over its summed epoch walls, its summed "
+                 "stall; the nodes holding the extremes in brackets. A node far "
+                 "from the median is a straggler: the verdict names it.")
+
+
+def staging_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | None:
+    st_rows = staging_rows(col, rows)
+    if not st_rows:
+        return None
+    trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",
+            f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
+            fmt_figure(s["stage_spread"], ".2f") if s["stage_spread"] else _f(s["stage_s"]),
+            _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
+            s["run"] or "no matching runs",
+            fmt_figure(s["epoch_slow"], ".2f") if s["epoch_slow"] else "n/a",
+            fmt_figure(s["epoch_fast"], ".2f") if s["epoch_fast"] else "n/a",
+            break_even_text(s),
+            "n/a" if s["epochs"] is None else
+            f"{_f(s['in_place_s'])} / {_f(s['staged_total_s'])} ({s['epochs']} epochs)"]
+           for s in st_rows]
+    return Table("Staging cost", ["dataset", "mode", "from", "to", "stage s", "MB",
+                                  "MB/s", "compared runs", "epoch s (from)",
+                                  "epoch s (staged)", "break-even epochs",
+                                  "time to solution s: in place / staged"], trs,
+                 "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
+                 "(docs/metrics.md), from the medians over repetitions (stage s and epoch "
+                 "s: median [min-max] where repeated): staging pays for itself after "
+                 "that many epochs; never when the copy is not faster; n.s. when "
+                 "the two epoch times are within their spread. Runs are compared "
+                 "only when dataset, format, compute, batch, ranks, loader, workers, "
+                 "shuffle, steps and cache mode match. A resumed staging copied "
+                 "only part of the data: no break-even (n/a). Time to solution: "
+                 "epochs x epoch time in place, against stage_s + epochs x epoch "
+                 "time from the copy (epoch wall time, eviction excluded).")
+
+
+def search_table(searches: Sequence[SearchDoc]) -> Table | None:
+    if not searches:
+        return None
+    srs = []
+    for d in sorted(searches, key=lambda d: d.created):
+        w = d.workload
+        curve = ", ".join(f"{p.accelerators}: {_f(p.au)}" for p in
+                          sorted(d.points, key=lambda p: p.accelerators))
+        srs.append([f"{w.name}/{w.accelerator}", d.config.storage,
+                    str(d.max_accelerators), f"{d.threshold:.2f}", curve,
+                    _f(w.demand_MBps, ".1f"), str(d.config.repeat)])
+    return Table("Accelerators the storage keeps busy (iobench search)",
+                 ["workload", "storage", "max accelerators", "AU threshold",
+                  "AU per accelerator count", "demand MB/s per accelerator",
+                  "repeats"], srs,
+                 "Every point is a cold run of N ranks with synchronised steps; AU "
+                 "excludes the first step's I/O (au_mlperf) and is the median over "
+                 "repeats. Interrupted searches are left out.")
+
+
+def failed_sweeps_table(sweeps: Sequence[SweepDoc]) -> Table | None:
+    failed = [r for s in sweeps for r in s.runs if r.status == "failed"]
+    if not failed:
+        return None
+    return Table("Failed sweep runs", ["run", "error"],
+                 [[r.label, r.error or ""] for r in failed])
+
+
+def warnings_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | None:
+    warn = sorted({(r["run_id"], w) for r in rows for w in r["warnings"]})
+    warn += [(p.label, w) for p in col.probes for w in p.warnings]
+    if not (warn or col.skipped):
+        return None
+    return Table("Warnings", ["source", "warning"],
+                 [[a, b] for a, b in warn] + [[f, f"not read: {why}"] for f, why in col.skipped])
 
 
 PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughput by workers",

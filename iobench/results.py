@@ -1,7 +1,8 @@
 """Result documents: validate, write atomically under a fresh name, load.
 
 Training results (`iobench.result`): one JSON file per run, `RESULTS/<run id>.json`,
-never overwriting an earlier run (docs/results-schema.md documents every field).
+never overwriting an earlier run (docs/results-schema.md documents every field; the
+typed records and the schema derived from them are in `iobench.result_types`).
 The other workflows' documents (stage, probe, sweep, pfs-profile) are written
 by `write_document` as `RESULTS/<prefix>-<time>-<host>.json`, never overwriting.
 """
@@ -18,119 +19,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import IobenchError, StorageError
+from iobench.errors import StorageError
 from iobench.jsonio import read_json, write_json_atomic
-from iobench.schema import (
-    ANY,
-    Count,
-    Enum,
-    Int,
-    List,
-    Map,
-    NonNeg,
-    Num,
-    Opt,
-    SchemaError,
-    Str,
-    check,
+from iobench.result_types import (
+    READABLE_VERSIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ResultError,
+    TrainResult,
 )
+from iobench.schema import SchemaError, check
 
-SCHEMA = "iobench.result"
-# v2: repetitions (`config.repeat`, epochs tagged `repeat`, `summary.spread`), the loader's
-# start-up apart (`loader`), user-space and server caches (`cache.user_space`,
-# `cache.server_cache`), synchronised emulated steps (`compute.steps`). v3: per-node figures of each epoch
-# (`epochs[i].per_node`), the batch job (`provenance.job`), node names (`world.nodes`,
-# `ranks[r].node_name`), stragglers in the verdict. v1 and v2 still load.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+__all__ = ["READABLE_VERSIONS", "RESULT_SPEC", "SCHEMA", "SCHEMA_VERSION", "Found", "ResultError",
+           "TrainResult", "find_documents", "find_results", "load_result", "load_typed",
+           "new_run_id", "now_iso", "schema_of", "validate", "write_document", "write_result"]
 
-class ResultError(IobenchError, ValueError):
-    """A result document is malformed or cannot be found."""
+RESULT_SPEC = TrainResult.spec()  # derived from the typed records (iobench.result_types)
 
 
 def new_run_id(host: str | None = None) -> str:
     """`YYYYmmddTHHMMSSZ-<host>-<6 hex>`: sortable by time, unique across hosts and runs."""
     host = re.sub(r"[^A-Za-z0-9.-]+", "-", host or socket.gethostname()).strip("-") or "host"
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{host[:40]}-{secrets.token_hex(3)}"
-
-
-_NUM = Opt(Num)
-_RANK = Map({
-    "rank": Count, "host": Str, "steps": Count, "samples": Count, "batch_bytes": Count,
-    "wall_s": NonNeg, "stall_s": NonNeg, "compute_s": NonNeg, "first_batch_s": _NUM,
-    "stall_fraction": _NUM, "au": _NUM, "wait_p50_s": _NUM, "wait_p95_s": _NUM,
-    "wait_p99_s": _NUM, "wait_max_s": _NUM, "os_read_bytes": Opt(Count),
-    "cache_resident_fraction_at_start": _NUM,
-    "loader": Opt(Map({"workers": Count, "batches": Count, "read_s": NonNeg,
-                       "decode_s": NonNeg, "handoff_s": NonNeg,
-                       "per_worker": List(Map({"worker": Int, "batches": Count,
-                                               "read_s": NonNeg, "decode_s": NonNeg,
-                                               "busy_fraction": NonNeg}))},
-                      optional=("handoff_s", "per_worker"))),
-}, optional=("loader",))
-_NODE = Map({
-    "node": Count, "name": Str, "host": Str, "ranks": List(Count, min_len=1),
-    "samples": Count, "batch_bytes": Count, "wall_s": NonNeg, "stall_s": NonNeg,
-    "stall_s_mean": NonNeg, "stall_fraction": _NUM, "samples_per_s": _NUM, "read_MBps": _NUM,
-    "os_read_bytes": Opt(Count), "cache_resident_fraction_at_start": _NUM,
-    "cache": Opt(Enum("warm", "unknown")),
-})
-_EPOCH_SUMMARY = Map({
-    "ranks": Count, "steps": Count, "samples": Count, "batch_bytes": Count, "wall_s": NonNeg,
-    "stall_s_mean": NonNeg, "stall_s_max": NonNeg, "stall_fraction_mean": _NUM,
-    "stall_fraction_max": _NUM, "au_mean": _NUM, "au_min": _NUM, "samples_per_s": _NUM,
-    "read_MBps": _NUM, "os_read_bytes": Opt(Count), "au_mlperf_mean": _NUM,
-    "au_mlperf_min": _NUM,
-}, optional=("au_mlperf_mean", "au_mlperf_min"))  # (results before au_mlperf lack them)
-_SPREAD = Opt(Map({"median": Num, "min": Num, "max": Num, "cv": _NUM, "n": Count}))
-_STAGING = Map({"stage_s": NonNeg, "stage_bytes": Count, "stage_MBps": _NUM,
-                "from": ANY, "to": ANY, "skipped_files": Count,
-                "spread": Opt(Map({"stage_s": _SPREAD, "stage_MBps": _SPREAD})),
-                "repeats": Count},
-               optional=("skipped_files", "spread", "repeats", "stage_MBps"))
-RESULT_SPEC = Map({
-    "schema": Enum(SCHEMA), "schema_version": Enum(*READABLE_VERSIONS), "run_id": Str,
-    "created": Str, "kind": Enum("train"),
-    "config": Map({"loader": Str, "storage": Str, "dataset": Str, "workers": Count,
-                   "batch_size": Count, "shuffle": Str, "epochs": Count,
-                   "worker_type": Str, "compute_time_s": _NUM, "repeat": Count},
-                  optional=("worker_type", "compute_time_s", "repeat")),
-    "world": Map({"size": Int, "num_nodes": Int, "local_size": Int}, optional=("local_size",)),
-    "compute": Map({"kind": Enum("model", "emulated", "none"), "model": Opt(Str),
-                    "compute_time_s": _NUM, "device": Opt(Map({"type": Str}))},
-                   optional=("model", "compute_time_s", "device")),
-    "cache": Map({"mode": Enum("cold", "warm")}),
-    "dataset": Map({"dataset": Str, "format": Str, "num_samples": Count,
-                    "total_bytes": Count, "root": Opt(Str)}, optional=("root",)),
-    "provenance": Map({"storage": Map({"path": Str, "fstype": Str, "kind": Str},
-                                      optional=("path", "fstype", "kind")),
-                       "job": Opt(Map({"scheduler": Str, "id": Opt(Str), "name": Opt(Str),
-                                       "nodelist": Opt(Str), "nodes": Opt(Count),
-                                       "tasks_per_node": Opt(Count), "partition": Opt(Str)}))},
-                      optional=("storage", "job")),
-    "epochs": List(Map({
-        "repeat": Count, "epoch": Count, "summary": _EPOCH_SUMMARY,
-        "ranks": List(_RANK, min_len=1),
-        "per_node": List(_NODE, min_len=1),
-        "cache": Map({"status": Str, "resident_fraction": _NUM},
-                     optional=("status", "resident_fraction")),
-        "training": Opt(Map({"loss": _NUM, "accuracy": _NUM}, optional=("loss", "accuracy"))),
-    }, optional=("repeat", "per_node"))),
-    "summary": Map({"spread": Opt(Map({}, extra=True)),
-                    "verdict": Opt(Map({"line": Str, "threshold": NonNeg, "status": Str,
-                                        "bottleneck": Str}))},
-                   optional=("spread", "verdict")),
-    "warnings": List(Str),
-    "staging": Opt(_STAGING),
-    "tier": Opt(Map({"profile": Map({"name": Str})})),
-    "loader": Opt(Map({}, extra=True)),
-    "status": Enum("complete", "interrupted", "incomplete"), "status_reason": Opt(Str),
-}, optional=("staging", "tier", "loader", "status", "status_reason"), extra=False)
-
-
-def is_complete(doc: dict[str, Any]) -> bool:
-    """Whether a result holds a whole run (results before v2's `status` always do)."""
-    return bool(doc.get("status", "complete") == "complete")
 
 
 def validate(doc: Any, where: str = "result") -> dict[str, Any]:
@@ -188,6 +98,11 @@ def load_result(path: str | Path) -> dict[str, Any]:
     return validate(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION), str(path))
 
 
+def load_typed(path: str | Path) -> TrainResult:
+    """Read, validate and type one result file."""
+    return TrainResult.parse(load_result(path))
+
+
 def schema_of(path: Path) -> str | None:
     """The `schema` of an iobench JSON document (cheap: its first bytes), or None."""
     try:
@@ -197,11 +112,6 @@ def schema_of(path: Path) -> str | None:
         return None
     m = re.search(r'"schema":\s*"(iobench\.[a-z_]+)"', head)
     return m.group(1) if m else None
-
-
-def is_result_file(path: Path) -> bool:
-    """Whether `path` holds an `iobench.result` document (cheap check of the schema key)."""
-    return schema_of(path) == SCHEMA
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A small declarative checker for the JSON documents iobench reads (results, manifests).
 
 A spec is built from `Int`, `Num`, `Str`, `Bool`, `Opt(spec)` (or null),
-`Enum(...)`, `List(spec)`, `Map({key: spec}, optional=(...), extra=...)` and
+`Enum(...)`, `List(spec)`, `Map({key: spec}, optional=(...), extra=...)`, `Dict(spec)` and
 `ANY`. `check(doc, spec, where)` returns the document or raises a
 `SchemaError` naming the first bad field by its path, what was expected and
 what was found: `epochs[0].summary.wall_s: expected a number, got 'fast'`.
@@ -162,6 +162,23 @@ class Map(Spec):
         for k, spec in self.keys.items():
             if k in v:
                 spec.check(v[k], f"{at}.{k}" if at else k)
+
+
+@dataclass(frozen=True)
+class Dict(Spec):
+    """A mapping from strings to values that are each `value`."""
+
+    value: Spec = field(default_factory=lambda: ANY)
+
+    def __init__(self, value: Spec) -> None:
+        object.__setattr__(self, "name", "a mapping")
+        object.__setattr__(self, "value", value)
+
+    def check(self, v: Any, at: str) -> None:
+        if not isinstance(v, dict):
+            raise _fail(at, self.name, v)
+        for k, x in v.items():
+            self.value.check(x, f"{at}.{k}" if at else str(k))
 
 
 class _Any(Spec):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from iobench.errors import ConfigError, IobenchError
 from iobench.jsonio import write_json_atomic
 from iobench.launch import Command, require_launcher
 from iobench.options import parse_repeat
+from iobench.result_types import SearchDoc, TrainResult
 from iobench.results import SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION
 from iobench.schema import (
     Bool,
@@ -192,30 +193,32 @@ def train_command(cfg: SearchConfig, n: int, results: Path) -> list[str]:
     return Command("train", args, cfg.launcher, n, cfg.step).argv()
 
 
-def point_from_result(doc: dict[str, Any], n: int, threshold: float) -> dict[str, Any]:
+def point_from_result(doc: TrainResult | Mapping[str, Any], n: int,
+                      threshold: float) -> dict[str, Any]:
     """One search point from a training result: the medians over repetitions (au is
     `au_mlperf`), the AU's range, and whether it passed."""
     from iobench.spread import run_spread
 
-    sp = run_spread(doc["epochs"])
+    res = TrainResult.of(doc)
+    sp = run_spread(res.epochs)
     au = sp.get("au_mlperf")
     if au is None:
-        raise SearchError(f"the run of {n} accelerator(s) ({doc['run_id']}) measured no AU")
+        raise SearchError(f"the run of {n} accelerator(s) ({res.run_id}) measured no AU")
 
     def med(key: str) -> float | None:
         s = sp.get(key)
         return s["median"] if s else None
 
-    steps = [r for e in doc["epochs"] for r in e["ranks"] if r.get("compute_mean_s")]
-    asked = doc["config"].get("compute_time_s")
-    measured = (sum(r["compute_s"] for r in steps) / sum(r["steps"] for r in steps)
+    steps = [r for e in res.epochs for r in e.ranks if r.compute_mean_s]
+    asked = res.config.compute_time_s
+    measured = (sum(r.compute_s for r in steps) / sum(r.steps for r in steps)
                 if steps else None)
     return {"accelerators": n, "au": au["median"], "au_min": au["min"], "au_max": au["max"],
             "compute_mean_s": measured,
             "compute_overshoot": measured / asked if measured and asked else None,
             "au_first_step_included": med("au"), "samples_per_s": med("samples_per_s"),
             "read_MBps": med("read_MBps"), "repeats": au["n"],
-            "passed": au["median"] >= threshold, "run_id": doc["run_id"]}
+            "passed": au["median"] >= threshold, "run_id": res.run_id}
 
 
 def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
@@ -386,19 +389,19 @@ def write_search(doc: dict[str, Any], results_dir: str | Path) -> Path:
                              exclusive=True)
 
 
-def answer_line(doc: dict[str, Any]) -> str:
+def answer_line(doc: SearchDoc | Mapping[str, Any]) -> str:
     """The answer in one line."""
-    w = doc["workload"]
-    pts = {p["accelerators"]: p for p in doc["points"]}
-    n = doc["max_accelerators"]
-    best = pts.get(n)
-    tail = (f" (AU {best['au']:.2f} at {n}; " if best else " (")
-    above = [p for p in doc["points"] if not p["passed"] and p["accelerators"] > n]
-    tail += (f"{above[0]['accelerators']} gave AU {above[0]['au']:.2f})" if above
+    search = SearchDoc.of(doc)
+    w = search.workload
+    n = search.max_accelerators
+    best = next((p for p in search.points if p.accelerators == n), None)
+    tail = (f" (AU {best.au:.2f} at {n}; " if best else " (")
+    above = [p for p in search.points if not p.passed and p.accelerators > n]
+    tail += (f"{above[0].accelerators} gave AU {above[0].au:.2f})" if above
              else "no count above it failed)" if best else "1 accelerator already fails)")
-    state = "" if doc["status"] == "complete" else f" [{doc['status'].upper()}: partial]"
-    return (f"{w['name']} on {w['accelerator']}: {doc['dataset']['root']} keeps {n} "
-            f"accelerator(s) at AU >= {doc['threshold']:.2f}{tail}, {len(doc['points'])} "
+    state = "" if search.status == "complete" else f" [{search.status.upper()}: partial]"
+    return (f"{w.name} on {w.accelerator}: {search.dataset.root} keeps {n} "
+            f"accelerator(s) at AU >= {search.threshold:.2f}{tail}, {len(search.points)} "
             f"runs{state}")
 
 

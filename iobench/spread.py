@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
+
+from iobench.result_types import Epoch
 
 MB = 1_000_000
 
@@ -78,7 +80,32 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+class _EpochFigures(NamedTuple):
+    """What the spread over repetitions reads from one epoch record."""
+
+    repeat: int
+    wall_s: float
+    stall_s_max: float
+    stall_fraction_max: float | None
+    au_mean: float | None
+    au_mlperf_mean: float | None
+    samples: int
+    batch_bytes: int
+
+
+def _figures(e: Epoch | Mapping[str, Any]) -> _EpochFigures:
+    """An epoch record's figures: typed (readers) or the dict the writer builds (train)."""
+    if isinstance(e, Epoch):
+        s = e.summary
+        return _EpochFigures(e.repeat, s.wall_s, s.stall_s_max, s.stall_fraction_max,
+                             s.au_mean, s.au_mlperf_mean, s.samples, s.batch_bytes)
+    d = e["summary"]
+    return _EpochFigures(int(e.get("repeat", 0)), d["wall_s"], d["stall_s_max"],
+                         d["stall_fraction_max"], d["au_mean"], d.get("au_mlperf_mean"),
+                         d["samples"], d["batch_bytes"])
+
+
+def repetition_figures(epochs: Iterable[Epoch | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The headline figures of each repetition of a training result.
 
     `epochs` are the result's epoch records; they are grouped by their
@@ -88,26 +115,27 @@ def repetition_figures(epochs: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     AU (`au`); `samples_per_s` and `read_MBps` are its samples and payload
     bytes over its summed epoch walls.
     """
-    groups: dict[int, list[Mapping[str, Any]]] = {}
-    for e in epochs:
-        groups.setdefault(int(e.get("repeat", 0)), []).append(e["summary"])
+    groups: dict[int, list[_EpochFigures]] = {}
+    for f in map(_figures, epochs):
+        groups.setdefault(f.repeat, []).append(f)
     out = []
     for r in sorted(groups):
         sums = groups[r]
-        wall = sum(s["wall_s"] for s in sums)
+        wall = sum(s.wall_s for s in sums)
         out.append({
             "repeat": r, "epochs": len(sums),
             "epoch_wall_s": wall / len(sums),
-            "stall_s": _mean([s["stall_s_max"] for s in sums]),
-            "stall_fraction": _mean([s["stall_fraction_max"] for s in sums]),
-            "au": _mean([s["au_mean"] for s in sums]),
-            "au_mlperf": _mean([s.get("au_mlperf_mean") for s in sums]),
-            "samples_per_s": sum(s["samples"] for s in sums) / wall if wall > 0 else None,
-            "read_MBps": sum(s["batch_bytes"] for s in sums) / MB / wall if wall > 0 else None,
+            "stall_s": _mean([s.stall_s_max for s in sums]),
+            "stall_fraction": _mean([s.stall_fraction_max for s in sums]),
+            "au": _mean([s.au_mean for s in sums]),
+            "au_mlperf": _mean([s.au_mlperf_mean for s in sums]),
+            "samples_per_s": sum(s.samples for s in sums) / wall if wall > 0 else None,
+            "read_MBps": sum(s.batch_bytes for s in sums) / MB / wall if wall > 0 else None,
         })
     return out
 
 
-def run_spread(epochs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+def run_spread(epochs: Iterable[Epoch | Mapping[str, Any]]
+               ) -> dict[str, dict[str, Any] | None]:
     """`spread` of each HEADLINE figure over the repetitions of a training result."""
     return spread_of(repetition_figures(epochs), HEADLINE)

@@ -176,7 +176,8 @@ def test_deeply_nested_json(tmp_path) -> None:
 @SETTINGS
 @given(data=st.data())
 def test_what_validates_compares_reports_and_gets_a_verdict(result_doc, data) -> None:
-    """Whatever passes validation, compare, report and the verdict can read."""
+    """Whatever passes validation types as a result, and compare, report and the verdict can
+    read it."""
     doc = data.draw(_mutations(result_doc))
     try:
         validate(doc)
@@ -191,7 +192,9 @@ def _read_by_everything(doc: dict, valid: dict) -> None:
     from rich.console import Console
 
     from iobench import compare, report
+    from iobench.result_types import TrainResult
 
+    assert TrainResult.from_dict(doc).to_dict() == doc  # what validates is typed, and back
     compare.render_table([doc, valid], console=Console(file=io.StringIO()))
     compare.run_verdict(doc)
     report.run_row(doc, [])

@@ -21,6 +21,7 @@ from iobench import report, results
 from iobench.loaders.base import Batch, Loader
 from iobench.manifest import FileEntry, Manifest
 from iobench.probe import ProbeConfig, probe_storage
+from iobench.result_types import TrainResult
 from iobench.results import write_document
 from iobench.spread import run_spread
 from iobench.stage import StageConfig, stage_dataset
@@ -199,11 +200,11 @@ def repeated_dir(results_dir, tmp_path_factory) -> Path:
     col = report.load_directory(results_dir)
     for p in results_dir.glob("probe-*.json"):
         shutil.copy(p, out)
-    stage = copy.deepcopy(col.stages[0])
+    stage = col.stages[0].to_dict()
     stage["repeats"] = 3
     stage["spread"] = {"stage_s": STAGE_SPREAD, "stage_MBps": None}
     (out / "stage-repeated.json").write_text(json.dumps(stage))
-    run_of = {(Path(r["config"]["storage"]).name, r["config"]["workers"]): r for r in col.runs}
+    run_of = {(Path(r.config.storage).name, r.config.workers): r.to_dict() for r in col.runs}
     docs = [with_repeats(run_of["slow", 0], [[3.0, 3.0], [3.5, 3.5], [4.0, 4.0]], "pfs0"),
             with_repeats(run_of["fast", 0], [[1.0, 1.0], [1.5, 1.5], [1.2, 1.2]], "nvme0"),
             with_repeats(run_of["fast", 1], [[1.1, 1.1], [1.3, 1.3], [1.4, 1.4]], "nvme1"),
@@ -218,7 +219,7 @@ def test_report_shows_spread_not_significant_and_median_break_even(repeated_dir,
     rows = {r["run_id"].rsplit("-", 1)[1]: r for r in
             (report.run_row(d, col.probes) for d in col.runs)}
     assert rows["pfs0"]["repeats"] == 3 and rows["pfs1"]["repeats"] == 1  # v1 still read
-    samples = col.runs[0]["epochs"][0]["summary"]["samples"]
+    samples = col.runs[0].epochs[0].summary.samples
     assert rows["pfs0"]["samples_per_s"] == pytest.approx(samples / 3.5)  # the median
     assert rows["pfs0"]["stall_s"] == pytest.approx([1.75, 1.75])
     assert rows["pfs1"]["stall_s"] == pytest.approx([2.5, 2.5])
@@ -252,9 +253,11 @@ def test_report_shows_spread_not_significant_and_median_break_even(repeated_dir,
 
 def test_report_refuses_incomparable_pairs(results_dir, tmp_path):
     col = report.load_directory(results_dir)
-    for d in col.runs:
+    docs = [r.to_dict() for r in col.runs]
+    for d in docs:
         if Path(d["config"]["storage"]).name == "slow":
             d["config"]["batch_size"] = 16  # no in-place run is comparable any more
+    col.runs = [TrainResult.from_dict(d) for d in docs]
     rows = [report.run_row(d, col.probes) for d in col.runs]
     (st,) = report.staging_rows(col, rows)
     assert st["break_even_epochs"] is None and "batch_size 16 vs 32" in st["refused"]
@@ -310,7 +313,7 @@ def test_report_shows_each_multi_node_runs_spread_over_its_nodes(results_dir, tm
     """A run's per-node figures (v3 `epochs[i].per_node`) become one row of min / median /
     max with the nodes that hold the extremes; single-node runs get no row."""
     col = report.load_directory(results_dir)
-    doc = copy.deepcopy(col.runs[0])
+    doc = col.runs[0].to_dict()
     doc["run_id"] += "-nodes"
     for ep in doc["epochs"]:
         # three nodes of 100 samples (30 MB) each: 2, 4 and 5 s of wall, n3 stalls most
@@ -323,7 +326,7 @@ def test_report_shows_each_multi_node_runs_spread_over_its_nodes(results_dir, tm
     out_dir = tmp_path / "res"
     out_dir.mkdir()
     results.write_result(results.validate(doc), out_dir)
-    results.write_result(col.runs[1], out_dir)
+    results.write_result(col.runs[1].to_dict(), out_dir)
     out = tmp_path / "report.md"
     assert cli("report", out_dir, "--out", out) == 0
     text = out.read_text()
@@ -336,4 +339,4 @@ def test_report_shows_each_multi_node_runs_spread_over_its_nodes(results_dir, tm
                            f"{0.5 * epochs:.2f} (n1)", f"{1.0 * epochs:.2f}",
                            f"{3.0 * epochs:.2f} (n3)"], cells
     table = text.split("Per-node spread")[1].split("\n\n")[1]
-    assert doc["run_id"] in table and col.runs[1]["run_id"] not in table
+    assert doc["run_id"] in table and col.runs[1].run_id not in table

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from result_docs import one_pass, probe_doc, real_result
 
 from conftest import cli
 from iobench import results
@@ -27,21 +28,27 @@ from wrappers import Wrapped
 def _doc(au: float, *, workers: int = 2, read_s: float = 0.0, decode_s: float = 0.0,
          handoff_s: float = 0.0, stall_s: float = 1.0, wall_s: float = 10.0,
          fstype: str = "lustre", kind: str = "parallel", fmt: str = "hdf5") -> dict:
-    rank = {"stall_s": stall_s, "loader": {"workers": workers, "batches": 100, "read_s": read_s,
-                                           "decode_s": decode_s, "handoff_s": handoff_s}}
-    return {"epochs": [{"summary": {"wall_s": wall_s, "au_mean": au}, "ranks": [rank]}],
-            "summary": {"spread": {"au": {"median": au}, "read_MBps": {"median": 410.0},
-                                   "stall_fraction": {"median": stall_s / wall_s}}},
-            "config": {"workers": workers, "worker_type": "process"},
-            "compute": {"kind": "emulated", "device": {"type": "cpu"}},
-            "world": {"local_size": 1}, "provenance": {"cpu_affinity": 16, "storage": {
-                "fstype": fstype, "kind": kind}},
-            "dataset": {"dataset": "cifar10", "format": fmt, "total_bytes": 3072 * 1000,
-                        "num_samples": 1000}}
+    """A real result (one epoch, one rank, one node) with the given clocks and figures."""
+    doc = real_result()
+    ep = doc["epochs"][0]
+    ep["summary"].update(wall_s=wall_s, au_mean=au)
+    rank = ep["ranks"][0]
+    rank.update(stall_s=stall_s, loader={"workers": workers, "batches": 100, "read_s": read_s,
+                                         "decode_s": decode_s, "handoff_s": handoff_s})
+    ep["ranks"] = [rank]
+    doc["epochs"] = [ep]
+    doc["summary"] = {"spread": {"au": one_pass(au), "read_MBps": one_pass(410.0),
+                                 "stall_fraction": one_pass(stall_s / wall_s)}}
+    doc["config"].update(workers=workers, worker_type="process")
+    doc["compute"] = {"kind": "emulated", "device": {"type": "cpu"}}
+    doc["world"]["local_size"] = 1
+    doc["provenance"].update(cpu_affinity=16, storage={"fstype": fstype, "kind": kind})
+    doc["dataset"].update(dataset="cifar10", format=fmt, total_bytes=3072 * 1000,
+                          num_samples=1000)
+    return doc
 
 
-PROBE = {"storage": {"path": "/"}, "created": "x",
-         "summary": {"sample_read_MBps": 440.0, "sample_reads": []}}
+PROBE = probe_doc("/", 440.0)
 
 
 def test_each_class_from_the_clocks() -> None:
@@ -205,7 +212,8 @@ def test_the_breakdown_is_per_worker(cifar: Path, tmp_path: Path) -> None:
 
 
 def _nodes(doc: dict, stalls: list[float], wall_s: float = 10.0) -> dict:
-    doc["epochs"][0]["per_node"] = [{"node": i, "name": f"n{i + 1}", "stall_s": s,
+    node = doc["epochs"][0]["per_node"][0]  # a real node record, figures replaced
+    doc["epochs"][0]["per_node"] = [{**node, "node": i, "name": f"n{i + 1}", "stall_s": s,
                                      "wall_s": wall_s, "samples": 100}
                                     for i, s in enumerate(stalls)]
     return doc

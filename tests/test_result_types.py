@@ -1,0 +1,135 @@
+"""Typed results: every document that loads today still loads (v1, v2, v3), round trips, and
+reads the same; the schema page documents the typed fields; compare and report print what
+they printed before the readers were typed (golden output written by main at 918e608)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from result_docs import REAL_V3, probe_doc, real_result
+from rich.console import Console
+
+from iobench import compare, report, results
+from iobench.result_types import (
+    ProbeDoc,
+    ResultError,
+    SweepDoc,
+    TrainResult,
+    schema_markdown,
+)
+from iobench.verdict import verdict
+
+DATA = Path(__file__).parent / "data"
+DOCS = Path(__file__).parent.parent / "docs" / "results-schema.md"
+
+
+def as_v2(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` as `iobench train` wrote it before v3: no per-node figures, job or node names."""
+    d = copy.deepcopy(doc)
+    d["schema_version"] = 2
+    for e in d["epochs"]:
+        e.pop("per_node")
+        for r in e["ranks"]:
+            r.pop("node_name", None)
+    d["provenance"].pop("job")
+    d["world"].pop("nodes", None)
+    d["summary"]["verdict"].pop("stragglers")
+    return d
+
+
+def as_v1(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` as written before v2: no repetitions, loader start-up, spread or status."""
+    d = as_v2(doc)
+    d["schema_version"] = 1
+    for e in d["epochs"]:
+        e.pop("repeat")
+    for k in ("repeat",):
+        d["config"].pop(k)
+    for k in ("loader", "status", "status_reason"):
+        d.pop(k, None)
+    d["summary"].pop("spread")
+    return d
+
+
+@pytest.mark.parametrize("version", [as_v1, as_v2, lambda d: d])
+def test_every_version_loads_round_trips_and_gets_the_same_verdict(version) -> None:
+    doc = version(real_result())
+    res = TrainResult.from_dict(doc)
+    assert res.to_dict() == doc and TrainResult.from_dict(res.to_dict()) == res
+    assert results.validate(res.to_dict())
+    assert res.repetitions == 1 and len(res.epochs) == 2 and res.complete
+    assert res.epochs[0].ranks[0].loader is not None
+    assert verdict(res)["line"] == verdict(doc)["line"]
+
+
+def test_a_real_v3_result_loads_typed() -> None:
+    res = results.load_typed(REAL_V3)
+    assert res.to_dict() == real_result()
+    assert res.epochs[0].per_node[0].name and res.provenance.storage.fstype
+    assert res.summary.verdict is not None and res.summary.verdict.line.startswith("verdict:")
+    # a record built in code writes every field; it reads back the same
+    built = TrainResult(**{f.name: getattr(res, f.name) for f in dataclasses.fields(res)
+                           if f.name != "absent"})
+    assert TrainResult.from_dict(built.to_dict()) == res
+
+
+def test_bad_documents_are_refused_by_name() -> None:
+    doc = real_result()
+    doc["epochs"][0]["summary"]["wall_s"] = "fast"
+    with pytest.raises(ResultError, match=r"epochs\[0\]\.summary\.wall_s"):
+        TrainResult.from_dict(doc)
+    doc = real_result()
+    doc["surprise"] = 1
+    with pytest.raises(ResultError, match="unknown key"):
+        TrainResult.from_dict(doc)
+    with pytest.raises(ResultError, match="label"):
+        ProbeDoc.from_dict({"schema": "iobench.probe"})
+    assert SweepDoc.from_dict({}).runs == ()
+
+
+def test_the_schema_page_documents_every_typed_field() -> None:
+    """docs/results-schema.md holds `schema_markdown()` between its markers: every field of
+    every record, and no field that is gone (regenerate with `python -m iobench.result_types`)."""
+    text = DOCS.read_text()
+    m = re.search(r"<!-- typed-fields:begin -->\n(.*)<!-- typed-fields:end -->", text, re.S)
+    assert m, "docs/results-schema.md lacks its typed-fields block"
+    assert m.group(1) == schema_markdown()
+
+
+def _golden_runs() -> list[dict[str, Any]]:
+    """The real result and a copy twice as slow whose verdict is worked out, not recorded."""
+    doc = real_result()
+    other = copy.deepcopy(doc)
+    other["run_id"] = doc["run_id"][:-6] + "abcdef"
+    del other["summary"]["verdict"]
+    for e in other["epochs"]:
+        e["summary"]["wall_s"] *= 2
+        e["summary"]["samples_per_s"] /= 2
+    return [doc, other]
+
+
+def test_compare_prints_what_it_printed_before() -> None:
+    console = Console(record=True, width=250, highlight=False)
+    compare.render_table(_golden_runs(), console=console)
+    assert console.export_text() == (DATA / "compare-golden.txt").read_text()
+
+
+def test_report_tables_are_what_they_were_before(tmp_path) -> None:
+    d = tmp_path / "res"
+    d.mkdir()
+    for x in _golden_runs():
+        (d / f"{x['run_id']}.json").write_text(json.dumps(x))
+    probe = probe_doc(str(Path(real_result()["dataset"]["root"]).parent), 5.0, "local")
+    (d / "probe-x.json").write_text(json.dumps(probe))
+    sweep = {"schema": "iobench.sweep", "schema_version": 1,
+             "config": {"tiers": [{"name": "t", "path": "/nowhere", "stage_to": "/x"}]},
+             "runs": [{"label": "a run", "status": "failed", "error": "it broke"}]}
+    (d / "sweep-x.json").write_text(json.dumps(sweep))
+    report.write_report(d, tmp_path / "r.md", title="golden")
+    assert (tmp_path / "r.md").read_text() == (DATA / "report-golden.md").read_text()
