@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from result_docs import REAL_V3, probe_doc, real_result
 from rich.console import Console
 
 from iobench import compare, report, results
@@ -24,6 +23,7 @@ from iobench.result_types import (
     schema_markdown,
 )
 from iobench.verdict import verdict
+from result_docs import REAL_V3, probe_doc, real_result
 
 DATA = Path(__file__).parent / "data"
 DOCS = Path(__file__).parent.parent / "docs" / "results-schema.md"

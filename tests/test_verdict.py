@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from result_docs import one_pass, probe_doc, real_result
 
 from conftest import cli
 from iobench import results
@@ -22,6 +21,7 @@ from iobench.loaders.base import Batch
 from iobench.train import TrainConfig, run
 from iobench.verdict import for_run, parse_threshold, verdict
 from iobench.world import World
+from result_docs import one_pass, probe_doc, real_result
 from wrappers import Wrapped
 
 
