@@ -48,7 +48,6 @@ from iobench.watchdog import Interrupted, Watchdog, pending
 from iobench.world import World, agree
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
-COMPUTE_KINDS: tuple[str, ...] = ("model", "emulated", "none")
 # residency above this after eviction means eviction did not take
 RESIDENT_WARN_FRACTION = 0.10
 
