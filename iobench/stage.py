@@ -653,9 +653,9 @@ def _copy_once(cfg: StageConfig, world: World, manifest: Manifest, src_root: Pat
     A collective. Returns the repetition's figures, the same on every rank. The files
     are handed to the copy threads a window at a time (never a task per file up front).
     """
-    evicted = cache.evict_for_node(manifest, world, scope=cfg.shuffle_scope,
-                                   evict_pages=not cfg.warm_source, loud=False,
-                                   evict_cmd=cfg.evict_cmd)
+    evicted = cache.evict_for_node(manifest, world, cache.EvictOptions(
+        scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source, loud=False,
+        evict_cmd=cfg.evict_cmd))
     counters, lock = _Counters(), threading.Lock()
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
     progress = _Progress(cfg.progress and world.rank == 0, my_bytes,
