@@ -54,7 +54,7 @@ class Collection:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
-def load_directory(results_dir: str | Path) -> Collection:
+def load_directory(results_dir: str | Path) -> Collection:  # noqa: C901 - split on branch i27-results
     """Read every iobench document in `results_dir` (not recursive); damaged files are listed
     in `skipped`, never fatal. An empty or missing directory is an error."""
     from iobench import results, search
@@ -269,7 +269,7 @@ def pooled(spreads: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "n": max(s["n"] for s in spreads)}
 
 
-def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
+def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:  # noqa: C901 - split on branch i27-results
     """PNG bytes by name: stall, throughput, au, limits (only those with data)."""
     import matplotlib
 

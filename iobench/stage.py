@@ -380,7 +380,7 @@ def _batches(entries: Iterable[FileEntry], size: int) -> Iterator[list[FileEntry
         yield run
 
 
-def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
+def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,  # noqa: C901 - split on branch i27-dataref
                  counters: _Counters, lock: threading.Lock, progress: _Progress,
                  local: threading.local) -> None:
     """Stage a batch of files: each copied and checked under a temporary name, then all

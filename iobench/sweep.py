@@ -189,7 +189,7 @@ SWEEP_SPEC = Map({
 }, optional=tuple(TOP_KEYS - {"datasets", "tiers"}), extra=False)
 
 
-def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
+def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:  # noqa: C901 - split on branch i27-launcher
     """Validate a loaded YAML document; every problem is a ConfigError naming the key
     (`datasets[0].name: expected a string, got []`)."""
     try:
@@ -448,7 +448,7 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120]
 
 
-def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = True,
+def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = True,  # noqa: C901 - split on branch i27-launcher
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep; return its record (also written into the results directory)."""
     from iobench.results import now_iso, write_document

@@ -90,7 +90,7 @@ class TrainConfig:
     data_key: str | None = None  # its sample array (HDF5/NetCDF), else detected
     label_key: str | None = None  # its labels array or LMDB record, else detected
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - split on branch i27-dataref
         if self.loader not in LOADER_NAMES:
             raise ConfigError(f"unknown loader {self.loader!r}; choose one of: "
                               f"{', '.join(LOADER_NAMES)}")

@@ -202,7 +202,7 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
+def verdict(doc: Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,  # noqa: C901 - split on branch i27-results
             probe: Mapping[str, Any] | None = None,
             break_even: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on one training result (see the module docstring)."""
