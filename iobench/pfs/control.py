@@ -370,33 +370,44 @@ def unmount(mountpoint: str | Path, *, lazy: bool = False, timeout_s: float = 10
         raise StorageError(f"{mp} is not an iobench-pfs mount (nothing mounted there and no "
                            "daemon running); see `iobench emulate-pfs --list`")
     if mounted is not None:
-        try:
-            _umount(mp, lazy=lazy)
-        except OSError as e:
-            if e.errno == errno.EBUSY:
-                raise StorageError(f"cannot unmount {mp}: it is busy (a process has a file or "
-                                   f"its working directory under it; see `fuser -vm {mp}`); "
-                                   "close them and retry, or use --lazy") from e
-            if pid is not None and _alive(pid):
-                raise StorageError(f"cannot unmount {mp}: {e.strerror}") from e
-            _umount(mp, lazy=True)  # the daemon died: the mount is stale, detach it
+        _detach(mp, pid, lazy)
     if pid is not None and _is_our_daemon(pid):
-        deadline = time.monotonic() + timeout_s
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None and _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-                deadline = time.monotonic() + 5.0
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if not _alive(pid):
-                break
+        _stop_daemon(pid, timeout_s)
     paths.pid.unlink(missing_ok=True)
     try:
         final: dict[str, Any] = json.loads(paths.final_stats.read_text())
         return final
     except (OSError, ValueError):
         return None
+
+
+def _detach(mp: str, pid: int | None, lazy: bool) -> None:
+    """Unmount `mp`; a stale mount (its daemon gone) is detached lazily."""
+    try:
+        _umount(mp, lazy=lazy)
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            raise StorageError(f"cannot unmount {mp}: it is busy (a process has a file or "
+                               f"its working directory under it; see `fuser -vm {mp}`); "
+                               "close them and retry, or use --lazy") from e
+        if pid is not None and _alive(pid):
+            raise StorageError(f"cannot unmount {mp}: {e.strerror}") from e
+        _umount(mp, lazy=True)  # the daemon died: the mount is stale, detach it
+
+
+def _stop_daemon(pid: int, timeout_s: float) -> None:
+    """Wait `timeout_s` for the daemon to exit after the unmount, then SIGTERM, then SIGKILL
+    (5 s each)."""
+    deadline = time.monotonic() + timeout_s
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None and _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + 5.0
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _alive(pid):
+            break
 
 
 def status(mountpoint: str | Path) -> dict[str, Any]:
