@@ -12,21 +12,18 @@ document (docs/results-schema.md), written atomically.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import shlex
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from iobench import launch
 from iobench.errors import ConfigError, IobenchError
 from iobench.jsonio import write_json_atomic
+from iobench.launch import Command, require_launcher
 from iobench.results import SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION
 from iobench.schema import (
     Bool,
@@ -85,7 +82,11 @@ class SearchConfig:
     host_memory_gb: float = 0.0
 
     def __post_init__(self) -> None:
-        run = resolve(self.workload, self.accelerator)
+        resolve(self.workload, self.accelerator)  # an unknown workload or accelerator
+        self._check_counts()
+        self._check_launch()
+
+    def _check_counts(self) -> None:
         if self.max_accelerators < 1:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} must be >= 1")
         if self.repeat < 1:
@@ -96,11 +97,13 @@ class SearchConfig:
             raise ConfigError(f"--batch-size {self.batch_size} must be >= 1")
         if self.threshold is not None and not 0 < self.threshold <= 1:
             raise ConfigError(f"--au-threshold {self.threshold} must be in (0, 1]")
+        if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
+            raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
+
+    def _check_launch(self) -> None:
         if not self.launcher or not any("{ranks}" in a for a in self.launcher):
             raise ConfigError(f"--launcher {shlex.join(self.launcher)!r} must contain {{ranks}}, "
                               "e.g. 'srun -n {ranks}' or 'mpiexec -n {ranks}'")
-        if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
-            raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
         if not self.point_timeout_s > 0:
             raise ConfigError(f"--point-timeout {self.point_timeout_s} must be > 0 seconds")
         if self.hosts < 0:
@@ -109,7 +112,6 @@ class SearchConfig:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} is under --hosts "
                               f"{self.hosts}: every host runs at least one accelerator; raise "
                               f"--max-accelerators to {self.hosts} or more")
-        del run
 
     @property
     def run(self) -> WorkloadRun:
@@ -178,84 +180,16 @@ def answer(passed: dict[int, bool]) -> int:
     return good
 
 
-def _executable(name: str) -> str:
-    import shutil
-
-    found = shutil.which(name)
-    if found is None and os.sep not in name:
-        beside = Path(sys.executable).parent / name
-        if beside.exists() and os.access(beside, os.X_OK):
-            found = str(beside)
-    if found is None:
-        raise ConfigError(f"launcher {name!r} is not an executable on PATH; install MPI "
-                          "(the mpich extra) or name one with --launcher 'srun -n {ranks}'")
-    return found
-
-
 def train_command(cfg: SearchConfig, n: int, results: Path) -> list[str]:
     """The `iobench train` command line of one point: N ranks under the launcher."""
     w = cfg.run.workload
-    if n % cfg.step:
-        raise ValueError(f"{n} accelerators do not spread evenly over {cfg.hosts} hosts")
-    launcher = [a.replace("{ranks}", str(n)).replace("{per_host}", str(n // cfg.step))
-                for a in cfg.launcher]
-    launcher[0] = _executable(launcher[0])
-    # -P: not the current directory first on sys.path, where another iobench checkout
-    # (a source tree one runs from) would be imported instead of this one
-    safe = ["-P"] if sys.version_info >= (3, 11) else []
-    return [*launcher, sys.executable, *safe, "-m", "iobench", "train",
-            "--loader", w.loader, "--storage", cfg.storage, "--dataset", str(w.dataset),
+    require_launcher(cfg.launcher)
+    args = ("--loader", w.loader, "--storage", cfg.storage, "--dataset", str(w.dataset),
             "--compute-time", repr(cfg.compute_s), "--batch-size", str(cfg.batch),
             "--no-decode", "--epochs", str(cfg.epochs), "--repeat", str(cfg.repeat),
             "--workers", str(cfg.workers), "--au-threshold", str(cfg.au_threshold),
-            "--results", str(results), *cfg.train_args]
-
-
-@dataclass
-class _Run:
-    """One child run (its process group), stoppable from a signal handler."""
-
-    proc: subprocess.Popen[bytes] | None = None
-    stopped: list[int] = field(default_factory=list)
-
-    def stop(self, signum: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.stopped.append(signum)
-            with contextlib.suppress(ProcessLookupError):  # mpiexec, ranks, their workers
-                os.killpg(self.proc.pid, signal.SIGTERM)
-
-
-def _run(cmd: list[str], log: Path, timeout_s: float, child: _Run) -> int:
-    """Run `cmd` into `log` in its own process group; on timeout or interrupt end the group."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        f.write("$ " + shlex.join(cmd) + "\n")
-        f.flush()
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        child.proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
-                                      start_new_session=True, env=env)
-        try:
-            return child.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.proc.pid, signal.SIGKILL)
-            child.proc.wait()
-            return 124
-        except BaseException:  # an interrupt: let the ranks write what they have, then end
-            child.stop(signal.SIGTERM)
-            try:
-                child.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.proc.pid, signal.SIGKILL)
-                child.proc.wait()
-            raise
-        finally:
-            child.proc = None
-
-
-def _error_line(log: Path) -> str:
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    errs = [ln for ln in lines if "error:" in ln]
-    return (errs[-1] if errs else lines[-1] if lines else "no output")[:400]
+            "--results", str(results), *cfg.train_args)
+    return Command("train", args, cfg.launcher, n, cfg.step).argv()
 
 
 def point_from_result(doc: dict[str, Any], n: int, threshold: float) -> dict[str, Any]:
@@ -295,84 +229,27 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
     """
     from iobench.manifest import Manifest
     from iobench.placement import resolve_dataset
-    from iobench.results import load_result, new_run_id
+    from iobench.results import new_run_id
     from iobench.train import TrainConfig
 
-    run = cfg.run
-    w = run.workload
+    require_launcher(cfg.launcher)  # before anything runs
+    w = cfg.run.workload
     tc = TrainConfig(loader=w.loader, storage=cfg.storage, dataset=str(w.dataset),
                      compute_time_s=cfg.compute_s, batch_size=cfg.batch, decode=False)
     root = resolve_dataset(tc)  # a missing dataset: one line naming the generate command
     manifest = Manifest.load(root)
-    data_bytes = manifest.data_bytes
     run_id = run_id or new_run_id()
-    base = Path(cfg.results) / f"search-{run_id}"
-    doc: dict[str, Any] = {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "search", "run_id": run_id,
-        "created": "", "status": "complete", "status_reason": None,
-        "config": {**asdict(cfg), "launcher": list(cfg.launcher),
-                   "train_args": list(cfg.train_args)},
-        "workload": {"name": w.name, "accelerator": cfg.accelerator, "batch": cfg.batch,
-                     "compute_time_s": cfg.compute_s, "workload_batch": run.batch,
-                     "workload_compute_time_s": run.compute_s,
-                     "sample_bytes": w.sample_bytes, "demand_MBps": cfg.demand_Bps / 1e6,
-                     "workload_demand_MBps": run.demand_Bps / 1e6, "slowdown": cfg.slowdown,
-                     "note": w.note},
-        "dataset": {"root": str(root), "dataset": manifest.dataset, "format": manifest.format,
-                    "num_samples": manifest.num_samples, "total_bytes": manifest.total_bytes,
-                    "sample_bytes_mean": data_bytes / max(1, manifest.num_samples)},
-        "threshold": cfg.au_threshold, "max_accelerators": 0, "points": [],
-        "warnings": [],
-    }
-    if cfg.slowdown != 1:
-        doc["warnings"].append(
-            f"SLOWED DOWN: compute {cfg.slowdown:g}x the workload's, so each accelerator "
-            f"asks for {cfg.demand_Bps / 1e6:.1f} MB/s instead of {run.demand_Bps / 1e6:.1f}: "
-            f"the count answers for a tier {cfg.slowdown:g}x faster than this one")
-    if cfg.batch != run.batch:
-        doc["warnings"].append(
-            f"scaled: batch {cfg.batch} and {cfg.compute_s:.6g} s per step instead of "
-            f"{run.batch} and {run.compute_s} s: scaling the batch alone keeps each "
-            f"accelerator's demand ({run.demand_Bps / 1e6:.1f} MB/s, the workload's)")
-    if cfg.step > 1:
-        doc["warnings"].append(
-            f"spread over --hosts {cfg.hosts}: only counts that divide evenly are run "
-            f"({cfg.step}, {2 * cfg.step}, ...; {{per_host}} in --launcher is N / "
-            f"{cfg.hosts}), the others are skipped"
-            + (f"; --max-accelerators {cfg.max_accelerators} runs as {cfg.limit}"
-               if cfg.limit != cfg.max_accelerators else ""))
+    doc = _new_document(cfg, run_id, root, manifest)
     passed: dict[int, bool] = {}
-    child = _Run()
+    child = launch.Child()
     t0 = time.time()
     try:
         while (n := next_point(passed, cfg.limit, cfg.step)) is not None:
-            need = run.required_samples(n, cfg.hosts, cfg.host_memory_gb)
-            if manifest.num_samples < need:
-                msg = (f"{n} accelerator(s): the dataset holds {manifest.num_samples} samples "
-                       f"and MLPerf's rule asks for {need} (`iobench datasize`); small "
-                       "datasets are cached more easily by the storage")
-                if msg not in doc["warnings"]:
-                    doc["warnings"].append(msg)
-            where = base / f"n{n}"
-            cmd = train_command(cfg, n, where)
+            _warn_once(doc, _datasize_warning(cfg, n, manifest.num_samples))
             log(f"search {w.name}/{cfg.accelerator}: {n} accelerator(s) ...")
-            code = _run(cmd, where / "train.log", cfg.point_timeout_s, child)
-            found = sorted(where.glob("*.json"))
-            if code != 0 or len(found) != 1:
-                why = "timed out" if code == 124 else f"exit {code}"
-                raise SearchError(f"the run of {n} accelerator(s) failed ({why}): "
-                                  f"{_error_line(where / 'train.log')} (log: "
-                                  f"{where / 'train.log'})")
-            point = point_from_result(load_result(found[0]), n, cfg.au_threshold)
-            point["result"] = str(found[0])
+            point = _measure(cfg, n, Path(cfg.results) / f"search-{run_id}" / f"n{n}", child)
             doc["points"].append(point)
-            over = point["compute_overshoot"]
-            if over is not None and over > 1.05:
-                doc["warnings"].append(
-                    f"{n} accelerator(s): an emulated step took {over - 1:.0%} longer than "
-                    f"asked ({point['compute_mean_s']:.4g} s for {cfg.compute_s:.4g} s: a "
-                    "busy host's sleeps overshoot), so each accelerator asked for less than "
-                    "the workload's demand and AU is overstated")
+            _warn_once(doc, _overshoot_warning(cfg, point))
             passed[n] = point["passed"]
             log(f"  {n} accelerator(s): AU {point['au']:.3f} "
                 f"({'pass' if point['passed'] else 'below'} {cfg.au_threshold:.2f}), "
@@ -385,6 +262,92 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
         raise SearchInterrupted(e.signum, doc) from None
     _finish(doc, passed, t0)
     return doc
+
+
+def _new_document(cfg: SearchConfig, run_id: str, root: Path, manifest: Any) -> dict[str, Any]:
+    """The search document before its first point: what is asked, of which dataset."""
+    run, w = cfg.run, cfg.run.workload
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "search", "run_id": run_id,
+        "created": "", "status": "complete", "status_reason": None,
+        "config": {**asdict(cfg), "launcher": list(cfg.launcher),
+                   "train_args": list(cfg.train_args)},
+        "workload": {"name": w.name, "accelerator": cfg.accelerator, "batch": cfg.batch,
+                     "compute_time_s": cfg.compute_s, "workload_batch": run.batch,
+                     "workload_compute_time_s": run.compute_s,
+                     "sample_bytes": w.sample_bytes, "demand_MBps": cfg.demand_Bps / 1e6,
+                     "workload_demand_MBps": run.demand_Bps / 1e6, "slowdown": cfg.slowdown,
+                     "note": w.note},
+        "dataset": {"root": str(root), "dataset": manifest.dataset, "format": manifest.format,
+                    "num_samples": manifest.num_samples, "total_bytes": manifest.total_bytes,
+                    "sample_bytes_mean": manifest.data_bytes / max(1, manifest.num_samples)},
+        "threshold": cfg.au_threshold, "max_accelerators": 0, "points": [],
+        "warnings": _setting_warnings(cfg),
+    }
+
+
+def _setting_warnings(cfg: SearchConfig) -> list[str]:
+    """What the settings change from the workload's own figures."""
+    run, out = cfg.run, []
+    if cfg.slowdown != 1:
+        out.append(
+            f"SLOWED DOWN: compute {cfg.slowdown:g}x the workload's, so each accelerator "
+            f"asks for {cfg.demand_Bps / 1e6:.1f} MB/s instead of {run.demand_Bps / 1e6:.1f}: "
+            f"the count answers for a tier {cfg.slowdown:g}x faster than this one")
+    if cfg.batch != run.batch:
+        out.append(
+            f"scaled: batch {cfg.batch} and {cfg.compute_s:.6g} s per step instead of "
+            f"{run.batch} and {run.compute_s} s: scaling the batch alone keeps each "
+            f"accelerator's demand ({run.demand_Bps / 1e6:.1f} MB/s, the workload's)")
+    if cfg.step > 1:
+        out.append(
+            f"spread over --hosts {cfg.hosts}: only counts that divide evenly are run "
+            f"({cfg.step}, {2 * cfg.step}, ...; {{per_host}} in --launcher is N / "
+            f"{cfg.hosts}), the others are skipped"
+            + (f"; --max-accelerators {cfg.max_accelerators} runs as {cfg.limit}"
+               if cfg.limit != cfg.max_accelerators else ""))
+    return out
+
+
+def _measure(cfg: SearchConfig, n: int, where: Path, child: launch.Child) -> dict[str, Any]:
+    """Run the point of N accelerators into `where`; its outcome is the exit status and the
+    one result document it wrote."""
+    from iobench.results import load_result
+
+    log = where / "train.log"
+    end = launch.run(train_command(cfg, n, where), log, cfg.point_timeout_s, child=child,
+                     grace_s=15.0)  # an interrupt: let the ranks write what they have
+    found = sorted(where.glob("*.json"))
+    if not end.ok or len(found) != 1:
+        why = end.why() if not end.ok else f"exit 0 and {len(found)} result files, not 1"
+        raise SearchError(f"the run of {n} accelerator(s) failed ({why}) (log: {log})")
+    point = point_from_result(load_result(found[0]), n, cfg.au_threshold)
+    point["result"] = str(found[0])
+    return point
+
+
+def _warn_once(doc: dict[str, Any], warning: str | None) -> None:
+    if warning is not None and warning not in doc["warnings"]:
+        doc["warnings"].append(warning)
+
+
+def _datasize_warning(cfg: SearchConfig, n: int, samples: int) -> str | None:
+    need = cfg.run.required_samples(n, cfg.hosts, cfg.host_memory_gb)
+    if samples >= need:
+        return None
+    return (f"{n} accelerator(s): the dataset holds {samples} samples and MLPerf's rule asks "
+            f"for {need} (`iobench datasize`); small datasets are cached more easily by the "
+            "storage")
+
+
+def _overshoot_warning(cfg: SearchConfig, point: dict[str, Any]) -> str | None:
+    over = point["compute_overshoot"]
+    if over is None or over <= 1.05:
+        return None
+    return (f"{point['accelerators']} accelerator(s): an emulated step took {over - 1:.0%} "
+            f"longer than asked ({point['compute_mean_s']:.4g} s for {cfg.compute_s:.4g} s: a "
+            "busy host's sleeps overshoot), so each accelerator asked for less than "
+            "the workload's demand and AU is overstated")
 
 
 def _finish(doc: dict[str, Any], passed: dict[int, bool], t0: float) -> None:

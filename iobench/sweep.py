@@ -16,19 +16,16 @@ import itertools
 import json
 import os
 import shlex
-import shutil
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iobench import launch
 from iobench.datasets import DATASETS, dataset_dirname
 from iobench.errors import ConfigError
 from iobench.formats import DEFAULT_FORMAT, FORMATS, loader_formats
+from iobench.launch import Command, require_launcher
 from iobench.results import SWEEP_SCHEMA, SWEEP_SCHEMA_VERSION
 from iobench.sampling import SHUFFLES
 from iobench.schema import (
@@ -189,7 +186,7 @@ SWEEP_SPEC = Map({
 }, optional=tuple(TOP_KEYS - {"datasets", "tiers"}), extra=False)
 
 
-def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:  # noqa: C901 - split on branch i27-launcher
+def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:
     """Validate a loaded YAML document; every problem is a ConfigError naming the key
     (`datasets[0].name: expected a string, got []`)."""
     try:
@@ -200,6 +197,17 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:  # noqa: C901 - sp
     for k in ("datasets", "tiers"):
         if k not in doc:
             raise ConfigError(f"{src}: the key {k!r} is required")
+    datasets = _parse_datasets(doc, src)
+    tiers = _parse_tiers(doc, src)
+    axes = _parse_axes(doc, src)
+    return SweepConfig(
+        name=str(doc.get("name", Path(src).stem)), results=str(doc.get("results",
+                                                                        "iobench-results")),
+        report=doc.get("report", "report.html"), datasets=datasets, tiers=tiers, **axes,
+        **_parse_scalars(doc, src))
+
+
+def _parse_datasets(doc: dict[str, Any], src: str) -> tuple[DatasetCfg, ...]:
     datasets = []
     for i, d in enumerate(doc["datasets"] if isinstance(doc["datasets"], list) else [None]):
         if isinstance(d, str):
@@ -213,31 +221,42 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:  # noqa: C901 - sp
                 raise ConfigError(f"{src}: datasets[{i}].{k}={d[k]!r} must be an integer >= 1")
         datasets.append(DatasetCfg(d["name"], d.get("samples"), d.get("samples_per_file"),
                                    tuple(map(str, d.get("generate_args", [])))))
-    tiers = []
+    return tuple(datasets)
+
+
+def _parse_tiers(doc: dict[str, Any], src: str) -> tuple[TierCfg, ...]:
     if not isinstance(doc["tiers"], list) or not doc["tiers"]:
         raise ConfigError(f"{src}: tiers must be a non-empty list of {{name, path}} mappings")
-    for i, t in enumerate(doc["tiers"]):
-        t = _unknown(t, TIER_KEYS, f"{src}: tiers[{i}]")
-        for k in ("name", "path"):
-            if not isinstance(t.get(k), str) or not t[k]:
-                raise ConfigError(f"{src}: tiers[{i}].{k} is required (a string)")
-        if not isinstance(t.get("generate", True), bool):
-            raise ConfigError(f"{src}: tiers[{i}].generate must be true or false")
-        pfs = t.get("emulate_pfs")
-        if pfs is not None:
-            pfs = dict(_unknown(pfs, PFS_KEYS, f"{src}: tiers[{i}].emulate_pfs"))
-            if not isinstance(pfs.get("backing"), str):
-                raise ConfigError(f"{src}: tiers[{i}].emulate_pfs.backing is required: the "
-                                  "directory the emulated filesystem serves")
-            if t.get("write_via"):
-                raise ConfigError(f"{src}: tiers[{i}] has emulate_pfs and write_via: the "
-                                  "emulated tier is written via its backing; drop write_via")
-        tiers.append(TierCfg(t["name"], t["path"], t.get("generate", True), t.get("stage_to"),
-                             t.get("stage_name"), tuple(map(str, t.get("stage_args", []))),
-                             t.get("write_via"), pfs))
+    tiers = [_parse_tier(t, f"{src}: tiers[{i}]") for i, t in enumerate(doc["tiers"])]
     names = [t.name for t in tiers] + [t.staged_name for t in tiers if t.stage_to]
     if len(set(names)) != len(names):
         raise ConfigError(f"{src}: tier names must be distinct, got {names}")
+    return tuple(tiers)
+
+
+def _parse_tier(t: Any, at: str) -> TierCfg:
+    t = _unknown(t, TIER_KEYS, at)
+    for k in ("name", "path"):
+        if not isinstance(t.get(k), str) or not t[k]:
+            raise ConfigError(f"{at}.{k} is required (a string)")
+    if not isinstance(t.get("generate", True), bool):
+        raise ConfigError(f"{at}.generate must be true or false")
+    pfs = t.get("emulate_pfs")
+    if pfs is not None:
+        pfs = dict(_unknown(pfs, PFS_KEYS, f"{at}.emulate_pfs"))
+        if not isinstance(pfs.get("backing"), str):
+            raise ConfigError(f"{at}.emulate_pfs.backing is required: the "
+                              "directory the emulated filesystem serves")
+        if t.get("write_via"):
+            raise ConfigError(f"{at} has emulate_pfs and write_via: the "
+                              "emulated tier is written via its backing; drop write_via")
+    return TierCfg(t["name"], t["path"], t.get("generate", True), t.get("stage_to"),
+                   t.get("stage_name"), tuple(map(str, t.get("stage_args", []))),
+                   t.get("write_via"), pfs)
+
+
+def _parse_axes(doc: dict[str, Any], src: str) -> dict[str, Any]:
+    """The matrix's other axes: formats, loaders, shuffles, workers and batch sizes."""
     formats = _list(doc, "formats", src, str, [DEFAULT_FORMAT])
     for f in formats:
         if f not in FORMATS:
@@ -255,15 +274,23 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:  # noqa: C901 - sp
     batch = _list(doc, "batch_size", src, int, [64])
     if min(workers) < 0 or min(batch) < 1:
         raise ConfigError(f"{src}: workers must be >= 0 and batch_size >= 1")
+    return {"formats": tuple(formats), "loaders": tuple(loaders), "shuffle": tuple(shuffle),
+            "workers": tuple(workers), "batch_size": tuple(batch)}
+
+
+def _parse_probe(doc: dict[str, Any], src: str) -> dict[str, Any] | None:
     probe = doc.get("probe")
     if probe is True:
         probe = {}
-    if probe is not None and probe is not False:
-        probe = dict(_unknown(probe, PROBE_KEYS, f"{src}: probe"))
-    else:
-        probe = None
-    ints = {"epochs": 2, "ranks": 1}
-    for k, dflt in ints.items():
+    if probe is None or probe is False:
+        return None
+    return dict(_unknown(probe, PROBE_KEYS, f"{src}: probe"))
+
+
+def _parse_scalars(doc: dict[str, Any], src: str) -> dict[str, Any]:
+    """The single-valued keys: probe, epochs, ranks, steps, compute, timeout, launcher."""
+    probe = _parse_probe(doc, src)
+    for k, dflt in {"epochs": 2, "ranks": 1}.items():
         v = doc.get(k, dflt)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ConfigError(f"{src}: {k}={v!r} must be an integer >= 1")
@@ -282,16 +309,10 @@ def parse_sweep(doc: Any, src: str = "sweep") -> SweepConfig:  # noqa: C901 - sp
         raise ConfigError(f"{src}: launcher must contain {{ranks}}, e.g. [srun, -n, '{{ranks}}']")
     if not isinstance(doc.get("decode", True), bool):
         raise ConfigError(f"{src}: decode must be true or false")
-    return SweepConfig(
-        name=str(doc.get("name", Path(src).stem)), results=str(doc.get("results",
-                                                                        "iobench-results")),
-        report=doc.get("report", "report.html"), datasets=tuple(datasets),
-        formats=tuple(formats), loaders=tuple(loaders), tiers=tuple(tiers),
-        workers=tuple(workers), batch_size=tuple(batch), shuffle=tuple(shuffle),
-        epochs=doc.get("epochs", 2), max_steps=ms, model=str(doc.get("model", "none")),
-        compute_time=ct, decode=doc.get("decode", True), ranks=doc.get("ranks", 1),
-        launcher=launcher, probe=probe,
-        run_timeout=float(rt), train_args=tuple(map(str, doc.get("train_args", []))))
+    return {"epochs": doc.get("epochs", 2), "max_steps": ms,
+            "model": str(doc.get("model", "none")), "compute_time": ct, "decode": doc.get("decode", True), "ranks": doc.get("ranks", 1),
+            "launcher": launcher, "probe": probe, "run_timeout": float(rt),
+            "train_args": tuple(map(str, doc.get("train_args", [])))}
 
 
 def load_sweep(path: str | Path) -> SweepConfig:
@@ -395,66 +416,22 @@ class Outcome:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-def _executable(name: str) -> str | None:
-    """`name` resolved on PATH (or beside this Python, where the mpich extra puts mpiexec)."""
-    found = shutil.which(name)
-    if found is None and os.sep not in name:
-        beside = Path(sys.executable).parent / name
-        found = str(beside) if beside.exists() and os.access(beside, os.X_OK) else None
-    return found
-
-
 def _iobench_cmd(cfg: SweepConfig, args: list[str], ranks: int = 1) -> list[str]:
-    cmd = [sys.executable, "-m", "iobench", *args]
-    if ranks <= 1:
-        return cmd
-    launcher = [a.replace("{ranks}", str(ranks)) for a in cfg.launcher]
-    launcher[0] = _executable(launcher[0]) or launcher[0]
-    return [*launcher, *cmd]
-
-
-def _error_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errs = [ln for ln in lines if ln.startswith("iobench: error:")]
-    return (errs[-1] if errs else lines[-1] if lines else "no output")[:500]
-
-
-def _run(cmd: list[str], log: Path, timeout: float) -> tuple[int, str, float]:
-    """Run a command with output to `log`; (exit code, error line, seconds). Kills its whole
-    process group on timeout (mpiexec and its ranks, loader workers)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        f.write("$ " + shlex.join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS":
-                                     os.environ.get("OMP_NUM_THREADS", "1")})
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return 124, f"timed out after {timeout:.0f} s (run_timeout)", time.perf_counter() - t0
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-    seconds = time.perf_counter() - t0
-    return code, ("" if code == 0 else _error_line(log.read_text())), seconds
+    """`iobench ARGS...` as a child, under the sweep's launcher when it has several ranks."""
+    return Command(args[0], tuple(args[1:]), cfg.launcher if ranks > 1 else (),
+                   ranks).argv()
 
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:120]
 
 
-def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = True,  # noqa: C901 - split on branch i27-launcher
+def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = True,
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the sweep; return its record (also written into the results directory)."""
     from iobench.results import now_iso, write_document
 
     results = Path(cfg.results)
-    logs = results / "logs"
     plan = plan_runs(cfg)
     done = done_keys(results)
     todo = [r for r in plan if run_key(cfg, r) not in done]
@@ -464,125 +441,21 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         for r in plan:
             log(("  skip " if r not in todo else "  run  ") + r.label)
         return {"plan": [asdict(r) for r in plan], "todo": [asdict(r) for r in todo]}
-    if cfg.ranks > 1 and _executable(cfg.launcher[0]) is None:
-        raise ConfigError(f"launcher {cfg.launcher[0]!r} is not an executable on PATH; name "
-                          "the launcher program (mpiexec, srun, ...) or install it")
+    if cfg.ranks > 1:
+        require_launcher(cfg.launcher)
     results.mkdir(parents=True, exist_ok=True)
-    outcomes: list[Outcome] = []
+    sweep = _Sweep(cfg, todo, log)
     started = now_iso()
-    failed_prereq: dict[tuple[str, str, str], str] = {}
-    seq = [0]
-
-    def step(kind: str, label: str, args: list[str], ranks: int = 1) -> Outcome:
-        seq[0] += 1
-        path = logs / f"{seq[0]:04d}-{kind}-{_slug(label)}.log"
-        log(f"[{kind}] {label}")
-        log(f"  $ {shlex.join(_iobench_cmd(cfg, args, ranks))}")
-        code, err, secs = _run(_iobench_cmd(cfg, args, ranks), path, cfg.run_timeout)
-        out = Outcome(label, "done" if code == 0 else "failed", secs, err or None, str(path),
-                      kind)
-        if code != 0:
-            log(f"  FAILED ({err}); log: {path}")
-        outcomes.append(out)
-        return out
-
-    mounts: list[Any] = []
     try:
-        # 0. emulated parallel filesystems, mounted for the sweep only (when a run or its
-        # probe needs them)
-        probed = _probed(results) if cfg.probe is not None else set()
-        for t in cfg.tiers:
-            unprobed = cfg.probe is not None and (t.name, os.path.realpath(t.path)) not in probed
-            if t.emulate_pfs and (unprobed or any(r.tier in (t.name, t.staged_name)
-                                                  for r in todo)):
-                err = _mount_pfs(t, mounts, log)
-                if err:
-                    for d in cfg.datasets:
-                        for fmt in cfg.formats:
-                            failed_prereq[(d.name, fmt, t.name)] = err
-                            failed_prereq[(d.name, fmt, t.staged_name)] = err
-        # 1. datasets on every source tier that some remaining run needs
-        needed = {(r.dataset, r.format, t.name) for r in todo for t in cfg.tiers
-                  if r.tier in (t.name, t.staged_name)}
-        ds_cfg = {d.name: d for d in cfg.datasets}
-        for t in cfg.tiers:
-            for d in cfg.datasets:
-                for fmt in cfg.formats:
-                    if (d.name, fmt, t.name) not in needed or (d.name, fmt, t.name) in failed_prereq:
-                        continue
-                    err = _ensure_dataset(cfg, t, ds_cfg[d.name], fmt, step)
-                    if err:
-                        failed_prereq[(d.name, fmt, t.name)] = err
-        # 2. a probe per tier (once: a probe of that label and path already there is kept)
-        if cfg.probe is not None:
-            have = _probed(results)
-            for name, path in [(t.name, t.path) for t in cfg.tiers] + \
-                              [(t.staged_name, t.stage_to) for t in cfg.tiers if t.stage_to]:
-                if (name, os.path.realpath(path)) in have or not _probe_ok(path, failed_prereq,
-                                                                            name):
-                    continue
-                via = next((t.writable for t in cfg.tiers if t.name == name
-                            and t.writable != t.path), None)
-                Path(via or path).mkdir(parents=True, exist_ok=True)
-                args = ["probe", "--storage", path, "--label", name, "--results", str(results),
-                        "--sample-size", _sample_sizes(cfg)]
-                if via:
-                    args += ["--write-via", via]
-                for k, v in cfg.probe.items():
-                    args += [f"--{k.replace('_', '-')}",
-                             ",".join(map(str, v)) if isinstance(v, list) else str(v)]
-                step("probe", name, args)
-        # 3. staged copies (once per dataset, format and tier)
-        for t in cfg.tiers:
-            if not t.stage_to:
-                continue
-            for d in cfg.datasets:
-                for fmt in cfg.formats:
-                    if not any(r.tier == t.staged_name and (r.dataset, r.format) == (d.name, fmt)
-                               for r in todo):
-                        continue
-                    if (d.name, fmt, t.name) in failed_prereq:
-                        failed_prereq[(d.name, fmt, t.staged_name)] = \
-                            failed_prereq[(d.name, fmt, t.name)]
-                        continue
-                    dest = Path(t.stage_to) / dataset_dirname(d.name, fmt)
-                    src = Path(t.path) / dataset_dirname(d.name, fmt)
-                    if _same_dataset(src, dest) and _staged_before(results, dest):
-                        continue  # staged before, and the source has not changed since
-                    o = step("stage", f"{d.name}-{fmt} {t.name} -> {t.staged_name}",
-                             ["stage", "--dataset", d.name, "--format", fmt, "--from", t.path,
-                              "--to", t.stage_to, "--results", str(results), "--no-progress",
-                              *t.stage_args], cfg.ranks)
-                    if o.status == "failed":
-                        failed_prereq[(d.name, fmt, t.staged_name)] = f"staging failed: {o.error}"
-        # 4. the training runs
-        for r in plan:
-            if r not in todo:
-                outcomes.append(Outcome(r.label, "skipped", config=asdict(r)))
-                continue
-            why = failed_prereq.get((r.dataset, r.format, r.tier))
-            if why:
-                outcomes.append(Outcome(r.label, "failed", error=why, config=asdict(r)))
-                log(f"[train] {r.label}: not run ({why})")
-                continue
-            o = step("train", r.label, _train_args(cfg, r, results), cfg.ranks)
-            o.config = asdict(r)
+        sweep.mount_tiers()
+        sweep.make_datasets()
+        sweep.probe_tiers()
+        sweep.stage_copies()
+        sweep.train(plan)
     finally:
-        for m in mounts:
-            try:
-                m.unmount()
-            except Exception as e:  # an unmount failure must not hide the sweep's record
-                log(f"could not unmount {m.mountpoint}: {e}")
-        record = {
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "sweep",
-            "name": cfg.name, "created": now_iso(), "started": started,
-            "config": _jsonable(asdict(cfg)),
-            "runs": [asdict(o) for o in outcomes],
-            "counts": {s: sum(o.status == s for o in outcomes if o.step == "train")
-                       for s in ("done", "skipped", "failed")},
-        }
-        record_path = write_document(record, results, "sweep")
-        log(f"sweep record: {record_path}")
+        sweep.unmount()
+        record = sweep.record(started)
+        log(f"sweep record: {write_document(record, results, 'sweep')}")
     if write_report and cfg.report:
         from iobench.report import write_report as _write
 
@@ -590,6 +463,163 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         out = out if out.is_absolute() else results / out
         log(f"report: {_write(results, out, f'iobench sweep: {cfg.name}')}")
     return record
+
+
+class _Sweep:
+    """One sweep's steps (each an `iobench` child), what they left, and what blocks a run."""
+
+    def __init__(self, cfg: SweepConfig, todo: list[RunSpec], log: Callable[[str], None]):
+        self.cfg, self.todo, self.log = cfg, todo, log
+        self.results = Path(cfg.results)
+        self.outcomes: list[Outcome] = []
+        # (dataset, format, tier) -> why its runs cannot run (a prerequisite failed)
+        self.blocked: dict[tuple[str, str, str], str] = {}
+        self.unmounted: set[str] = set()  # tiers whose emulated filesystem did not mount
+        self.mounts: list[Any] = []
+        self.seq = 0
+
+    def step(self, kind: str, label: str, args: list[str], ranks: int = 1) -> Outcome:
+        """Run one child; its outcome is its exit status (with the log's last line, shown)."""
+        self.seq += 1
+        path = self.results / "logs" / f"{self.seq:04d}-{kind}-{_slug(label)}.log"
+        argv = _iobench_cmd(self.cfg, args, ranks)
+        self.log(f"[{kind}] {label}")
+        self.log(f"  $ {shlex.join(argv)}")
+        end = launch.run(argv, path, self.cfg.run_timeout)
+        err = None if end.ok else end.why() + (" (run_timeout)" if end.timed_out else "")
+        out = Outcome(label, "done" if end.ok else "failed", end.seconds, err, str(path), kind)
+        if not end.ok:
+            self.log(f"  FAILED ({err}); log: {path}")
+        self.outcomes.append(out)
+        return out
+
+    def mount_tiers(self) -> None:
+        """Emulated parallel filesystems, mounted for the sweep only (when a run or its
+        probe needs them)."""
+        cfg = self.cfg
+        probed = _probed(self.results) if cfg.probe is not None else set()
+        for t in cfg.tiers:
+            unprobed = cfg.probe is not None and (t.name, os.path.realpath(t.path)) not in probed
+            if not t.emulate_pfs or not (unprobed or any(r.tier in (t.name, t.staged_name)
+                                                         for r in self.todo)):
+                continue
+            err = _mount_pfs(t, self.mounts, self.log)
+            if err:
+                self.unmounted.update((t.name, t.staged_name))
+                for d in cfg.datasets:
+                    for fmt in cfg.formats:
+                        self.blocked[(d.name, fmt, t.name)] = err
+                        self.blocked[(d.name, fmt, t.staged_name)] = err
+
+    def make_datasets(self) -> None:
+        """The datasets on every source tier that some remaining run needs."""
+        cfg = self.cfg
+        needed = {(r.dataset, r.format, t.name) for r in self.todo for t in cfg.tiers
+                  if r.tier in (t.name, t.staged_name)}
+        ds_cfg = {d.name: d for d in cfg.datasets}
+        for t in cfg.tiers:
+            for d in cfg.datasets:
+                for fmt in cfg.formats:
+                    key = (d.name, fmt, t.name)
+                    if key not in needed or key in self.blocked:
+                        continue
+                    err = _ensure_dataset(cfg, t, ds_cfg[d.name], fmt, self.step)
+                    if err:
+                        self.blocked[key] = err
+
+    def probe_tiers(self) -> None:
+        """A probe per tier (once: a probe of that label and path already there is kept)."""
+        if self.cfg.probe is None:
+            return
+        have = _probed(self.results)
+        for name, path in _tier_paths(self.cfg):
+            if (name, os.path.realpath(path)) in have or name in self.unmounted:
+                continue
+            self.step("probe", name, _probe_args(self.cfg, name, path, self.results))
+
+    def stage_copies(self) -> None:
+        """Staged copies, once per dataset, format and tier."""
+        for t in self.cfg.tiers:
+            if t.stage_to:
+                for d in self.cfg.datasets:
+                    for fmt in self.cfg.formats:
+                        self._stage(t, t.stage_to, d.name, fmt)
+
+    def _stage(self, t: TierCfg, to: str, dataset: str, fmt: str) -> None:
+        if not any(r.tier == t.staged_name and (r.dataset, r.format) == (dataset, fmt)
+                   for r in self.todo):
+            return
+        source, key = (dataset, fmt, t.name), (dataset, fmt, t.staged_name)
+        if source in self.blocked:
+            self.blocked[key] = self.blocked[source]
+            return
+        dest = Path(to) / dataset_dirname(dataset, fmt)
+        src = Path(t.path) / dataset_dirname(dataset, fmt)
+        if _same_dataset(src, dest) and _staged_before(self.results, dest):
+            return  # staged before, and the source has not changed since
+        o = self.step("stage", f"{dataset}-{fmt} {t.name} -> {t.staged_name}",
+                      ["stage", "--dataset", dataset, "--format", fmt, "--from", t.path,
+                       "--to", to, "--results", str(self.results), "--no-progress",
+                       *t.stage_args], self.cfg.ranks)
+        if o.status == "failed":
+            self.blocked[key] = f"staging failed: {o.error}"
+
+    def train(self, plan: list[RunSpec]) -> None:
+        """The training runs: each one skipped (done before), blocked, or run."""
+        todo = set(self.todo)
+        for r in plan:
+            if r not in todo:
+                self.outcomes.append(Outcome(r.label, "skipped", config=asdict(r)))
+                continue
+            why = self.blocked.get((r.dataset, r.format, r.tier))
+            if why:
+                self.outcomes.append(Outcome(r.label, "failed", error=why, config=asdict(r)))
+                self.log(f"[train] {r.label}: not run ({why})")
+                continue
+            o = self.step("train", r.label, _train_args(self.cfg, r, self.results),
+                          self.cfg.ranks)
+            o.config = asdict(r)
+
+    def unmount(self) -> None:
+        for m in self.mounts:
+            try:
+                m.unmount()
+            except Exception as e:  # an unmount failure must not hide the sweep's record
+                self.log(f"could not unmount {m.mountpoint}: {e}")
+
+    def record(self, started: str) -> dict[str, Any]:
+        """The `iobench.sweep` record: what ran, what failed and why."""
+        from iobench.results import now_iso
+
+        return {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "sweep",
+            "name": self.cfg.name, "created": now_iso(), "started": started,
+            "config": _jsonable(asdict(self.cfg)),
+            "runs": [asdict(o) for o in self.outcomes],
+            "counts": {s: sum(o.status == s for o in self.outcomes if o.step == "train")
+                       for s in ("done", "skipped", "failed")},
+        }
+
+
+def _tier_paths(cfg: SweepConfig) -> list[tuple[str, str]]:
+    """(name, path) of every tier the sweep reads, the staged ones after the others."""
+    return [(t.name, t.path) for t in cfg.tiers] + \
+           [(t.staged_name, t.stage_to) for t in cfg.tiers if t.stage_to]
+
+
+def _probe_args(cfg: SweepConfig, name: str, path: str, results: Path) -> list[str]:
+    """`iobench probe`'s arguments for one tier (its write-via place made first)."""
+    via = next((t.writable for t in cfg.tiers if t.name == name and t.writable != t.path),
+               None)
+    Path(via or path).mkdir(parents=True, exist_ok=True)
+    args = ["probe", "--storage", path, "--label", name, "--results", str(results),
+            "--sample-size", _sample_sizes(cfg)]
+    if via:
+        args += ["--write-via", via]
+    for k, v in (cfg.probe or {}).items():
+        args += [f"--{k.replace('_', '-')}",
+                 ",".join(map(str, v)) if isinstance(v, list) else str(v)]
+    return args
 
 
 def _jsonable(o: Any) -> Any:
@@ -662,10 +692,6 @@ def _mount_pfs(tier: TierCfg, mounts: list[Any], log: Callable[[str], None]) -> 
         log(f"  FAILED: {e}")
         return f"emulated parallel filesystem not mounted: {e}"
     return None
-
-
-def _probe_ok(path: str, failed: dict[tuple[str, str, str], str], tier: str) -> bool:
-    return not any(k[2] == tier and "not mounted" in v for k, v in failed.items())
 
 
 def _sample_sizes(cfg: SweepConfig) -> str:

@@ -183,6 +183,12 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _a_worker_ended(it: Any) -> bool:
+    """Whether a worker process of DataLoader iterator `it` has ended mid-epoch (killed):
+    torch says so only in its error's text, so ask the processes themselves."""
+    return any(w.exitcode is not None for w in getattr(it, "_workers", ()))
+
+
 def unwrap(item: Batch | WorkerFailure | None) -> Batch:
     if isinstance(item, WorkerFailure):
         item.reraise()
@@ -285,7 +291,7 @@ class TorchLoader(Loader):
             except StopIteration:
                 return
             except RuntimeError as e:  # a worker killed (OOM killer, signal), not a read error
-                if "DataLoader worker" not in str(e):
+                if not _a_worker_ended(it):
                     raise
                 self._dl = None  # its workers are gone: start fresh next epoch
                 raise UnsupportedError(f"a {self.name} loader worker died: {e}; if it ran "

@@ -354,9 +354,9 @@ class DaliLoader(Loader):
                                     "is damaged: regenerate or re-stage the dataset")
             except DatasetError as found:
                 return found
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        after = [lines[i + 1] for i, ln in enumerate(lines[:-1]) if ln == "encountered:"]
-        why = after[0] if after else (lines[0] if lines else type(e).__name__)
+        # DALI's text, shown not parsed: on one line, its end (where DALI puts the cause)
+        flat = " | ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+        why = (f"...{flat[-300:]}" if len(flat) > 300 else flat) or type(e).__name__
         return DatasetError(f"DALI pipeline failed reading {self.manifest.root}: {why}")
 
     def epoch(self, epoch: int) -> Iterator[Batch]:

@@ -35,6 +35,7 @@ from iobench.errors import DatasetError
 from iobench.formats import BASELINE_FORMAT
 from iobench.loaders._preprocess import pipeline, to_batch
 from iobench.loaders._reader import RawBatch
+from iobench.loaders._torch import WorkerFailure
 from iobench.loaders.base import Batch
 from iobench.manifest import Manifest
 
@@ -118,28 +119,34 @@ class NaiveH5Dataset(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
         return f[self.data_key][local], f[self.label_key][local], None
 
 
-def _collate(items: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[Any, torch.Tensor, int]:
-    """Default-collate fixed-shape samples; keep variable-size JPEG bytes as a list."""
+def _collate(items: list[Any]) -> Any:
+    """Default-collate fixed-shape samples; keep variable-size JPEG bytes as a list (a
+    sample's failure instead of the batch)."""
+    failed = next((x for x in items if isinstance(x, WorkerFailure)), None)
+    if failed is not None:
+        return failed
     xs, ys, nb = zip(*items, strict=True)
     # arrays come as [1, ...] each; undecoded JPEG as 1-D bytes of varying length
     samples: Any = list(xs) if xs[0].dim() == 1 else torch.cat(xs)
     return samples, torch.stack(ys), int(sum(nb))
 
 
-def _one_line_errors(batches: Any) -> Iterator[Any]:
-    """A DatasetError from a DataLoader worker comes back with the worker's traceback in its
-    message; keep its last line, which is ours."""
-    it = iter(batches)
-    while True:
+class _Carried(Dataset[Any]):
+    """The dataset as the DataLoader sees it: a DatasetError comes back as a value, whole
+    (raised in a worker, torch would raise it again with the worker's traceback as its
+    text)."""
+
+    def __init__(self, ds: NaiveH5Dataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> Any:
         try:
-            item = next(it)
-        except StopIteration:
-            return
+            return self.ds[i]
         except DatasetError as e:
-            lines = [ln for ln in str(e).splitlines() if ln.strip()]
-            last = lines[-1] if lines else str(e)
-            raise DatasetError(last.split("DatasetError: ", 1)[-1]) from None
-        yield item
+            return WorkerFailure(e)
 
 
 class NaiveLoader:
@@ -153,7 +160,7 @@ class NaiveLoader:
         self.sampler: DistributedSampler[int] = DistributedSampler(
             self.ds, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         # default DataLoader: workers (if any) start afresh every epoch
-        self.dl = DataLoader(self.ds, batch_size=batch_size, sampler=self.sampler,
+        self.dl = DataLoader(_Carried(self.ds), batch_size=batch_size, sampler=self.sampler,
                              num_workers=workers, collate_fn=_collate)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
@@ -161,7 +168,10 @@ class NaiveLoader:
         self.sampler.set_epoch(epoch)
         self.ds.epoch = epoch
         try:
-            for samples, labels, nbytes in _one_line_errors(self.dl):
+            for item in self.dl:
+                if isinstance(item, WorkerFailure):
+                    item.reraise()  # a sample's DatasetError, with its own message
+                samples, labels, nbytes = item
                 n = len(labels)
                 yield Batch(samples, labels, torch.empty(n, dtype=torch.int64), nbytes)
         finally:

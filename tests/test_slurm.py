@@ -305,3 +305,30 @@ def test_preflight_checks_every_node_and_names_the_one_that_fails(
     assert ("node(s) n2 see another version of the dataset than n1 (seed 1 vs 0, created "
             in r.stderr), r.stderr
     assert not (tmp_path / "res").exists() or not list((tmp_path / "res").glob("*.json"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("template", ["slurm/train.sbatch", "pbs/train.pbs"])
+def test_a_train_template_runs_from_a_folder_holding_iobench(template: str,
+                                                             tmp_path: Path) -> None:
+    """A job starts in the folder it was submitted from; one that holds `iobench/` (a data
+    root such as /lustre/$USER/iobench) must not be imported. Run here outside a scheduler,
+    with the environment the scheduler gives (ranks by MPICH's mpiexec)."""
+    if not (VENV / "bin" / "mpiexec").exists():
+        pytest.skip("mpiexec not found (mpich extra)")
+    storage, work = tmp_path / "pfs", tmp_path / "submitted-from"
+    (work / "iobench" / "cifar10-hdf5").mkdir(parents=True)
+    assert cli("generate", "--dataset", "cifar10", "--samples", "128", "--storage", storage) == 0
+    (tmp_path / "nodes").write_text("localhost\nlocalhost\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "IOBENCH_VENV": str(VENV),
+           "IOBENCH_LAUNCHER": "mpiexec", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+           "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "localhost",
+           "PBS_NODEFILE": str(tmp_path / "nodes"), "PBS_O_WORKDIR": str(work),
+           "IOBENCH_ARGS": f"--loader hdf5 --storage {storage} --epochs 1 --max-steps 2 "
+                           f"--batch-size 16 --workers 0 --compute-time 0.001 "
+                           f"--results {tmp_path / 'res'}"}
+    r = subprocess.run(["bash", str(REPO / "scripts" / template)], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "res").glob("*.json")]
+    assert doc["world"]["size"] == 2

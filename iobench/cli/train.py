@@ -285,11 +285,14 @@ def _main(args: argparse.Namespace, world: Any) -> int:
         if few_steps and world.is_root:
             out.console.print(f"[bold yellow]warning: {few_steps[0]}[/]")
 
+        short: list[int] = []  # warn of few steps once (the factory runs every repetition)
+
         def factory(m: Any, c: Any, r: int, w: int) -> Any:
             loader = make_loader(config.loader, m, replace(c, scope=scope) if staging else c,
                                  r, w)
             steps = loader.steps_per_epoch()
-            if steps < MIN_STEPS and not any("step(s) per rank" in w for w in few_steps):
+            if steps < MIN_STEPS and not short:
+                short.append(steps)
                 few_steps.append(
                     f"an epoch has only {steps} step(s) per rank ({m.num_samples} samples, "
                     f"{w} rank(s), batch {c.batch_size}): too few for per-step figures; use a "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from iobench.errors import ConfigError, StorageError, UnsupportedError
+from iobench.launch import python_argv
 from iobench.pfs.config import PfsConfig, StatePaths, state_paths
 from iobench.pfs.profiles import Profile, get_profile
 from iobench.pfs.stats import STATS_NAME, parse_stats
@@ -303,7 +304,7 @@ def _start(config: PfsConfig) -> PfsMount:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(paths.log, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "iobench.pfs._daemon", json.dumps(config.to_dict())],
+            [*python_argv("iobench.pfs._daemon"), json.dumps(config.to_dict())],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             env=env, close_fds=True)
     deadline = time.monotonic() + MOUNT_TIMEOUT_S

@@ -12,6 +12,7 @@ repetitions, ratios are computed within each repetition, then their median):
   cold-fio  cosmoflow, default `iobench train --model none` cold (evicted before every
             epoch) vs fio reading the same files (O_DIRECT, 1 MiB blocks, one job per
             loader worker, each job one file after another), evicted first. Target >= 0.8.
+            `--before DIR` adds the same pair with an older iobench, interleaved.
   jpeg      imagenet JPEGs of STORAGE/imagenet-hdf5, one core: raw libjpeg-turbo decode
             (simplejpeg, full size, RGB) vs iobench's decode + random-resized crop + flip
             (loaders/_preprocess.imagenet) vs DALI's CPU pipeline (decoders.image +
@@ -190,17 +191,22 @@ def cmd_cold_fio(a: argparse.Namespace) -> None:
     if not files:
         raise SystemExit(f"no cosmoflow HDF5 files under {root}: iobench generate --dataset "
                          "cosmoflow --storage STORAGE")
-    io_, fio, ratio = [], [], []
+    versions = [("after", None)] + ([("before", a.before)] if a.before else [])
+    rows: dict[str, dict[str, list[float]]] = {v: {"io": [], "fio": [], "ratio": []}
+                                               for v, _ in versions}
     for _ in range(a.repeat):
-        t = train(a.storage, "cosmoflow", [], epochs=3)
-        evict(files)
-        f = fio_read(files, t["workers"])
-        io_.append(t["read_MBps"])
-        fio.append(f)
-        ratio.append(t["read_MBps"] / f)
-    print("| iobench train (default, cold) MB/s | fio O_DIRECT read MB/s | iobench / fio |")
-    print("|---:|---:|---:|")
-    print(f"| {spread(io_)} | {spread(fio)} | {spread(ratio)} |")
+        for ver, pp in versions:  # interleaved: each version next to its own fio run
+            t = train(a.storage, "cosmoflow", [], pp, epochs=3)
+            evict(files)
+            f = fio_read(files, t["workers"])
+            rows[ver]["io"].append(t["read_MBps"])
+            rows[ver]["fio"].append(f)
+            rows[ver]["ratio"].append(t["read_MBps"] / f)
+    print("| iobench | iobench train (default, cold) MB/s | fio O_DIRECT read MB/s "
+          "| iobench / fio |")
+    print("|---|---:|---:|---:|")
+    for ver, r in rows.items():
+        print(f"| {ver} | {spread(r['io'])} | {spread(r['fio'])} | {spread(r['ratio'])} |")
     print(f"\n{len(files)} files, {sum(os.path.getsize(f) for f in files) / 1e6:.0f} MB; fio: "
           f"--rw=read --bs=1M --direct=1 --numjobs={t['workers']} (the loader's workers); "
           "target (issue 20) >= 0.8.")
@@ -357,7 +363,7 @@ def main() -> None:
         if name == "_cpu1":
             s.add_argument("--dataset", required=True)
             s.add_argument("--epochs", type=int, default=3)
-        if name in ("pipeline", "cpu"):
+        if name in ("pipeline", "cpu", "cold-fio"):
             s.add_argument("--before", default=None, metavar="DIR",
                            help="also run an older iobench importable from DIR")
         if name == "jpeg":
