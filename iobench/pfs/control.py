@@ -234,15 +234,7 @@ def check_paths(config: PfsConfig) -> bool:
     if rb == rm or rm.startswith(rb.rstrip("/") + "/") or rb.startswith(rm.rstrip("/") + "/"):
         raise ConfigError(f"mount point {m} and backing {b} must not contain each other; "
                           "choose a mount point outside the dataset")
-    fstype = _is_mountpoint(m)
-    if fstype is not None:
-        if fstype == FSTYPE:
-            pid = _read_pid(state_paths(m))
-            raise StorageError(f"mount point {m} is busy: an emulated pfs is already mounted "
-                               f"there (daemon pid {pid}); unmount it first with "
-                               f"`iobench emulate-pfs --unmount {m}`")
-        raise StorageError(f"mount point {m} is busy: a {fstype} filesystem is mounted there; "
-                           "choose an empty directory")
+    _refuse_mounted(m)
     if os.path.lexists(m) and not os.path.isdir(m):
         raise StorageError(f"mount point {m} exists and is not a directory; give an empty directory")
     if not os.path.exists(m):
@@ -262,6 +254,20 @@ def check_paths(config: PfsConfig) -> bool:
         raise StorageError(f"mount point {m} is not empty (it holds {entry.name!r}, ...); "
                            "FUSE would hide those files: give an empty directory")
     return False
+
+
+def _refuse_mounted(m: str) -> None:
+    """StorageError when a filesystem (an emulated tier or another) is mounted at `m`."""
+    fstype = _is_mountpoint(m)
+    if fstype is None:
+        return
+    if fstype == FSTYPE:
+        pid = _read_pid(state_paths(m))
+        raise StorageError(f"mount point {m} is busy: an emulated pfs is already mounted "
+                           f"there (daemon pid {pid}); unmount it first with "
+                           f"`iobench emulate-pfs --unmount {m}`")
+    raise StorageError(f"mount point {m} is busy: a {fstype} filesystem is mounted there; "
+                       "choose an empty directory")
 
 
 def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = "lustre-light",
