@@ -197,7 +197,7 @@ def _prepare_target(cfg: GenerateConfig) -> tuple[bool, Path]:
 def _check_space(cfg: GenerateConfig, root: Path) -> None:
     """Refuse, before writing anything, a request the storage cannot hold (bytes, files)."""
     # compressed samples may take less: the writers' own out-of-space error covers them
-    need = _estimate_bytes(cfg, 0) if cfg.compression == "none" else 0
+    need = _estimate_bytes(cfg) if cfg.compression == "none" else 0
     if need and root.is_dir():  # resuming: what earlier runs wrote counts
         need = max(0, need - _bytes_under(root))
     st = os.statvfs(cfg.storage)
@@ -476,29 +476,14 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
               stats: GenerateStats | None, lock: _WriterLock | None) -> Manifest:
     stats = stats if stats is not None else GenerateStats()
     writer = get_writer(cfg.format, cfg.spec, cfg.seed, cfg.compression)
-    err: IobenchError | None = None
-    done, work = False, cfg.root
-    if world.is_root:
-        try:
-            cfg.storage.mkdir(parents=True, exist_ok=True)
-            assert lock is not None
-            lock.acquire()
-            done, work = _prepare_target(cfg)
-        except IobenchError as e:  # first: StorageError is an OSError too
-            err = e
-        except OSError as e:
-            err = StorageError(f"cannot create --storage {cfg.storage}: {e.strerror or e}")
-    err, done, work = world.bcast((err, done, work))
-    if err is not None:
-        raise err
+    done, work = _claim_target(cfg, world, lock)
     final = cfg.root.resolve()
     if done:
         stats.already_complete = True
         return Manifest.load(final)
     root = work.resolve()
-
     tasks = writer.plan(cfg.num_samples, cfg.per_file)
-    est = _estimate_bytes(cfg, len(tasks))
+    est = _estimate_bytes(cfg)
     t0 = time.perf_counter()
     if world.size > 1:
         results, err = _run_mpi(writer, root, tasks, world, progress, est)
@@ -518,10 +503,42 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
             stats.bytes_written += nbytes
     stats.seconds = time.perf_counter() - t0
     files = _manifest_files(root, tasks, cfg.num_samples)
-    extra = _statistics(cfg, writer, root, files)
-    stats.extra = extra
+    stats.extra = _statistics(cfg, writer, root, files)
+    _manifest(cfg, writer, files, stats.extra).write(root, form="auto")  # compact when large
+    shutil.rmtree(root / JOURNAL, ignore_errors=True)
+    if root != final:
+        _swap_in(root, final, files)
+    world.barrier()
+    return Manifest.load(final)
+
+
+def _claim_target(cfg: GenerateConfig, world: World,
+                  lock: _WriterLock | None) -> tuple[bool, Path]:
+    """(whether the dataset is there already, the folder to write into), decided by rank 0
+    under the writer lock and given to every rank (a collective; raises on every rank)."""
+    err: IobenchError | None = None
+    done, work = False, cfg.root
+    if world.is_root:
+        try:
+            cfg.storage.mkdir(parents=True, exist_ok=True)
+            assert lock is not None
+            lock.acquire()
+            done, work = _prepare_target(cfg)
+        except IobenchError as e:  # first: StorageError is an OSError too
+            err = e
+        except OSError as e:
+            err = StorageError(f"cannot create --storage {cfg.storage}: {e.strerror or e}")
+    err, done, work = world.bcast((err, done, work))
+    if err is not None:
+        raise err
+    return done, work
+
+
+def _manifest(cfg: GenerateConfig, writer: Writer, files: Sequence[FileEntry],
+              extra: dict[str, Any]) -> Manifest:
+    """The generated dataset's manifest."""
     spec = cfg.spec
-    manifest = Manifest(
+    return Manifest(
         dataset=cfg.dataset, format=cfg.format, num_samples=cfg.num_samples,
         num_classes=spec.num_classes,
         sample={"kind": spec.sample_kind, "shape": list(spec.sample_shape)
@@ -531,12 +548,6 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
                 "generated_samples_per_file": cfg.samples_per_file},
         files=files, seed=cfg.seed, iobench_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), extra=extra)
-    manifest.write(root, form="auto")  # the compact form beyond COMPACT_FILES files
-    shutil.rmtree(root / JOURNAL, ignore_errors=True)
-    if root != final:
-        _swap_in(root, final, files)
-    world.barrier()
-    return Manifest.load(final)
 
 
 def _journal_entries(root: Path, tasks: list[Task]) -> Iterator[FileEntry]:
@@ -565,7 +576,8 @@ def _manifest_files(root: Path, tasks: list[Task], num_samples: int) -> Sequence
     return tuple(_journal_entries(root, tasks))
 
 
-def _estimate_bytes(cfg: GenerateConfig, ntasks: int) -> int:
+def _estimate_bytes(cfg: GenerateConfig) -> int:
+    """The dataset's bytes, roughly (a JPEG sample counts ImageNet's mean, 110 kB)."""
     per = cfg.spec.sample_nbytes or 110_000
     return per * cfg.num_samples
 

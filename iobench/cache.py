@@ -615,96 +615,187 @@ class EvictReport:
         return d
 
 
-def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
-                   drop_caches: bool = False, measure: bool = True, evict_pages: bool = True,
-                   warn_above: float = DEFAULT_WARN_ABOVE, loud: bool = True,
-                   evict_cmd: str | None = None,
-                   evict_cmd_timeout_s: float = EVICT_CMD_TIMEOUT_S) -> EvictReport:
+@dataclass(frozen=True)
+class EvictOptions:
+    """How `evict_for_node` empties and measures the caches, validated when built.
+
+    `scope`: the shuffle scope (`files_for_node`). `drop_caches` (root only,
+    never a default): local rank 0 of each node also drops the whole page cache
+    first. `measure`: measure residency afterwards. `evict_pages=False` (a
+    warm-cache run): only measure. `warn_above`: the resident fraction above
+    which eviction failed. `loud`: rank 0 prints a warning to stderr when
+    eviction did not work. `evict_cmd` (a shell command line, the site's way to
+    empty what no client can: server caches, a remount) runs first on local
+    rank 0 of each node, within `evict_cmd_timeout_s` seconds; a warm-cache run
+    ignores it.
+    """
+
+    scope: str = "global"
+    drop_caches: bool = False
+    measure: bool = True
+    evict_pages: bool = True
+    warn_above: float = DEFAULT_WARN_ABOVE
+    loud: bool = True
+    evict_cmd: str | None = None
+    evict_cmd_timeout_s: float = EVICT_CMD_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.warn_above <= 1.0:
+            raise ConfigError(f"warn_above={self.warn_above!r} must be a fraction in [0, 1]")
+        if self.drop_caches and not self.evict_pages:
+            raise ConfigError("drop_caches=True contradicts evict_pages=False (a warm-cache run)")
+        if self.evict_pages:
+            parse_evict_cmd(self.evict_cmd)
+
+    @property
+    def site_cmd(self) -> str | None:
+        """The site's command this pass runs (none in a warm-cache pass)."""
+        return self.evict_cmd if self.evict_pages else None
+
+
+def evict_for_node(manifest: Manifest, world: World,
+                   options: EvictOptions | None = None) -> EvictReport:
     """Evict the dataset's pages on every node, then measure what stayed resident.
 
     A collective: every rank calls it. The ranks of a node split the files the
     node reads (`files_for_node`), evict and measure their share (one open per
     file), meet at a barrier, and gather the per-node figures, so every rank
-    returns the same report. With `drop_caches` (root only, never a
-    default), local rank 0 of each node also drops the whole page cache first.
-    With `loud`, rank 0 prints a warning to stderr when eviction did not work.
-    With `evict_pages=False` (a warm-cache run) it only measures residency.
-    `evict_cmd` (a shell command line, the site's way to empty what no client
-    can: server caches, a remount) runs first on local rank 0 of each node;
-    a failure on any node raises StorageError on every rank. Without it, an
-    epoch on a shared filesystem is "unverified", never "cold"
+    returns the same report (`EvictOptions` says what runs besides). A failure
+    of the site's `evict_cmd` on any node raises StorageError on every rank.
+    Without it, an epoch on a shared filesystem is "unverified", never "cold"
     (`eviction_plan`).
     """
-    if not 0.0 <= warn_above <= 1.0:
-        raise ConfigError(f"{warn_above=} must be a fraction in [0, 1]")
-    if drop_caches and not evict_pages:
-        raise ConfigError("drop_caches=True contradicts evict_pages=False (a warm-cache run)")
+    opts = options if options is not None else EvictOptions()
     t0 = time.perf_counter_ns()
     ranks = node_ranks(world)
     local_index = ranks.index(world.rank)
-    share = rank_share(manifest, ranks, local_index, world.size, scope)
-    paths = share_paths(manifest, share)
-    plan = None
-    if manifest.root is not None:
-        from iobench.sysinfo import mount_of
+    leader = local_index == 0
+    paths = share_paths(manifest, rank_share(manifest, ranks, local_index, world.size,
+                                             opts.scope))
+    plan = _plan_of(manifest)
+    cmd_run = _run_site_cmd(opts, manifest, world, leader)
+    _drop_caches(opts, world, leader)
+    client_notes = (_run_client_commands(plan)
+                    if opts.evict_pages and plan is not None and leader else [])
+    ev, res = _evict_share(paths, world, opts)
+    seconds = (time.perf_counter_ns() - t0) / 1e9
+    everyone = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
+                                "name": world.node_name, "files": ev.files, "bytes": ev.bytes,
+                                "errors": list(ev.errors), "res": asdict(res),
+                                "client_notes": client_notes})
+    nodes = _per_node(everyone, opts.measure)
+    errors = tuple(e for m in everyone for e in m["errors"])
+    notes = [n for m in everyone for n in m["client_notes"]]
+    kind = plan.kind if plan is not None else None
+    status, worst, warning = _classify(nodes, opts, kind)
+    reason = None
+    if status == "cold" and opts.evict_pages and opts.site_cmd is None and plan is not None \
+            and plan.needs_site:
+        status, reason = "unverified", plan.needs_site + "; " + "; ".join(notes + [
+            "give --evict-cmd CMD with the site's way to empty them (run by each node's "
+            "local rank 0 before every cold epoch)"])
+        warning = (f"CACHE UNVERIFIED: the client's pages were evicted, but {reason}. Cold "
+                   "epochs may read server memory, not storage")
+    if errors and warning is None:
+        warning = f"eviction failed for {len(errors)} file(s), first: {errors[0]}"
+    if opts.loud and warning and world.rank == 0:
+        print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
+    return EvictReport(method=_method(opts, plan, notes),
+                       files=sum(n["files"] for n in nodes), bytes=sum(n["bytes"] for n in nodes),
+                       seconds=seconds, resident_fraction=worst, status=status,
+                       warn_above=opts.warn_above, storage_kind=kind, per_node=tuple(nodes),
+                       errors=errors, warning=warning,
+                       nodes_unknown=tuple(n["node"] for n in nodes
+                                           if n["resident_fraction"] is None),
+                       fstype=plan.fstype if plan is not None else None, reason=reason,
+                       evict_cmd=cmd_run, plan=plan.to_dict() if plan is not None else None)
 
-        with contextlib.suppress(OSError):
-            plan = eviction_plan(mount_of(manifest.root))
-    evict_cmd = parse_evict_cmd(evict_cmd) if evict_pages else None
-    cmd_run: dict[str, Any] | None = None
-    if evict_cmd is not None and local_index == 0:
-        cmd_run = run_evict_cmd(evict_cmd, manifest.root, world.node, evict_cmd_timeout_s)
-    if evict_cmd is not None:  # a failure on one node must fail every rank, not hang them
-        runs = [r for r in world.allgather(cmd_run) if r is not None]
-        bad = [r for r in runs if r["returncode"] != 0]
-        if bad:
-            r = bad[0]
-            how = ("" if r["returncode"] is None else f"exit status {r['returncode']}")
-            raise StorageError(f"--evict-cmd {evict_cmd!r} failed ({how}{': ' if how else ''}"
-                               f"{r['output'] or 'no output'}); fix the command, or leave "
-                               "--evict-cmd out (epochs on a shared tier are then unverified)")
-        cmd_run = max(runs, key=lambda r: r["seconds"]) | {"nodes": len(runs)}
-    drop_error = None
-    if drop_caches and local_index == 0:
+
+def _plan_of(manifest: Manifest) -> EvictionPlan | None:
+    """The eviction plan of the dataset's filesystem (None: no root, or its mount unknown)."""
+    if manifest.root is None:
+        return None
+    from iobench.sysinfo import mount_of
+
+    try:
+        return eviction_plan(mount_of(manifest.root))
+    except OSError:
+        return None
+
+
+def _run_site_cmd(opts: EvictOptions, manifest: Manifest, world: World,
+                  leader: bool) -> dict[str, Any] | None:
+    """Run the site's command on each node's local rank 0 (a collective when there is one);
+    how it ran on the slowest node, with the number of nodes."""
+    command = opts.site_cmd
+    if command is None:
+        return None
+    mine = (run_evict_cmd(command, manifest.root, world.node, opts.evict_cmd_timeout_s)
+            if leader else None)
+    # a failure on one node must fail every rank, not hang them
+    runs = [r for r in world.allgather(mine) if r is not None]
+    bad = [r for r in runs if r["returncode"] != 0]
+    if bad:
+        r = bad[0]
+        how = "" if r["returncode"] is None else f"exit status {r['returncode']}"
+        raise StorageError(f"--evict-cmd {command!r} failed ({how}{': ' if how else ''}"
+                           f"{r['output'] or 'no output'}); fix the command, or leave "
+                           "--evict-cmd out (epochs on a shared tier are then unverified)")
+    slowest: dict[str, Any] = max(runs, key=lambda r: r["seconds"])
+    return slowest | {"nodes": len(runs)}
+
+
+def _drop_caches(opts: EvictOptions, world: World, leader: bool) -> None:
+    """With `drop_caches`, drop each node's whole page cache (a collective)."""
+    if not opts.drop_caches:
+        return
+    error = None
+    if leader:
         try:
             drop_all_caches()
         except UnsupportedError as e:
-            drop_error = str(e)
-    if drop_caches:  # a failure on one rank must fail every rank, not hang them
-        errs = [e for e in world.allgather(drop_error) if e]
-        if errs:
-            raise UnsupportedError(errs[0])
-    client_notes: list[str] = []
-    if evict_pages and plan is not None and local_index == 0:
-        for cmd in client_commands(plan):
-            try:
-                r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
-                why = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
-            except (OSError, subprocess.TimeoutExpired) as e:
-                why = str(e)
-            if why is not None:  # the status says unverified; not worth failing the run
-                client_notes.append(f"`{' '.join(cmd)}` failed: {why}")
+            error = str(e)
+    errs = [e for e in world.allgather(error) if e]  # one rank's failure fails every rank
+    if errs:
+        raise UnsupportedError(errs[0])
+
+
+def _run_client_commands(plan: EvictionPlan) -> list[str]:
+    """Run the client commands the filesystem needs besides fadvise; what failed, in words
+    (the status then says unverified: not worth failing the run)."""
+    notes = []
+    for cmd in client_commands(plan):
+        try:
+            r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+            why = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = str(e)
+        if why is not None:
+            notes.append(f"`{' '.join(cmd)}` failed: {why}")
+    return notes
+
+
+def _evict_share(paths: Iterable[str | Path], world: World,
+                 opts: EvictOptions) -> tuple[EvictResult, Residency]:
+    """Evict and measure this rank's share (a collective: it ends at a barrier)."""
     # each file is evicted and measured by one rank of its node, in one open; nothing on
     # the node reads the dataset until every rank has returned. Nodes that share a host
     # (virtual nodes of a test cluster) share its page cache: one node's eviction may still
     # be writing pages back while another measures, so there all evict before any measures.
     shared_cache = world.num_hosts < world.num_nodes
-    if evict_pages and measure and not shared_cache:
+    if opts.evict_pages and opts.measure and not shared_cache:
         ev, res = evict_and_measure(paths)
     else:
-        ev = evict(paths) if evict_pages else EvictResult(0, 0, ())
+        ev = evict(paths) if opts.evict_pages else EvictResult(0, 0, ())
         if shared_cache:
             world.barrier()
-        res = residency(paths) if measure else Residency(0, 0, 0)
+        res = residency(paths) if opts.measure else Residency(0, 0, 0)
     world.barrier()
-    seconds = (time.perf_counter_ns() - t0) / 1e9
+    return ev, res
 
-    kind = plan.kind if plan is not None else None
-    mine = {"rank": world.rank, "node": world.node, "host": world.hostname,
-            "name": world.node_name, "files": ev.files,
-            "bytes": ev.bytes, "errors": list(ev.errors), "res": asdict(res),
-            "client_notes": client_notes}
-    everyone = world.allgather(mine)
+
+def _per_node(everyone: list[dict[str, Any]], measure: bool) -> list[dict[str, Any]]:
+    """The ranks' figures summed per node, in node order."""
     per_node: dict[int, dict[str, Any]] = {}
     for m in everyone:
         n = per_node.setdefault(m["node"], {"node": m["node"], "name": m["name"],
@@ -721,57 +812,44 @@ def evict_for_node(manifest: Manifest, world: World, *, scope: str = "global",
         n["unknown_files"] = node_res.unknown_files
         n["resident_fraction"] = node_res.fraction if measure else None
         nodes.append(n)
-    errors = tuple(e for m in everyone for e in m["errors"])
-    unknown = tuple(n["node"] for n in nodes if n["resident_fraction"] is None)
+    return nodes
+
+
+def _classify(nodes: list[dict[str, Any]], opts: EvictOptions,
+              kind: str | None) -> tuple[str, float | None, str | None]:
+    """(status, the worst node's resident fraction, warning) from the nodes' residency."""
+    unknown = [n["name"] for n in nodes if n["resident_fraction"] is None]
     known = [n["resident_fraction"] for n in nodes if n["resident_fraction"] is not None]
-    worst = None if unknown or not measure else max(known, default=0.0)
-    warning = None
-    if not measure:
-        status = "unknown"
-    elif not evict_pages:  # warm cache asked for: report what is resident, no alarm
-        status = "unknown" if unknown else ("warm" if worst and worst > warn_above else "cold")
-    elif unknown:
-        status = "unknown"
-        names = [n["name"] for n in nodes if n["resident_fraction"] is None]
-        warning = (f"page-cache residency after eviction is unknown on node(s) "
-                   f"{', '.join(names)}: this process may not ask the kernel about files it "
-                   "cannot write (run as the files' owner or root to measure it)")
-    elif worst is not None and worst > warn_above:
-        status = "warm"
+    worst = None if unknown or not opts.measure else max(known, default=0.0)
+    if not opts.measure:
+        return "unknown", worst, None
+    if not opts.evict_pages:  # warm cache asked for: report what is resident, no alarm
+        warm = worst is not None and worst > opts.warn_above
+        return ("unknown" if unknown else "warm" if warm else "cold"), worst, None
+    if unknown:
+        return "unknown", worst, (
+            f"page-cache residency after eviction is unknown on node(s) {', '.join(unknown)}: "
+            "this process may not ask the kernel about files it cannot write (run as the "
+            "files' owner or root to measure it)")
+    if worst is not None and worst > opts.warn_above:
         why = ("the storage is tmpfs: its data lives in the page cache and cannot be evicted"
                if kind == "memory" else "a live process keeps its pages mapped (an mmap "
                "reader such as LMDB: close it between epochs), or the filesystem ignored "
                "POSIX_FADV_DONTNEED")
         warm_nodes = ", ".join(f"{n['name']} ({n['resident_fraction']:.0%})" for n in nodes
-                               if n["resident_fraction"] > warn_above)
-        warning = (f"COLD CACHE FAILED on node(s) {warm_nodes}: that much of the dataset is "
-                   f"still in the page cache after eviction (threshold {warn_above:.0%}); "
-                   f"{why}. Figures from this epoch measure memory, not storage")
-    else:
-        status = "cold"
-    reason = None
-    notes = [n for m in everyone for n in m["client_notes"]]
-    if status == "cold" and evict_pages and plan is not None and plan.needs_site \
-            and evict_cmd is None:
-        status = "unverified"
-        reason = plan.needs_site + "; " + "; ".join(notes + [
-            "give --evict-cmd CMD with the site's way to empty them (run by each node's "
-            "local rank 0 before every cold epoch)"])
-        warning = (f"CACHE UNVERIFIED: the client's pages were evicted, but {reason}. Cold "
-                   "epochs may read server memory, not storage")
-    if errors and warning is None:
-        warning = f"eviction failed for {len(errors)} file(s), first: {errors[0]}"
-    if loud and warning and world.rank == 0:
-        print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
-    method = ("drop_caches+fadvise" if drop_caches else "fadvise") if evict_pages else "none"
-    if evict_pages and plan is not None and plan.client == "fadvise+lctl" and not notes:
+                               if n["resident_fraction"] > opts.warn_above)
+        return "warm", worst, (
+            f"COLD CACHE FAILED on node(s) {warm_nodes}: that much of the dataset is still in "
+            f"the page cache after eviction (threshold {opts.warn_above:.0%}); {why}. Figures "
+            "from this epoch measure memory, not storage")
+    return "cold", worst, None
+
+
+def _method(opts: EvictOptions, plan: EvictionPlan | None, notes: list[str]) -> str:
+    """How the caches were emptied, as the report names it."""
+    if not opts.evict_pages:
+        return "none"
+    method = "drop_caches+fadvise" if opts.drop_caches else "fadvise"
+    if plan is not None and plan.client == "fadvise+lctl" and not notes:
         method += "+lctl"
-    if evict_cmd is not None:
-        method = "evict-cmd+" + method
-    return EvictReport(method=method,
-                       files=sum(n["files"] for n in nodes), bytes=sum(n["bytes"] for n in nodes),
-                       seconds=seconds, resident_fraction=worst, status=status,
-                       warn_above=warn_above, storage_kind=kind, per_node=tuple(nodes),
-                       errors=errors, warning=warning, nodes_unknown=unknown,
-                       fstype=plan.fstype if plan is not None else None, reason=reason,
-                       evict_cmd=cmd_run, plan=plan.to_dict() if plan is not None else None)
+    return "evict-cmd+" + method if opts.site_cmd is not None else method

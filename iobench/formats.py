@@ -14,7 +14,9 @@ h5py, netCDF4, zarr or torch. Adding a format is one writer file
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+from typing import Any
 
 from iobench.errors import ConfigError, UnsupportedError
 
@@ -152,6 +154,19 @@ def loader_formats(loader: str) -> tuple[str, ...]:
     if loader == "dali":
         return tuple(n for n, f in FORMATS.items() if f.dali is not None)
     return (loader,) if loader in FORMATS else ()
+
+
+def netcdf4() -> Any:
+    """The netCDF4 module, imported with HDF5 file locking off (set before the HDF5 library
+    starts: on shared filesystems locks fail or leave lock files behind); an UnsupportedError
+    naming what to install when it is missing."""
+    os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
+    try:
+        import netCDF4
+    except ImportError as e:
+        raise UnsupportedError(f"the {NETCDF} format needs a missing package ({e.name}): "
+                               f"{FORMATS[NETCDF].install}") from e
+    return netCDF4
 
 
 def format_table() -> str:

@@ -30,18 +30,21 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from iobench import cache
 from iobench.errors import ConfigError, StorageError, UnsupportedError
 from iobench.results import PROBE_SCHEMA, PROBE_SCHEMA_VERSION
+from iobench.threads import run_threads
+
+if TYPE_CHECKING:
+    from iobench.sysinfo import MountInfo
 
 SCHEMA, SCHEMA_VERSION = PROBE_SCHEMA, PROBE_SCHEMA_VERSION  # iobench.results says each version
 ENGINES = ("auto", "fio", "python")
@@ -225,27 +228,7 @@ def _result(name: str, op: str, bs: int, n: int, nbytes: int, ops: int, seconds:
 
 def _parallel(n: int, fn: Callable[[int], tuple[int, int]]) -> tuple[int, int, float]:
     """Run fn(i) in n threads started together; (bytes, ops, wall seconds)."""
-    out: list[tuple[int, int]] = [(0, 0)] * n
-    errors: list[BaseException] = []
-    start = threading.Barrier(n + 1)
-
-    def body(i: int) -> None:
-        start.wait()
-        try:
-            out[i] = fn(i)
-        except BaseException as e:  # surfaced in the caller's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter_ns()
-    for t in threads:
-        t.join()
-    seconds = (time.perf_counter_ns() - t0) / 1e9
-    if errors:
-        raise errors[0]
+    out, seconds = run_threads(n, fn)
     return sum(b for b, _ in out), sum(o for _, o in out), seconds
 
 
@@ -450,95 +433,106 @@ def metadata_rates(work: Path, files: int, threads: int, size: int = 4 * KiB,
     appears through another mount), stat, open+stat+close and open+read+close
     go through it; create and unlink through `work`.
     """
-    base = work / f"meta-{threads}"
-    base.mkdir()
-    per = [files // threads + (1 if i < files % threads else 0) for i in range(threads)]
-    payload = os.urandom(size)
-    dirs = [base / f"t{i}" for i in range(threads)]
-    for d in dirs:
-        d.mkdir()
+    run = _SmallFiles(work, files, threads, size, read_work)
+    out: dict[str, Any] = {"threads": threads, "files": files, "file_bytes": size}
+    out["create_per_s"] = run.rate(run.create)
+    os.sync()  # the files' data is on the device before it is evicted and read back
+    if evict is not None:
+        evict()
+    cache.evict(p for d in run.rdirs for p in d.iterdir())
+    time.sleep(NAME_CACHE_SETTLE_S)
+    out["open_read_close_per_s"] = run.rate(run.open_read_close, through_read=True)
+    out["open_stat_close_per_s"] = run.rate(_open_stat_close, through_read=True)
+    out["stat_per_s"] = run.rate(_stat, through_read=True)
+    out.update(run.latencies())
+    out["unlink_per_s"] = run.rate(_unlink)
+    shutil.rmtree(run.base, ignore_errors=True)
+    return out
 
-    rdirs = [(read_work or work) / d.relative_to(work) for d in dirs]
 
-    def phase(fn: Callable[[Path], int], through_read: bool = False) -> tuple[int, float]:
-        where = rdirs if through_read else dirs
+class _SmallFiles:
+    """The metadata test's small files: one directory per thread (`dirs`, seen through
+    `read_work` as `rdirs`), and the open+read+close latencies the threads measured."""
+
+    def __init__(self, work: Path, files: int, threads: int, size: int,
+                 read_work: Path | None) -> None:
+        self.base = work / f"meta-{threads}"
+        self.base.mkdir()
+        self.threads, self.size = threads, size
+        self.per = [files // threads + (1 if i < files % threads else 0) for i in range(threads)]
+        self.payload = os.urandom(size)
+        self.dirs = [self.base / f"t{i}" for i in range(threads)]
+        for d in self.dirs:
+            d.mkdir()
+        self.rdirs = [(read_work or work) / d.relative_to(work) for d in self.dirs]
+        # per thread (each reads its own directory, so no lock): open, first read, close, ns
+        self.times: list[list[tuple[int, int, int]]] = [[] for _ in range(threads)]
+
+    def rate(self, fn: Callable[[Path], int], through_read: bool = False) -> float:
+        """Operations per second of `fn` over every file, the threads together."""
+        where = self.rdirs if through_read else self.dirs
 
         def one(i: int) -> tuple[int, int]:
             n = 0
-            for k in range(per[i]):
+            for k in range(self.per[i]):
                 n += fn(where[i] / f"f{k:07d}")
-            return n, per[i]
+            return n, self.per[i]
 
-        nbytes, ops, seconds = _parallel(threads, one)
-        return ops, seconds
+        _nbytes, ops, seconds = _parallel(self.threads, one)
+        return ops / seconds
 
-    def create(p: Path) -> int:
+    def create(self, p: Path) -> int:
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            return os.write(fd, payload)
+            return os.write(fd, self.payload)
         finally:
             os.close(fd)
 
-    def stat(p: Path) -> int:
-        os.stat(p)
-        return 0
-
-    def open_stat_close(p: Path) -> int:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fstat(fd)
-        finally:
-            os.close(fd)
-        return 0
-
-    # per thread (each reads its own directory, so no lock): open, first read, close, in ns
-    times: list[list[tuple[int, int, int]]] = [[] for _ in range(threads)]
-
-    def open_read_close(p: Path) -> int:
+    def open_read_close(self, p: Path) -> int:
         t0 = time.perf_counter_ns()
         fd = os.open(p, os.O_RDONLY)
         t1 = time.perf_counter_ns()
         try:
-            n = len(os.read(fd, size))
+            n = len(os.read(fd, self.size))
         finally:
             t2 = time.perf_counter_ns()
             os.close(fd)
-        times[int(p.parent.name[1:])].append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+        self.times[int(p.parent.name[1:])].append((t1 - t0, t2 - t1,
+                                                   time.perf_counter_ns() - t2))
         return n
 
-    out: dict[str, Any] = {"threads": threads, "files": files, "file_bytes": size}
-    ops, s = phase(create)
-    out["create_per_s"] = ops / s
-    os.sync()  # the files' data is on the device before it is evicted and read back
-    if evict is not None:
-        evict()
-    cache.evict(p for d in rdirs for p in d.iterdir())
-    time.sleep(NAME_CACHE_SETTLE_S)
-    ops, s = phase(open_read_close, True)
-    out["open_read_close_per_s"] = ops / s
-    ops, s = phase(open_stat_close, True)
-    out["open_stat_close_per_s"] = ops / s
-    ops, s = phase(stat, True)
-    out["stat_per_s"] = ops / s
-    ops_ms = np.array([x for t in times for x in t], dtype=np.float64).reshape(-1, 3) / 1e6
+    def latencies(self) -> dict[str, dict[str, float] | None]:
+        """Percentiles (milliseconds) of the open+read+close phase's parts."""
+        ms = np.array([x for t in self.times for x in t], dtype=np.float64).reshape(-1, 3) / 1e6
+        return {"first_byte_ms": _percentiles(ms[:, 0] + ms[:, 1]),  # open() to the first byte
+                "cold_open_ms": _percentiles(ms[:, 0]),  # name lookup and open
+                "cold_read_ms": _percentiles(ms[:, 1]),  # the first read of a cold small file
+                "close_ms": _percentiles(ms[:, 2])}
 
-    def pcts(a: np.ndarray) -> dict[str, float] | None:
-        return ({"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-                 "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": int(a.size)}
-                if a.size else None)
 
-    out["first_byte_ms"] = pcts(ops_ms[:, 0] + ops_ms[:, 1])  # open() to the first byte
-    out["cold_open_ms"] = pcts(ops_ms[:, 0])  # name lookup and open
-    out["cold_read_ms"] = pcts(ops_ms[:, 1])  # the first read of a cold small file
-    out["close_ms"] = pcts(ops_ms[:, 2])
-    def unlink(p: Path) -> int:
-        os.unlink(p)
-        return 0
+def _stat(p: Path) -> int:
+    os.stat(p)
+    return 0
 
-    ops, s = phase(unlink)
-    out["unlink_per_s"] = ops / s
-    shutil.rmtree(base, ignore_errors=True)
-    return out
+
+def _open_stat_close(p: Path) -> int:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fstat(fd)
+    finally:
+        os.close(fd)
+    return 0
+
+
+def _unlink(p: Path) -> int:
+    os.unlink(p)
+    return 0
+
+
+def _percentiles(a: np.ndarray) -> dict[str, float] | None:
+    return ({"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+             "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": int(a.size)}
+            if a.size else None)
 
 
 # ----------------------------------------------------------------------------------- probe
@@ -577,115 +571,158 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
     Scratch files live in a hidden directory under the storage and are
     removed afterwards, also on failure or interruption.
     """
-    from iobench.results import now_iso
-    from iobench.sysinfo import mount_of, provenance
+    from iobench.sysinfo import mount_of
 
     log = log or (lambda _msg: None)
-    nmax = max(cfg.readers)
     if not cfg.storage.is_dir():
         raise StorageError(f"--storage {cfg.storage} is not a directory; give an existing "
                            "directory on the tier to measure")
     writable = cfg.write_via or cfg.storage
-    _check_storage(writable, nmax * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
+    _check_storage(writable, max(cfg.readers) * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
     engine = choose_engine(cfg.engine)
     mount = mount_of(cfg.storage)
     work = Path(tempfile.mkdtemp(prefix=f".iobench-probe-{socket.gethostname()}-",
                                  dir=writable))
     read_work = cfg.storage / work.name if cfg.write_via else work
-    warnings: list[str] = []
-    notes: list[str] = []
-    tests: list[TestResult] = []
-    meta: list[dict[str, Any]] = []
     try:
-        if not read_work.is_dir():
-            raise ConfigError(f"--write-via {cfg.write_via} does not appear as --storage "
-                              f"{cfg.storage} (no {read_work}); give the directory that backs "
-                              "the storage mount")
-        can_direct = supports_direct(work, read_work)
-        direct = can_direct if cfg.direct is None else cfg.direct
-        if direct and not can_direct:
-            raise UnsupportedError(f"{cfg.storage} ({mount.fstype}) does not allow O_DIRECT; "
-                                   "leave out --direct (files are then evicted and read once)")
-        if mount.kind == "memory":
-            warnings.append(f"{cfg.storage} is {mount.fstype}: its data lives in memory, so "
-                            "these figures are memory bandwidth, not storage")
-        eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, read_work, direct)
-        block = {s: -(-s // ALIGN) * ALIGN if direct else s for s in cfg.sample_sizes}
-        for s, bs in block.items():
-            if bs != s:
-                notes.append(f"O_DIRECT needs aligned reads: {s}-byte sample reads use {bs} "
-                             "bytes (rounded up to 4 KiB)")
-
-        def measure(what: str, fn: Callable[[], TestResult]) -> None:
-            log(what)
-            tests.append(fn())
-            log(f"  {tests[-1].MBps:.1f} MB/s, {tests[-1].iops:.0f} IOPS")
-
-        for n in cfg.readers:
-            measure(f"sequential write, {n} writer(s)", functools.partial(eng.write, n))
-        _complete_files(work, nmax, cfg.file_bytes)  # a time-capped fio write leaves them short
-        for n in cfg.readers:
-            measure(f"sequential read, {n} reader(s)", functools.partial(eng.read, n))
-        for n in cfg.readers:
-            measure(f"random 4 KiB reads, {n} reader(s)",
-                    functools.partial(eng.randread, n, 4 * KiB, "4k"))
-        for s, bs in block.items():
-            for n in cfg.readers:
-                measure(f"random {bs}-byte reads, {n} reader(s)",
-                        functools.partial(eng.randread, n, bs, f"{s}B"))
+        run = _setup(cfg, mount, work, read_work)
+        eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, read_work, run.direct)
+        run.tests = _bandwidth_tests(cfg, eng, work, run.block, log)
         for n in cfg.readers:
             log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
-            meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work,
-                                       evict=lambda: _site_evict(cfg)))
+            run.meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work,
+                                           evict=lambda: _site_evict(cfg)))
+    except (StorageError, UnsupportedError):
+        raise
     except OSError as e:
-        if isinstance(e, StorageError | UnsupportedError):
-            raise
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StorageError(f"out of space in {cfg.storage} while probing; give a smaller "
                                "--size") from e
         raise StorageError(f"probe failed on {cfg.storage}: {e.strerror or e}") from e
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return _document(cfg, engine, mount, run)
 
-    def best(op: str, bs: int | None = None, key: str = "MBps") -> float | None:
-        vals = [getattr(t, key) for t in tests if t.op == op and (bs is None or t.bs_bytes == bs)]
-        return max(vals) if vals else None
 
-    summary = {
-        "seq_write_MBps": best("write"),
-        "seq_read_MBps": best("read"),
-        "rand4k_read_MBps": best("randread", 4 * KiB),
-        "rand4k_read_iops": best("randread", 4 * KiB, "iops"),
-        "sample_read_MBps": best("randread", block[cfg.sample_sizes[0]]),
-        "sample_read_iops": best("randread", block[cfg.sample_sizes[0]], "iops"),
+@dataclass
+class _ProbeRun:
+    """What one probe found: its read mode, block sizes, tests and notes."""
+
+    direct: bool
+    block: dict[int, int]  # sample size -> the block size its reads use
+    warnings: list[str]
+    notes: list[str]
+    tests: list[TestResult] = field(default_factory=list)
+    meta: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _setup(cfg: ProbeConfig, mount: MountInfo, work: Path, read_work: Path) -> _ProbeRun:
+    """Whether reads bypass the page cache, and the block size of each sample size's reads."""
+    if not read_work.is_dir():
+        raise ConfigError(f"--write-via {cfg.write_via} does not appear as --storage "
+                          f"{cfg.storage} (no {read_work}); give the directory that backs "
+                          "the storage mount")
+    can_direct = supports_direct(work, read_work)
+    direct = can_direct if cfg.direct is None else cfg.direct
+    if direct and not can_direct:
+        raise UnsupportedError(f"{cfg.storage} ({mount.fstype}) does not allow O_DIRECT; "
+                               "leave out --direct (files are then evicted and read once)")
+    warnings = []
+    if mount.kind == "memory":
+        warnings.append(f"{cfg.storage} is {mount.fstype}: its data lives in memory, so "
+                        "these figures are memory bandwidth, not storage")
+    block = {s: -(-s // ALIGN) * ALIGN if direct else s for s in cfg.sample_sizes}
+    notes = [f"O_DIRECT needs aligned reads: {s}-byte sample reads use {bs} bytes (rounded up "
+             "to 4 KiB)" for s, bs in block.items() if bs != s]
+    return _ProbeRun(direct, block, warnings, notes)
+
+
+def _bandwidth_tests(cfg: ProbeConfig, eng: _PyEngine | _FioEngine, work: Path,
+                     block: dict[int, int], log: Callable[[str], None]) -> list[TestResult]:
+    """Sequential write and read, random 4 KiB and sample-size reads, each reader count."""
+    tests: list[TestResult] = []
+
+    def measure(what: str, fn: Callable[[], TestResult]) -> None:
+        log(what)
+        tests.append(fn())
+        log(f"  {tests[-1].MBps:.1f} MB/s, {tests[-1].iops:.0f} IOPS")
+
+    for n in cfg.readers:
+        measure(f"sequential write, {n} writer(s)", functools.partial(eng.write, n))
+    # a time-capped fio write leaves them short
+    _complete_files(work, max(cfg.readers), cfg.file_bytes)
+    for n in cfg.readers:
+        measure(f"sequential read, {n} reader(s)", functools.partial(eng.read, n))
+    for n in cfg.readers:
+        measure(f"random 4 KiB reads, {n} reader(s)",
+                functools.partial(eng.randread, n, 4 * KiB, "4k"))
+    for s, bs in block.items():
+        for n in cfg.readers:
+            measure(f"random {bs}-byte reads, {n} reader(s)",
+                    functools.partial(eng.randread, n, bs, f"{s}B"))
+    return tests
+
+
+def _best(tests: list[TestResult], op: str, bs: int | None = None,
+          key: str = "MBps") -> float | None:
+    vals = [getattr(t, key) for t in tests if t.op == op and (bs is None or t.bs_bytes == bs)]
+    return max(vals) if vals else None
+
+
+def _summary(cfg: ProbeConfig, run: _ProbeRun) -> dict[str, Any]:
+    """The headline figures: the best of each test over the reader counts."""
+    tests, meta, block = run.tests, run.meta, run.block
+    sample_bs = block[cfg.sample_sizes[0]]
+    first = meta[0]  # one thread: the latency one loader worker sees (more queue at servers)
+    return {
+        "seq_write_MBps": _best(tests, "write"),
+        "seq_read_MBps": _best(tests, "read"),
+        "rand4k_read_MBps": _best(tests, "randread", 4 * KiB),
+        "rand4k_read_iops": _best(tests, "randread", 4 * KiB, "iops"),
+        "sample_read_MBps": _best(tests, "randread", sample_bs),
+        "sample_read_iops": _best(tests, "randread", sample_bs, "iops"),
         "sample_bytes": cfg.sample_sizes[0],
-        "sample_reads": [{"sample_bytes": s, "bs_bytes": bs, "MBps": best("randread", bs),
-                          "iops": best("randread", bs, "iops")} for s, bs in block.items()],
-        "create_per_s": max(m["create_per_s"] for m in meta),
-        "stat_per_s": max(m["stat_per_s"] for m in meta),
-        "open_stat_close_per_s": max(m["open_stat_close_per_s"] for m in meta),
-        "open_read_close_per_s": max(m["open_read_close_per_s"] for m in meta),
-        # one thread: the latency one loader worker sees (more threads queue at the servers)
-        "open_stat_close_1_per_s": meta[0]["open_stat_close_per_s"],
-        "first_byte_ms_p50": (meta[0]["first_byte_ms"] or {}).get("p50"),
-        "first_byte_ms_p99": (meta[0]["first_byte_ms"] or {}).get("p99"),
-        "cold_open_ms_p50": (meta[0]["cold_open_ms"] or {}).get("p50"),
-        "cold_read_ms_p50": (meta[0]["cold_read_ms"] or {}).get("p50"),
-        "close_ms_p50": (meta[0]["close_ms"] or {}).get("p50"),
+        "sample_reads": [{"sample_bytes": s, "bs_bytes": bs,
+                          "MBps": _best(tests, "randread", bs),
+                          "iops": _best(tests, "randread", bs, "iops")}
+                         for s, bs in block.items()],
+        **{k: max(m[k] for m in meta) for k in ("create_per_s", "stat_per_s",
+                                                "open_stat_close_per_s",
+                                                "open_read_close_per_s")},
+        "open_stat_close_1_per_s": first["open_stat_close_per_s"],
+        "first_byte_ms_p50": (first["first_byte_ms"] or {}).get("p50"),
+        "first_byte_ms_p99": (first["first_byte_ms"] or {}).get("p99"),
+        "cold_open_ms_p50": (first["cold_open_ms"] or {}).get("p50"),
+        "cold_read_ms_p50": (first["cold_read_ms"] or {}).get("p50"),
+        "close_ms_p50": (first["close_ms"] or {}).get("p50"),
         "rand4k_read_iops_1": next((t.iops for t in tests if t.op == "randread"
                                     and t.bs_bytes == 4 * KiB and t.readers == min(cfg.readers)),
                                    None),
         "readers_min": min(cfg.readers),
-        "readers_max": nmax,
+        "readers_max": max(cfg.readers),
     }
+
+
+def _cache_status(cfg: ProbeConfig, mount: MountInfo) -> tuple[str, str | None]:
+    """("cold" or "unverified", the reason): whether no server cache could answer reads."""
     plan = cache.eviction_plan(mount)
     if cfg.evict_cmd is not None or plan.needs_site is None:
-        cache_status, cache_reason = "cold", None
-    else:  # even O_DIRECT reads may be answered from a server's memory
-        cache_status, cache_reason = "unverified", (
-            f"{plan.needs_site}: the read figures may come from server memory; give --evict-cmd")
-    if cache_reason:
-        warnings.append(f"CACHE UNVERIFIED: {cache_reason}")
+        return "cold", None
+    # even O_DIRECT reads may be answered from a server's memory
+    return "unverified", (f"{plan.needs_site}: the read figures may come from server memory; "
+                          "give --evict-cmd")
+
+
+def _document(cfg: ProbeConfig, engine: str, mount: MountInfo, run: _ProbeRun) -> dict[str, Any]:
+    """The `iobench.probe` document of a finished run, with its emulated-tier profile."""
+    from iobench.pfs.profiles import profile_from_probe
+    from iobench.results import now_iso
+    from iobench.sysinfo import provenance
+
+    cache_status, cache_reason = _cache_status(cfg, mount)
+    warnings = run.warnings + ([f"CACHE UNVERIFIED: {cache_reason}"] if cache_reason else [])
+    via = ([f"written through {cfg.write_via} (write and create/unlink figures are of that "
+            "path), read through the storage"] if cfg.write_via else [])
     doc = {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "probe",
         "created": now_iso(),
@@ -695,24 +732,21 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         "engine": engine,
         "engine_version": fio_version() if engine == "fio" else "iobench (threads, pread)",
         "metadata_engine": "iobench",
-        "direct": direct,
-        "cache": ("O_DIRECT: reads and writes bypass the page cache" if direct else
+        "direct": run.direct,
+        "cache": ("O_DIRECT: reads and writes bypass the page cache" if run.direct else
                   "buffered: files evicted (POSIX_FADV_DONTNEED) before each read test and "
                   "each block read once"),
         "storage": asdict(mount),
         "cache_status": cache_status, "cache_reason": cache_reason, "evict_cmd": cfg.evict_cmd,
-        "summary": summary,
-        "tests": [asdict(t) for t in tests],
-        "metadata": meta,
+        "summary": _summary(cfg, run),
+        "tests": [asdict(t) for t in run.tests],
+        "metadata": run.meta,
         "write_via": str(cfg.write_via) if cfg.write_via else None,
         "warnings": warnings,
-        "notes": notes + ([f"written through {cfg.write_via} (write and create/unlink figures "
-                           "are of that path), read through the storage"]
-                          if cfg.write_via else []) + ["random reads are synchronous (psync), one file per reader, like "
-                          "loader workers; metadata: inodes and dentries stay cached"],
+        "notes": run.notes + via + ["random reads are synchronous (psync), one file per "
+                                    "reader, like loader workers; metadata: inodes and "
+                                    "dentries stay cached"],
         "provenance": provenance(),
     }
-    from iobench.pfs.profiles import profile_from_probe
-
     doc["emulator_profile"] = profile_from_probe(doc).to_dict()
     return doc

@@ -714,9 +714,9 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     are handed to the copy threads a window at a time (never a task per file up front).
     """
     cfg, mine = plan.cfg, plan.mine
-    evicted = cache.evict_for_node(plan.manifest, world, scope=cfg.shuffle_scope,
-                                   evict_pages=not cfg.warm_source, loud=False,
-                                   evict_cmd=cfg.evict_cmd)
+    evicted = cache.evict_for_node(plan.manifest, world, cache.EvictOptions(
+        scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source, loud=False,
+        evict_cmd=cfg.evict_cmd))
     counters, lock = _Counters(), threading.Lock()
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
     progress = _Progress(cfg.progress and world.rank == 0, plan.my_bytes,

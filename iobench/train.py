@@ -50,7 +50,6 @@ from iobench.watchdog import Interrupted, Watchdog, pending
 from iobench.world import World, agree
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
-COMPUTE_KINDS: tuple[str, ...] = ("model", "emulated", "none")
 # residency above this after eviction means eviction did not take
 RESIDENT_WARN_FRACTION = 0.10
 
@@ -635,11 +634,11 @@ class _Run:
         compute = self.compute
         assert compute is not None
         self._at(f"evicting the dataset before epoch {epoch + 1}")
-        report = cache.evict_for_node(self.manifest, world, evict_pages=not config.warm_cache,
-                                      scope=loader.config.scope,  # sharded copies: own files
-                                      drop_caches=config.drop_caches,
-                                      warn_above=RESIDENT_WARN_FRACTION, loud=False,
-                                      evict_cmd=config.evict_cmd)
+        report = cache.evict_for_node(self.manifest, world, cache.EvictOptions(
+            evict_pages=not config.warm_cache,
+            scope=loader.config.scope,  # sharded copies: own files
+            drop_caches=config.drop_caches, warn_above=RESIDENT_WARN_FRACTION, loud=False,
+            evict_cmd=config.evict_cmd))
         self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
         tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None

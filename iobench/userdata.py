@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from iobench.errors import ConfigError, DatasetError, IobenchError
-from iobench.formats import FILES, FORMATS, HDF5, LMDB, NETCDF, user_format
+from iobench.formats import FILES, FORMATS, HDF5, LMDB, NETCDF, netcdf4, user_format
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, check_manifest
 
 USER_DATASET = "user"  # the manifest's `dataset` for data iobench did not generate
@@ -213,7 +213,7 @@ def _inspect(path: Path, fmt: str) -> dict[str, tuple[tuple[int, ...], Any]]:
             raise _fail(f"{path}: HDF5 cannot open it ({e}); give {KINDS}") from None
         return out
     try:
-        with _netcdf4().Dataset(path, "r") as nc:
+        with netcdf4().Dataset(path, "r") as nc:
             if not nc.data_model.startswith("NETCDF4"):
                 raise _fail(f"{path} is a {nc.data_model} file; iobench reads NetCDF-4 (HDF5 "
                             "based) files: convert it with `nccopy -k nc4 IN OUT`")
@@ -224,20 +224,13 @@ def _inspect(path: Path, fmt: str) -> dict[str, tuple[tuple[int, ...], Any]]:
     return out
 
 
-def _netcdf4() -> Any:
-    os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")  # as the reader: no lock files
-    import netCDF4
-
-    return netCDF4
-
-
 def _read_labels(path: Path, fmt: str, key: str) -> np.ndarray:
     if fmt == HDF5:
         import h5py
 
         with h5py.File(path, "r", locking=False) as h:
             return np.asarray(h[key][...])
-    with _netcdf4().Dataset(path, "r") as nc:
+    with netcdf4().Dataset(path, "r") as nc:
         nc.set_auto_maskandscale(False)
         return np.asarray(nc.variables[key][...])
 
@@ -344,10 +337,26 @@ def _arrays(p: Path, fmt: str, data_key: str | None, label_key: str | None) -> t
 # -------------------------------------------------------------------------------------- LMDB
 
 def _lmdb(p: Path, label_key: str | None) -> tuple[Any, ...]:
+    data = p / "data.mdb" if p.is_dir() else p
+    scheme, width, index, lk, labels, first = _lmdb_keys(p, data, label_key)
+    sample, record, header = _lmdb_record(p, index[0], first)
+    layout = {"values": record, "npy_header": header, "key": scheme, "key_width": width,
+              "label_key": lk.decode("latin-1"),
+              "preprocess": "imagenet" if record == "jpeg" else "raw"}
+    files = [FileEntry(path=data.name, bytes=data.stat().st_size, sha256="", first_sample=0,
+                       num_samples=len(index))]
+    classes = int(labels.max()) + 1 if labels.size else 0
+    return data.parent, files, sample, classes, layout, {
+        "label_key": lk.decode("latin-1"), "detected": label_key is None,
+        "keys": f"{scheme}" + (f" (width {width})" if width else ""), "record": record}
+
+
+def _lmdb_keys(p: Path, data: Path, label_key: str | None
+               ) -> tuple[str, int, list[bytes], bytes, np.ndarray, bytes]:
+    """(key scheme, key width, the sample keys in order, the labels key, the labels, the first
+    sample's value) of the LMDB environment `data`."""
     import lmdb
 
-    data = p / "data.mdb" if p.is_dir() else p
-    root = data.parent
     try:
         env = lmdb.open(str(data), subdir=False, readonly=True, lock=False, readahead=False)
     except lmdb.Error as e:
@@ -356,58 +365,57 @@ def _lmdb(p: Path, label_key: str | None) -> tuple[Any, ...]:
         with env.begin() as txn:
             keys = list(txn.cursor().iternext(keys=True, values=False))
             scheme, width, index, rest = _index_keys(p, keys, label_key)
-            if label_key is not None:
-                lk = label_key.encode()
-                if lk not in rest:
-                    raise ConfigError(f"--label-key {label_key!r}: no such key in the LMDB "
-                                      f"environment {p} (other keys: {_keys_shown(rest)})")
-            elif len(rest) == 1:
-                lk = rest[0]
-            else:
-                raise _fail(f"{p}: LMDB keys other than the sample indices: "
-                            f"{_keys_shown(rest)}; iobench needs exactly one, the labels "
-                            "record (a 1-D integer .npy array): name it with --label-key")
-            extra = [k for k in rest if k != lk]
-            if extra:
-                raise _fail(f"{p}: LMDB keys {_keys_shown(extra)} are neither sample indices "
-                            "nor the labels record; iobench reads the layout in "
-                            "docs/training.md")
-            n = len(index)
-            labels = _npy_labels(p, lk, txn.get(lk), n)
+            lk = _label_record(p, rest, label_key)
+            labels = _npy_labels(p, lk, txn.get(lk), len(index))
             first = bytes(txn.get(index[0], b""))  # listed by this transaction: there
     finally:
         env.close()
-    if first.startswith(NPY_MAGIC):
-        f = io.BytesIO(first)
-        try:
-            version = np.lib.format.read_magic(f)
-            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0)
-            shape, fortran, dt = read(f)
-        except ValueError as e:
-            raise _fail(f"{p}: record {index[0]!r} is not a readable .npy ({e})") from None
-        if fortran or not _numeric(dt) or len(first) != f.tell() + _nbytes(shape, dt):
-            raise _fail(f"{p}: record {index[0]!r} holds {dt}{list(shape)} (fortran order "
-                        f"{fortran}) in {len(first)} bytes; iobench reads C-order numeric .npy "
-                        "values")
-        sample: dict[str, Any] = {"kind": "array", "shape": list(shape),
-                                  "dtype": np.dtype(dt).str}
-        record, header = "npy", f.tell()
-    elif first.startswith(JPEG_MAGIC):
-        sample, record, header = {"kind": "jpeg", "shape": None, "dtype": "uint8"}, "jpeg", 0
+    return scheme, width, index, lk, labels, first
+
+
+def _label_record(p: Path, rest: list[bytes], label_key: str | None) -> bytes:
+    """The key of the labels record among the keys that are no sample index (`rest`)."""
+    if label_key is not None:
+        lk = label_key.encode()
+        if lk not in rest:
+            raise ConfigError(f"--label-key {label_key!r}: no such key in the LMDB "
+                              f"environment {p} (other keys: {_keys_shown(rest)})")
+    elif len(rest) == 1:
+        lk = rest[0]
     else:
-        raise _fail(f"{p}: record {index[0]!r} is neither .npy nor JPEG bytes (first bytes "
+        raise _fail(f"{p}: LMDB keys other than the sample indices: "
+                    f"{_keys_shown(rest)}; iobench needs exactly one, the labels "
+                    "record (a 1-D integer .npy array): name it with --label-key")
+    extra = [k for k in rest if k != lk]
+    if extra:
+        raise _fail(f"{p}: LMDB keys {_keys_shown(extra)} are neither sample indices "
+                    "nor the labels record; iobench reads the layout in "
+                    "docs/training.md")
+    return lk
+
+
+def _lmdb_record(p: Path, key: bytes, first: bytes) -> tuple[dict[str, Any], str, int]:
+    """(sample description, record kind "npy" or "jpeg", .npy header bytes) of the value
+    `first` of sample key `key`."""
+    if first.startswith(JPEG_MAGIC):
+        return {"kind": "jpeg", "shape": None, "dtype": "uint8"}, "jpeg", 0
+    if not first.startswith(NPY_MAGIC):
+        raise _fail(f"{p}: record {key!r} is neither .npy nor JPEG bytes (first bytes "
                     f"{first[:8]!r}); iobench reads LMDB values that are one or the other "
                     "(docs/training.md)")
-    layout = {"values": record, "npy_header": header, "key": scheme, "key_width": width,
-              "label_key": lk.decode("latin-1"),
-              "preprocess": "imagenet" if record == "jpeg" else "raw"}
-    files = [FileEntry(path=data.name, bytes=data.stat().st_size, sha256="", first_sample=0,
-                       num_samples=n)]
-    classes = int(labels.max()) + 1 if labels.size else 0
-    return root, files, sample, classes, layout, {
-        "label_key": lk.decode("latin-1"), "detected": label_key is None,
-        "keys": f"{scheme}" + (f" (width {width})" if width else ""), "record": record}
+    f = io.BytesIO(first)
+    try:
+        version = np.lib.format.read_magic(f)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, fortran, dt = read(f)
+    except ValueError as e:
+        raise _fail(f"{p}: record {key!r} is not a readable .npy ({e})") from None
+    if fortran or not _numeric(dt) or len(first) != f.tell() + _nbytes(shape, dt):
+        raise _fail(f"{p}: record {key!r} holds {dt}{list(shape)} (fortran order "
+                    f"{fortran}) in {len(first)} bytes; iobench reads C-order numeric .npy "
+                    "values")
+    return {"kind": "array", "shape": list(shape), "dtype": np.dtype(dt).str}, "npy", f.tell()
 
 
 def _keys_shown(keys: list[bytes]) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from iobench.interrupts import pending, settle
+
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
             "HYDRA_CONTROL_FD", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 
@@ -64,12 +66,10 @@ class World:
         """Every rank's `obj`, in rank order (picklable objects).
 
         Each rank's recorded interrupt travels with it, so after the same collective
-        every rank raises `Interrupted` or none does (`iobench.watchdog.settle`).
+        every rank raises `Interrupted` or none does (`iobench.interrupts.settle`).
         """
         if self.size == 1:
             return [obj]
-        from iobench.watchdog import pending, settle
-
         mine = (pending(), obj)
         if self._comm is not None:
             everyone = self._comm.allgather(mine)

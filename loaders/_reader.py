@@ -494,6 +494,41 @@ class BatchReader(ABC):
                                   f"{self.sample_dtype}{[n, *self.array_shape]}")
 
 
+class ContainerReader(BatchReader):
+    """A reader of container files (HDF5, NetCDF): each data file opened and checked once
+    per process and thread (`_open`), held as an `OpenFile`, closed with the reader."""
+
+    def open_file(self, pos: int) -> OpenFile:
+        """File `pos`, opened once per process and thread."""
+        st = self._state()
+        f: OpenFile | None = st.get(pos)
+        if f is None:
+            f = st[pos] = self._open(pos, self.paths[pos], int(self.counts[pos]))
+        return f
+
+    @abstractmethod
+    def _open(self, pos: int, path: Path, n: int) -> OpenFile:
+        """Open file `pos` (at `path`, holding `n` samples) and check it against the
+        manifest (`opened` makes the result)."""
+
+    def opened(self, path: Path, handle: Any, data: Any, labels: np.ndarray,
+               stored: np.ndarray, base: int | None, item: int,
+               offsets: np.ndarray | None) -> OpenFile:
+        """The `OpenFile` of a checked container file: its labels in the manifest's dtype,
+        and, when its data lies contiguous and unfiltered at file offset `base`, a plain
+        descriptor, with which a whole batch's byte ranges are prefetched (posix_fadvise
+        WILLNEED) before reading."""
+        fd = os.open(path, os.O_RDONLY) if base is not None else None
+        return OpenFile(handle, data, labels.astype(self.label_dtype, copy=False), stored,
+                        base, item, offsets, fd)
+
+    def _close_state(self, state: dict[Any, Any]) -> None:
+        for f in state.values():
+            f.handle.close()
+            if f.fd is not None:
+                os.close(f.fd)
+
+
 BLOCK_PREFETCH_MAX = 64 << 20  # bytes: larger blocks are prefetched sample by sample
 
 

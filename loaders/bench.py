@@ -191,8 +191,8 @@ def measure(make: Callable[[], Any], manifest: Manifest, cfg: BenchReadConfig,
         if start is not None:
             start()
         for e in range(cfg.epochs):
-            ev = cache.evict_for_node(manifest, world, evict_pages=not cfg.warm_cache,
-                                      loud=False, evict_cmd=cfg.evict_cmd)
+            ev = cache.evict_for_node(manifest, world, cache.EvictOptions(
+                evict_pages=not cfg.warm_cache, loud=False, evict_cmd=cfg.evict_cmd))
             world.barrier()
             io0 = procio.tree_io()
             r = _epoch_run(loader, e, cfg.max_batches)

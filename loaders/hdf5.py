@@ -25,12 +25,13 @@ file's chunk index; JPEG counts the JPEG bytes.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from iobench.loaders._reader import (
-    BatchReader,
+    ContainerReader,
     OpenFile,
     contiguous_runs,
     file_groups,
@@ -88,19 +89,12 @@ def stored_sizes(ds: Any, n: int) -> np.ndarray:
     return sizes
 
 
-class HDF5Reader(BatchReader):
+class HDF5Reader(ContainerReader):
     """Reads batches from iobench HDF5 files."""
 
     format = "hdf5"
 
-    def open_file(self, pos: int) -> OpenFile:
-        """File `pos`, opened once per process and thread."""
-        st = self._state()
-        f: OpenFile | None = st.get(pos)
-        if f is not None:
-            return f
-        path = self.paths[pos]
-        n = int(self.counts[pos])
+    def _open(self, pos: int, path: Path, n: int) -> OpenFile:
         try:
             h = open_h5(path, self.library_cache)
         except (OSError, ValueError) as e:
@@ -119,12 +113,7 @@ class HDF5Reader(BatchReader):
                 stored = stored_sizes(ds, n)
                 item = int(np.prod(self.array_shape)) * self.sample_dtype.itemsize
             base = ds.id.get_offset()
-        # contiguous, unfiltered data lies at a known file offset: its byte ranges can be
-        # prefetched (posix_fadvise WILLNEED) for a whole batch before reading
-        fd = os.open(path, os.O_RDONLY) if base is not None else None
-        f = st[pos] = OpenFile(h, ds, labels.astype(self.label_dtype, copy=False), stored,
-                               base, item, offsets, fd)
-        return f
+        return self.opened(path, h, ds, labels, stored, base, item, offsets)
 
     def warm_up(self) -> None:
         _h5py()
@@ -136,12 +125,6 @@ class HDF5Reader(BatchReader):
         if not self.library_cache:
             chunk = sieve = 0
         return {"hdf5_chunk_cache_bytes": chunk, "hdf5_sieve_buffer_bytes": sieve}
-
-    def _close_state(self, state: dict[Any, Any]) -> None:
-        for f in state.values():
-            f.handle.close()
-            if f.fd is not None:
-                os.close(f.fd)
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

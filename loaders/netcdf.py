@@ -18,14 +18,15 @@ by the tests, which read both in one process).
 
 from __future__ import annotations
 
-import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from iobench.formats import netcdf4
 from iobench.loaders._reader import (
-    BatchReader,
+    ContainerReader,
     OpenFile,
     contiguous_runs,
     file_groups,
@@ -36,27 +37,13 @@ from iobench.loaders._torch import TorchLoader
 _NC_LOCK = threading.RLock()  # netCDF-C is not thread-safe: one call at a time per process
 
 
-def _netcdf4() -> Any:
-    os.environ.setdefault("HDF5_USE_FILE_LOCKING", "FALSE")
-    import netCDF4
-
-    return netCDF4
-
-
-class NetCDFReader(BatchReader):
+class NetCDFReader(ContainerReader):
     """Reads batches from iobench NetCDF-4 files."""
 
     format = "netcdf"
 
-    def open_file(self, pos: int) -> OpenFile:
-        """File `pos`, opened once per process and thread."""
-        st = self._state()
-        f: OpenFile | None = st.get(pos)
-        if f is not None:
-            return f
-        nc4 = _netcdf4()
-        path = self.paths[pos]
-        n = int(self.counts[pos])
+    def _open(self, pos: int, path: Path, n: int) -> OpenFile:
+        nc4 = netcdf4()
         offsets = None
         with _NC_LOCK:
             try:
@@ -87,17 +74,14 @@ class NetCDFReader(BatchReader):
                     # netCDF-C's chunk cache (64 MiB per variable by default) would serve
                     # a persistent worker's next "cold" epoch from memory
                     var.set_var_chunk_cache(size=0)
-        fd = os.open(path, os.O_RDONLY) if base is not None else None
-        f = st[pos] = OpenFile(ds, var, labels.astype(self.label_dtype, copy=False), stored,
-                               base, item, offsets, fd)
-        return f
+        return self.opened(path, ds, var, labels, stored, base, item, offsets)
 
     def warm_up(self) -> None:
-        _netcdf4()
+        netcdf4()
         import h5py  # noqa: F401 - the layout query (_h5_layout) reads with it
 
     def user_cache(self) -> dict[str, Any]:
-        size = _netcdf4().get_chunk_cache()[0] if self.library_cache else 0
+        size = netcdf4().get_chunk_cache()[0] if self.library_cache else 0
         return {"netcdf_chunk_cache_bytes": size}
 
     def _h5_layout(self, pos: int, name: str, n: int) -> tuple[int | None, np.ndarray]:
@@ -119,10 +103,7 @@ class NetCDFReader(BatchReader):
 
     def _close_state(self, state: dict[Any, Any]) -> None:
         with _NC_LOCK:
-            for f in state.values():
-                f.handle.close()
-                if f.fd is not None:
-                    os.close(f.fd)
+            super()._close_state(state)
 
     def _read_sorted_arrays(self, sorted_idx: np.ndarray, order: np.ndarray,
                             out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -139,7 +139,7 @@ def test_evict_for_node_single_process(tmp_path):
     m = make_dataset(tmp_path / "d", [MiB, 2 * MiB])
     for f in m.files:
         _read_all(m.path_of(f))
-    warm = cache.evict_for_node(m, World(), evict_pages=False)
+    warm = cache.evict_for_node(m, World(), cache.EvictOptions(evict_pages=False))
     assert warm.method == "none" and warm.status == "warm" and warm.resident_fraction > 0.9
     rep = cache.evict_for_node(m, World())
     assert rep.status == "cold" and rep.resident_fraction < 0.05 and rep.warning is None
@@ -161,12 +161,21 @@ def test_evict_for_node_on_tmpfs_warns_loudly(capsys):
         shutil.rmtree(d)
 
 
+def test_evict_options_are_checked_when_built():
+    with pytest.raises(ConfigError, match="warn_above=1.5"):
+        cache.EvictOptions(warn_above=1.5)
+    with pytest.raises(ConfigError, match="empty"):
+        cache.EvictOptions(evict_cmd=" ")
+    # a warm-cache pass runs no site command, so it does not look at one
+    assert cache.EvictOptions(evict_pages=False, evict_cmd=" ").site_cmd is None
+
+
 def test_drop_caches_needs_root_and_is_never_silent(tmp_path):
     m = make_dataset(tmp_path / "d", [MiB])
     with pytest.raises(ValueError, match="warm-cache"):
-        cache.evict_for_node(m, World(), drop_caches=True, evict_pages=False)
+        cache.evict_for_node(m, World(), cache.EvictOptions(drop_caches=True, evict_pages=False))
     if os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK):
-        rep = cache.evict_for_node(m, World(), drop_caches=True)
+        rep = cache.evict_for_node(m, World(), cache.EvictOptions(drop_caches=True))
         assert rep.method == "drop_caches+fadvise" and rep.status == "cold"
 
 
@@ -184,7 +193,8 @@ def test_evict_for_node_under_mpi(tmp_path):
         from iobench.manifest import Manifest
         from iobench.world import get_world
         w = get_world()
-        rep = cache.evict_for_node(Manifest.load({str(m.root)!r}), w, scope="local")
+        rep = cache.evict_for_node(Manifest.load({str(m.root)!r}), w,
+                                   cache.EvictOptions(scope="local"))
         with open(f"{tmp_path}/rank{{w.rank}}.json", "w") as f:  # stdout lines interleave
             json.dump([w.rank, w.size, rep.to_dict()], f)
     """)
@@ -386,12 +396,13 @@ def test_evict_cmd_runs_on_local_rank_0_and_is_recorded(tmp_path):
 
     m = make_dataset(tmp_path / "d", [8192, 8192])
     log = tmp_path / "log"
-    rep = cache.evict_for_node(m, World(), evict_cmd=f'echo "$IOBENCH_DATASET_ROOT" >> {log}')
+    rep = cache.evict_for_node(m, World(), cache.EvictOptions(
+        evict_cmd=f'echo "$IOBENCH_DATASET_ROOT" >> {log}'))
     assert rep.status == "cold" and rep.method == "evict-cmd+fadvise" and rep.reason is None
     assert rep.evict_cmd["returncode"] == 0 and rep.evict_cmd["nodes"] == 1
     assert log.read_text().split() == [str(m.root)]
     assert rep.plan["fstype"] == rep.fstype and rep.plan["needs_site"] is None
     with pytest.raises(StorageError, match=r"exit status 3: boom.*leave --evict-cmd out"):
-        cache.evict_for_node(m, World(), evict_cmd="echo boom >&2; exit 3")
+        cache.evict_for_node(m, World(), cache.EvictOptions(evict_cmd="echo boom >&2; exit 3"))
     with pytest.raises(ConfigError, match="empty"):
-        cache.evict_for_node(m, World(), evict_cmd="  ")
+        cache.evict_for_node(m, World(), cache.EvictOptions(evict_cmd="  "))

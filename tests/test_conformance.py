@@ -219,7 +219,7 @@ def test_cold_eviction_reaches_every_file(tiny_root, fmt):
     paths = [m.path_of(f) for f in m.files]
     with make_loader(fmt, m.root, cfg()) as ld:
         indices(ld, 0)  # read through the page cache
-        report = cache.evict_for_node(m, World(), loud=False)
+        report = cache.evict_for_node(m, World(), cache.EvictOptions(loud=False))
         if report.resident_fraction is None or report.status == "unknown":
             pytest.skip("cannot measure page-cache residency here")
         if cache.resident_fraction(paths) not in (0.0, None) and report.status == "warm":

@@ -398,7 +398,7 @@ def test_eviction_of_a_compact_dataset_reports_every_file(roots):
     from iobench.world import World
 
     new = Manifest.load(roots["npz"][1])
-    rep = cache.evict_for_node(new, World(), loud=False)
+    rep = cache.evict_for_node(new, World(), cache.EvictOptions(loud=False))
     assert rep.files == len(new.files) and rep.bytes == new.total_bytes
 
 

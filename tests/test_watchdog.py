@@ -1,4 +1,4 @@
-"""`iobench.watchdog.interrupts` in one process: how a rank acts on SIGINT/SIGTERM.
+"""`iobench.interrupts.interrupts` in one process: how a rank acts on SIGINT/SIGTERM.
 
 Under mpiexec (tests/test_interrupts.py) the ranks must leave by themselves, each
 through its normal exit (MPI_Finalize runs at exit): hydra SIGKILLs the other ranks
@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-from iobench.watchdog import Interrupted, act_now, interrupts, pending, settle
+from iobench.interrupts import Interrupted, act_now, interrupts, pending, settle
 
 EXITS_NORMALLY = """
 import atexit, os, signal, sys
-from iobench.watchdog import Interrupted, interrupts
+from iobench.interrupts import Interrupted, interrupts
 atexit.register(lambda: print("atexit ran", flush=True))  # as mpi4py's MPI_Finalize
 try:
     with interrupts(defer={defer}):
@@ -32,7 +32,7 @@ except Interrupted as e:
 
 @pytest.mark.parametrize("defer, settle", [
     (False, "pass"),
-    (True, "from iobench.watchdog import settle; settle([None, signal.SIGTERM])"),
+    (True, "from iobench.interrupts import settle; settle([None, signal.SIGTERM])"),
 ])
 def test_a_process_that_stopped_by_itself_exits_normally(defer, settle) -> None:
     """Its grace timer does not hold it at exit and then end it with os._exit (which
@@ -70,3 +70,11 @@ def test_with_no_collective_left_an_interrupt_is_raised_at_once() -> None:
         with pytest.raises(Interrupted) as e:
             os.kill(os.getpid(), signal.SIGINT)  # the handler raises, not records
         assert e.value.exit_code == 130
+
+
+def test_the_watchdog_module_still_offers_the_interrupt_names():
+    import iobench.interrupts
+    import iobench.watchdog
+
+    for name in ("Interrupted", "act_now", "interrupts", "pending", "settle"):
+        assert getattr(iobench.watchdog, name) is getattr(iobench.interrupts, name)

@@ -23,6 +23,7 @@ from typing import Any
 
 from iobench.errors import ConfigError
 from iobench.pfs import control
+from iobench.pfs.config import PfsConfig
 from iobench.pfs.profiles import PROFILES, load_profile, parse_ms, parse_positive
 from iobench.pfs.stats import NOTE, STATS_NAME, assess
 
@@ -71,36 +72,57 @@ def main(args: argparse.Namespace) -> int:
     if args.list_profiles:
         return _list_profiles()
     if args.check:
-        problem = control.fuse_problem()
-        print(f"FUSE unusable: {problem}" if problem else
-              "FUSE usable: `iobench emulate-pfs` can mount an emulated parallel filesystem")
-        return 1 if problem else 0
+        return _check()
     if args.list:
-        mounts = control.emulated_mounts()
-        for m in mounts:
-            print(m)
-        if not mounts:
-            print("no emulated parallel filesystem is mounted on this node")
-        return 0
+        return _list()
     if args.unmount:
-        doc = control.unmount(args.unmount, lazy=args.lazy)
-        if args.json and doc is not None:
-            print(json.dumps(doc, indent=1))
-            return 0
-        print(f"iobench: unmounted the emulated parallel filesystem at "
-              f"{os.path.abspath(args.unmount)}; daemon stopped")
-        if doc is not None:
-            _print_counters(doc)
-        return 0
+        return _unmount(args)
     if args.status:
-        doc = control.status(args.status)
-        if args.json:
-            print(json.dumps(doc, indent=1))
-        else:
-            print(f"{doc['mount']}: {NOTE}")
-            print(f"  backing {doc['backing']}, daemon pid {doc['pid']}, libfuse {doc['libfuse']}")
-            _print_counters(doc)
+        return _status(args)
+    return _mount(args)
+
+
+def _check() -> int:
+    problem = control.fuse_problem()
+    print(f"FUSE unusable: {problem}" if problem else
+          "FUSE usable: `iobench emulate-pfs` can mount an emulated parallel filesystem")
+    return 1 if problem else 0
+
+
+def _list() -> int:
+    mounts = control.emulated_mounts()
+    for m in mounts:
+        print(m)
+    if not mounts:
+        print("no emulated parallel filesystem is mounted on this node")
+    return 0
+
+
+def _unmount(args: argparse.Namespace) -> int:
+    doc = control.unmount(args.unmount, lazy=args.lazy)
+    if args.json and doc is not None:
+        print(json.dumps(doc, indent=1))
         return 0
+    print(f"iobench: unmounted the emulated parallel filesystem at "
+          f"{os.path.abspath(args.unmount)}; daemon stopped")
+    if doc is not None:
+        _print_counters(doc)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    doc = control.status(args.status)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(f"{doc['mount']}: {NOTE}")
+        print(f"  backing {doc['backing']}, daemon pid {doc['pid']}, libfuse {doc['libfuse']}")
+        _print_counters(doc)
+    return 0
+
+
+def _mount_config(args: argparse.Namespace) -> PfsConfig:
+    """The mount's configuration from the options, checked."""
     if not args.mount:
         raise ConfigError("give --mount MNT --backing DIR, or --unmount/--status MNT, --list, "
                           "--list-profiles (see `iobench emulate-pfs --help`)")
@@ -111,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
     if args.kernel_cache and args.no_client_cache:
         raise ConfigError("--kernel-cache and --no-client-cache contradict each other; "
                           "choose one")
-    config = control.build_config(
+    return control.build_config(
         args.backing, args.mount, load_profile(args.profile),
         open_latency_ms=_opt(args.open_latency, "--open-latency", parse_ms),
         read_latency_ms=_opt(args.read_latency, "--read-latency", parse_ms),
@@ -119,6 +141,10 @@ def main(args: argparse.Namespace) -> int:
         iops=_opt(args.iops, "--iops", parse_positive),
         direct_io=args.direct_io, kernel_cache=args.kernel_cache,
         evict_backing=not args.no_evict_backing, client_cache=not args.no_client_cache)
+
+
+def _mount(args: argparse.Namespace) -> int:
+    config = _mount_config(args)
     if args.foreground:
         from iobench.pfs._daemon import run_daemon
         from iobench.pfs.config import state_paths

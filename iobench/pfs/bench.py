@@ -23,7 +23,6 @@ import argparse
 import os
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from iobench.jsonio import write_json_atomic
 from iobench.pfs import control
 from iobench.pfs.profiles import PROFILES, get_profile
 from iobench.pfs.stats import NOTE, delta
+from iobench.threads import run_threads
 
 MiB = 1 << 20
 
@@ -59,27 +59,6 @@ def _write_files(root: Path, threads: int, size_mb: int) -> list[Path]:
     return files
 
 
-def _run_threads(fn: Any, n: int) -> float:
-    """Run fn(i) in n threads; return wall seconds; re-raise the first failure."""
-    errors: list[BaseException] = []
-
-    def wrap(i: int) -> None:
-        try:
-            fn(i)
-        except BaseException as e:  # surfaces in the caller
-            errors.append(e)
-
-    ts = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - t0
-
-
 def _seq(mp: Path, names: list[str], threads: int) -> tuple[float, int]:
     total = [0] * threads
 
@@ -89,7 +68,7 @@ def _seq(mp: Path, names: list[str], threads: int) -> tuple[float, int]:
             while n := f.readinto(buf):
                 total[i] += n
 
-    wall = _run_threads(read, threads)
+    wall = run_threads(threads, read)[1]
     return wall, sum(total)
 
 
@@ -108,7 +87,7 @@ def _small(mp: Path, name: str, size: int, threads: int, seconds: float) -> tupl
         finally:
             os.close(fd)
 
-    wall = _run_threads(read, threads)
+    wall = run_threads(threads, read)[1]
     return wall, sum(counts)
 
 

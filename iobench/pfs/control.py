@@ -234,15 +234,7 @@ def check_paths(config: PfsConfig) -> bool:
     if rb == rm or rm.startswith(rb.rstrip("/") + "/") or rb.startswith(rm.rstrip("/") + "/"):
         raise ConfigError(f"mount point {m} and backing {b} must not contain each other; "
                           "choose a mount point outside the dataset")
-    fstype = _is_mountpoint(m)
-    if fstype is not None:
-        if fstype == FSTYPE:
-            pid = _read_pid(state_paths(m))
-            raise StorageError(f"mount point {m} is busy: an emulated pfs is already mounted "
-                               f"there (daemon pid {pid}); unmount it first with "
-                               f"`iobench emulate-pfs --unmount {m}`")
-        raise StorageError(f"mount point {m} is busy: a {fstype} filesystem is mounted there; "
-                           "choose an empty directory")
+    _refuse_mounted(m)
     if os.path.lexists(m) and not os.path.isdir(m):
         raise StorageError(f"mount point {m} exists and is not a directory; give an empty directory")
     if not os.path.exists(m):
@@ -262,6 +254,20 @@ def check_paths(config: PfsConfig) -> bool:
         raise StorageError(f"mount point {m} is not empty (it holds {entry.name!r}, ...); "
                            "FUSE would hide those files: give an empty directory")
     return False
+
+
+def _refuse_mounted(m: str) -> None:
+    """StorageError when a filesystem (an emulated tier or another) is mounted at `m`."""
+    fstype = _is_mountpoint(m)
+    if fstype is None:
+        return
+    if fstype == FSTYPE:
+        pid = _read_pid(state_paths(m))
+        raise StorageError(f"mount point {m} is busy: an emulated pfs is already mounted "
+                           f"there (daemon pid {pid}); unmount it first with "
+                           f"`iobench emulate-pfs --unmount {m}`")
+    raise StorageError(f"mount point {m} is busy: a {fstype} filesystem is mounted there; "
+                       "choose an empty directory")
 
 
 def mount(backing: str | Path, mountpoint: str | Path, profile: str | Profile = "lustre-light",
@@ -371,33 +377,44 @@ def unmount(mountpoint: str | Path, *, lazy: bool = False, timeout_s: float = 10
         raise StorageError(f"{mp} is not an iobench-pfs mount (nothing mounted there and no "
                            "daemon running); see `iobench emulate-pfs --list`")
     if mounted is not None:
-        try:
-            _umount(mp, lazy=lazy)
-        except OSError as e:
-            if e.errno == errno.EBUSY:
-                raise StorageError(f"cannot unmount {mp}: it is busy (a process has a file or "
-                                   f"its working directory under it; see `fuser -vm {mp}`); "
-                                   "close them and retry, or use --lazy") from e
-            if pid is not None and _alive(pid):
-                raise StorageError(f"cannot unmount {mp}: {e.strerror}") from e
-            _umount(mp, lazy=True)  # the daemon died: the mount is stale, detach it
+        _detach(mp, pid, lazy)
     if pid is not None and _is_our_daemon(pid):
-        deadline = time.monotonic() + timeout_s
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None and _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-                deadline = time.monotonic() + 5.0
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if not _alive(pid):
-                break
+        _stop_daemon(pid, timeout_s)
     paths.pid.unlink(missing_ok=True)
     try:
         final: dict[str, Any] = json.loads(paths.final_stats.read_text())
         return final
     except (OSError, ValueError):
         return None
+
+
+def _detach(mp: str, pid: int | None, lazy: bool) -> None:
+    """Unmount `mp`; a stale mount (its daemon gone) is detached lazily."""
+    try:
+        _umount(mp, lazy=lazy)
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            raise StorageError(f"cannot unmount {mp}: it is busy (a process has a file or "
+                               f"its working directory under it; see `fuser -vm {mp}`); "
+                               "close them and retry, or use --lazy") from e
+        if pid is not None and _alive(pid):
+            raise StorageError(f"cannot unmount {mp}: {e.strerror}") from e
+        _umount(mp, lazy=True)  # the daemon died: the mount is stale, detach it
+
+
+def _stop_daemon(pid: int, timeout_s: float) -> None:
+    """Wait `timeout_s` for the daemon to exit after the unmount, then SIGTERM, then SIGKILL
+    (5 s each)."""
+    deadline = time.monotonic() + timeout_s
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None and _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + 5.0
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not _alive(pid):
+            break
 
 
 def status(mountpoint: str | Path) -> dict[str, Any]:
