@@ -22,6 +22,7 @@ from typing import Any
 
 from iobench import launch
 from iobench.errors import ConfigError, IobenchError
+from iobench.interrupts import Interrupted
 from iobench.jsonio import write_json_atomic
 from iobench.launch import Command, require_launcher
 from iobench.options import parse_repeat
@@ -40,7 +41,6 @@ from iobench.schema import (
     Str,
     check,
 )
-from iobench.watchdog import Interrupted
 from iobench.workloads import WorkloadRun, resolve
 
 SCHEMA, SCHEMA_VERSION = SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION  # iobench.results says each version

@@ -46,12 +46,12 @@ from iobench.errors import (
     StorageError,
 )
 from iobench.formats import parse_format
+from iobench.interrupts import pending
 from iobench.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.options import parse_evict_cmd, parse_repeat
 from iobench.placement import check_same_dataset, need_bytes, parse_mode, staging_root
 from iobench.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.spread import spread
-from iobench.watchdog import pending
 from iobench.world import World, agree
 
 SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.results says each version

@@ -36,6 +36,7 @@ from iobench.errors import (
     IobenchError,
 )
 from iobench.formats import FORMATS, loader_formats, parse_format
+from iobench.interrupts import Interrupted, pending
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
@@ -46,7 +47,7 @@ from iobench.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.sampling import parse_shuffle
 from iobench.spread import run_spread
 from iobench.userdata import USER_DATASET
-from iobench.watchdog import Interrupted, Watchdog, pending
+from iobench.watchdog import Watchdog
 from iobench.world import World, agree
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
@@ -476,7 +477,7 @@ class _Compute:
         same step, every rank raises `Interrupted` or none does."""
         import torch.distributed as dist
 
-        from iobench.watchdog import pending, settle
+        from iobench.interrupts import pending, settle
 
         assert self._flag is not None
         self._flag.fill_(pending() or 0)

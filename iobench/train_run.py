@@ -21,13 +21,13 @@ import torch
 from iobench import distributed, faults, results
 from iobench.dataref import DatasetRef, resolve
 from iobench.errors import ConfigError, IobenchError
+from iobench.interrupts import Interrupted, act_now, interrupts
 from iobench.loaders import make_loader
 from iobench.loaders.base import Loader, LoaderConfig
 from iobench.manifest import Manifest
 from iobench.metrics import EpochClock
 from iobench.placement import parse_mode
 from iobench.train import RunInterrupted, TrainConfig, run
-from iobench.watchdog import Interrupted, act_now, interrupts
 from iobench.workloads import WorkloadRun
 from iobench.world import World, agree
 

@@ -9,7 +9,7 @@ what phase they were, lets rank 0 write what was measured so far marked
 incomplete, and ends the whole job (MPI_Abort; the process exits elsewhere).
 
 The interrupt signals (`Interrupted`, `interrupts()`) live in `iobench.interrupts`, a
-lower module that `World`'s collectives use too; they are re-exported here.
+lower module that `World`'s collectives use too.
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from iobench.interrupts import Interrupted, act_now, interrupts, pending, settle
 from iobench.world import World
-
-# the interrupt signals, which callers still import from here (iobench.interrupts has them)
-__all__ = ["Interrupted", "Watchdog", "act_now", "interrupts", "pending", "settle"]
 
 
 class Watchdog:

@@ -71,10 +71,3 @@ def test_with_no_collective_left_an_interrupt_is_raised_at_once() -> None:
             os.kill(os.getpid(), signal.SIGINT)  # the handler raises, not records
         assert e.value.exit_code == 130
 
-
-def test_the_watchdog_module_still_offers_the_interrupt_names():
-    import iobench.interrupts
-    import iobench.watchdog
-
-    for name in ("Interrupted", "act_now", "interrupts", "pending", "settle"):
-        assert getattr(iobench.watchdog, name) is getattr(iobench.interrupts, name)

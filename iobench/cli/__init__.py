@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from iobench import __version__
 from iobench.errors import IobenchError
-from iobench.watchdog import Interrupted
+from iobench.interrupts import Interrupted
 
 # name -> (module, one-line help). Adding a subcommand is one line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
                          samples=args.samples, samples_per_file=args.samples_per_file,
                          compression=args.compression, seed=args.seed, jobs=args.jobs,
                          force=args.force, scale=args.scale)
-    from iobench.watchdog import interrupts
+    from iobench.interrupts import interrupts
 
     world = get_world()
     with interrupts():  # SIGINT/SIGTERM: the pool stopped in order, one line, 130/143

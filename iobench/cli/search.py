@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from iobench.cli._workload import workload_of
     from iobench.errors import ConfigError
+    from iobench.interrupts import Interrupted, interrupts
     from iobench.outputs import writable_dir
     from iobench.search import (
         SearchConfig,
@@ -65,7 +66,6 @@ def main(args: argparse.Namespace) -> int:
         run_search,
         write_search,
     )
-    from iobench.watchdog import Interrupted, interrupts
     from iobench.world import get_world
 
     if get_world().size > 1:
