@@ -313,7 +313,7 @@ def _last_line(log: Path) -> str:
 def measure(config: DiagnoseConfig, spec: RunSpec, work: Path) -> Measurement:
     """Run one planned measurement as a child `iobench train`; its figures from the
     result document it wrote (the exit status says whether it did)."""
-    from iobench.results import find_results, is_complete, load_result
+    from iobench.results import is_complete, load_result
 
     label = f"{spec.kind}-w{spec.workers}"
     results = work / label
@@ -326,8 +326,7 @@ def measure(config: DiagnoseConfig, spec: RunSpec, work: Path) -> Measurement:
                else f"exited with status {code}")
         raise DiagnoseError(f"{what} {why}: {_last_line(log)} (command: {shlex.join(argv)})",
                             run=label)
-    found = sorted(results.glob("*.json")) if results.is_dir() else []
-    docs = [load_result(p) for p in find_results([results])] if found else []
+    docs = [load_result(p) for p in sorted(results.glob("*.json"))] if results.is_dir() else []
     if len(docs) != 1 or not is_complete(docs[0]):
         raise DiagnoseError(f"{what} exited 0 but left no complete result in {results}",
                             run=label)
