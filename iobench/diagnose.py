@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import ConfigError, IobenchError
+from iobench.errors import ConfigError, DatasetError, IobenchError
 
 SCHEMA = "iobench.diagnose"
 SCHEMA_VERSION = 1
@@ -128,6 +128,11 @@ class DiagnoseConfig:
         d["worker_counts"] = list(self.worker_counts)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DiagnoseConfig:
+        return cls(**{**d, "demand": Demand(**d["demand"]),
+                      "worker_counts": tuple(d["worker_counts"])})
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -180,6 +185,27 @@ class DiagnoseResult:
                 "storage": [m.to_dict() for m in self.storage],
                 "run": None if self.run is None else self.run.to_dict(),
                 "diagnosis": self.diagnosis.to_dict(), "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DiagnoseResult:
+        """The result of a document `to_dict` wrote (unknown keys raise TypeError)."""
+        return cls(DiagnoseConfig.from_dict(d["config"]),
+                   tuple(Measurement(**m) for m in d["memory"]),
+                   tuple(Measurement(**m) for m in d["storage"]),
+                   None if d["run"] is None else Measurement(**d["run"]),
+                   Diagnosis(**d["diagnosis"]), d["created"], tuple(d["notes"]))
+
+
+def load_diagnosis(path: str | Path) -> DiagnoseResult:
+    """Read a diagnosis document written by `write_diagnosis`, checking schema and version."""
+    from iobench.jsonio import read_json
+
+    doc = read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION)
+    try:
+        return DiagnoseResult.from_dict(doc)
+    except (KeyError, TypeError) as e:
+        raise DatasetError(f"{path} is not a whole iobench.diagnose document ({e}); it was "
+                           "damaged or written by another program") from None
 
 
 # ---- the answer ------------------------------------------------------------------------------
@@ -334,8 +360,10 @@ def measure(config: DiagnoseConfig, spec: RunSpec, work: Path) -> Measurement:
 
 
 def _figures(spec: RunSpec, doc: dict[str, Any], what: str) -> Measurement:
-    """The measured epoch's steady rate: samples after the first step over the wall time
-    after the first batch (worker start-up and first opens left out, as MLPerf's AU)."""
+    """The measured epoch's steady rate over its wall time after the first batch arrived
+    (worker start-up and first opens left out, as MLPerf's AU): the batches delivered in
+    it for an ingest run (all but the first), the batches computed in it for the user's
+    run (all: the first one's compute falls inside)."""
     epoch = doc["epochs"][-1]
     s = epoch["summary"]
     first = s["first_batch_s_max"] or 0.0
@@ -343,7 +371,8 @@ def _figures(spec: RunSpec, doc: dict[str, Any], what: str) -> Measurement:
     if steps < 2 or s["wall_s"] - first <= 0:
         raise DiagnoseError(f"{what} made {steps} step(s): too few for a rate; use a smaller "
                             "--batch-size or a dataset with more samples", run=spec.kind)
-    rate = s["samples"] * (steps - 1) / steps / (s["wall_s"] - first)
+    delivered = s["samples"] if spec.kind == USER_RUN else s["samples"] * (steps - 1) / steps
+    rate = delivered / (s["wall_s"] - first)
     au = s.get("au_mlperf_mean") if spec.kind == USER_RUN else None
     return Measurement(spec.kind, spec.workers, rate, steps, au,
                        epoch["cache"]["resident_fraction"], doc["run_id"])

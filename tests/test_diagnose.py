@@ -21,11 +21,13 @@ from iobench.diagnose import (
     STORAGE_RUN,
     USER_RUN,
     DiagnoseConfig,
+    DiagnoseResult,
     Measurement,
     RunSpec,
     classify,
     demand_of,
     iobench_argv,
+    load_diagnosis,
     parse_worker_counts,
     plan_runs,
     train_args,
@@ -124,6 +126,22 @@ def test_the_users_run_is_set_against_the_answer_without_changing_it() -> None:
     assert user_run_note(fine, keeps).endswith("against a demand of 1000")
 
 
+def test_a_diagnosis_document_round_trips_and_a_damaged_one_is_named(tmp_path: Path) -> None:
+    from iobench.diagnose import write_diagnosis
+    from iobench.errors import DatasetError
+
+    d = _classify(1000, {1: 1500}, {1: 300})
+    result = DiagnoseResult(_config(), tuple(_runs(MEMORY_RUN, {1: 1500})),
+                            tuple(_runs(STORAGE_RUN, {1: 300})), None, d, "now", ("a note",))
+    path = write_diagnosis(result, tmp_path)
+    assert load_diagnosis(path) == result
+    doc = json.loads(path.read_text())
+    del doc["diagnosis"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DatasetError, match="not a whole iobench.diagnose"):
+        load_diagnosis(path)
+
+
 def test_a_command_line_without_a_demand_is_one_line_and_exit_2(tmp_path: Path,
                                                                    capsys) -> None:
     assert cli("diagnose", "--loader", "hdf5", "--storage", tmp_path) == 2
@@ -178,6 +196,7 @@ def _diagnose(tmp_path: Path, storage: Path, *extra: str, dataset: str = "cifar1
     (path,) = results.iterdir()  # the measurement runs' own results are not left there
     doc = json.loads(path.read_text())
     assert doc["schema"] == "iobench.diagnose" and doc["schema_version"] == 1
+    assert load_diagnosis(path).to_dict() == doc
     return doc
 
 
