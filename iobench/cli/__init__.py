@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "emulate-pfs": ("iobench.cli.emulate_pfs", "mount an emulated parallel filesystem (FUSE) over a directory"),
     "datasize": ("iobench.cli.datasize", "the dataset MLPerf Storage requires for a workload on N accelerators"),
     "search": ("iobench.cli.search", "largest accelerator count a storage keeps at AU >= threshold"),
+    "diagnose": ("iobench.cli.diagnose", "stage or tune? storage, loader or neither, against the accelerator's demand"),
 }
 
 
