@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from iobench import launch
 from iobench.errors import ConfigError, DatasetError, IobenchError
+from iobench.launch import Command
+from iobench.result_types import TrainResult
 
 SCHEMA = "iobench.diagnose"
 SCHEMA_VERSION = 1
@@ -302,105 +301,68 @@ def train_args(config: DiagnoseConfig, spec: RunSpec, results: Path) -> list[str
 
 
 def iobench_argv(args: Sequence[str]) -> list[str]:
-    """`python -P -m iobench ARGS`: this installation's iobench, whatever the working
-    directory holds (-P, Python >= 3.11: the cwd is not put first on sys.path)."""
-    safe = ["-P"] if sys.version_info >= (3, 11) else []
-    return [sys.executable, *safe, "-m", "iobench", *args]
-
-
-def launch(argv: list[str], log: Path, timeout_s: float) -> int:
-    """Run `argv` with its output in `log`, in its own process group; its exit status
-    (124 when it ran past `timeout_s`, its whole group then killed)."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with open(log, "w") as f:
-        f.write("$ " + shlex.join(argv) + "\n")
-        f.flush()
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return 124
-        except BaseException:  # an interrupt: no loader worker is left behind
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-
-
-def _last_line(log: Path) -> str:
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1][:400] if lines else "no output"
+    """`python -P -m iobench ARGS` (the shared launcher's): this installation's iobench,
+    whatever the working directory holds."""
+    return Command("train" if not args else args[0], tuple(args[1:])).argv()
 
 
 def measure(config: DiagnoseConfig, spec: RunSpec, work: Path) -> Measurement:
     """Run one planned measurement as a child `iobench train`; its figures from the
     result document it wrote (the exit status says whether it did)."""
-    from iobench.results import is_complete, load_result
+    from iobench.results import load_typed
 
     label = f"{spec.kind}-w{spec.workers}"
     results = work / label
-    log = work / f"{label}.log"
     argv = iobench_argv(["train", *train_args(config, spec, results)])
-    code = launch(argv, log, config.run_timeout_s)
+    done = launch.run(argv, work / f"{label}.log", config.run_timeout_s)
     what = f"the {spec.kind} run with {spec.workers} worker(s)"
-    if code != 0:
-        why = (f"ran past --run-timeout {config.run_timeout_s:g} s" if code == 124
-               else f"exited with status {code}")
-        raise DiagnoseError(f"{what} {why}: {_last_line(log)} (command: {shlex.join(argv)})",
-                            run=label)
-    docs = [load_result(p) for p in sorted(results.glob("*.json"))] if results.is_dir() else []
-    if len(docs) != 1 or not is_complete(docs[0]):
+    if not done.ok:
+        why = (f"ran past --run-timeout {config.run_timeout_s:g} s" if done.timed_out
+               else f"exited with status {done.code}")
+        raise DiagnoseError(f"{what} {why}: {launch.last_line(done.log)} "
+                            f"(command: {shlex.join(argv)})", run=label)
+    docs = [load_typed(p) for p in sorted(results.glob("*.json"))] if results.is_dir() else []
+    if len(docs) != 1 or not docs[0].complete:
         raise DiagnoseError(f"{what} exited 0 but left no complete result in {results}",
                             run=label)
     return _figures(spec, docs[0], what)
 
 
-def _figures(spec: RunSpec, doc: dict[str, Any], what: str) -> Measurement:
+def _figures(spec: RunSpec, doc: TrainResult, what: str) -> Measurement:
     """The measured epoch's steady rate over its wall time after the first batch arrived
     (worker start-up and first opens left out, as MLPerf's AU): the batches delivered in
     it for an ingest run (all but the first), the batches computed in it for the user's
     run (all: the first one's compute falls inside)."""
-    epoch = doc["epochs"][-1]
-    s = epoch["summary"]
-    first = s["first_batch_s_max"] or 0.0
-    steps = s["steps"]
-    if steps < 2 or s["wall_s"] - first <= 0:
+    epoch = doc.epochs[-1]
+    s = epoch.summary
+    first = s.first_batch_s_max or 0.0
+    steps = s.steps
+    if steps < 2 or s.wall_s - first <= 0:
         raise DiagnoseError(f"{what} made {steps} step(s): too few for a rate; use a smaller "
                             "--batch-size or a dataset with more samples", run=spec.kind)
-    delivered = s["samples"] if spec.kind == USER_RUN else s["samples"] * (steps - 1) / steps
-    rate = delivered / (s["wall_s"] - first)
-    au = s.get("au_mlperf_mean") if spec.kind == USER_RUN else None
+    delivered = s.samples if spec.kind == USER_RUN else s.samples * (steps - 1) / steps
+    rate = delivered / (s.wall_s - first)
+    au = s.au_mlperf_mean if spec.kind == USER_RUN else None
     return Measurement(spec.kind, spec.workers, rate, steps, au,
-                       epoch["cache"]["resident_fraction"], doc["run_id"])
+                       epoch.cache.resident_fraction, doc.run_id)
 
 
 # ---- the workflow ----------------------------------------------------------------------------
 
-def dataset_files(config: DiagnoseConfig) -> list[Path]:
-    """Every regular file of the dataset (the user's one file, with --data FILE)."""
-    from iobench.placement import resolve_dataset
-
-    if config.data is not None and Path(config.data).is_file():
-        return [Path(config.data)]
-    root = resolve_dataset(config)
-    return sorted(p for p in root.rglob("*") if p.is_file())
-
-
 def prewarm(config: DiagnoseConfig) -> str | None:
-    """Read the dataset once, so that the in-memory runs measure the loader, not the tier;
-    a note when it is too large for that (their measured residency then shows it)."""
-    files = dataset_files(config)
-    total = sum(p.stat().st_size for p in files)
+    """Read the dataset's files once (as its manifest lists them), so that the in-memory
+    runs measure the loader, not the tier; a note when it is too large for that (their
+    measured residency then shows it)."""
+    from iobench import dataref
+
+    ref = dataref.resolve(config)
+    total = ref.manifest.total_bytes
     if total > config.prewarm_max_bytes:
         return (f"the dataset ({total / 1e9:.3g} GB) was not read into memory first (over "
                 f"{config.prewarm_max_bytes / 1e9:.3g} GB): the in-memory runs rely on their "
                 "first epoch; see each one's resident_fraction")
-    for p in files:
-        with open(p, "rb", buffering=0) as f:
+    for entry in ref.manifest.files:
+        with open(ref.root / entry.path, "rb", buffering=0) as f:
             while f.read(1 << 20):
                 pass
     return None

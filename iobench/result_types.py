@@ -312,6 +312,7 @@ class EpochSummary(Record):
     # results before au_mlperf lack them
     au_mlperf_mean: float | None = key(default=None, optional=True)
     au_mlperf_min: float | None = key(default=None, optional=True)
+    first_batch_s_max: float | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
