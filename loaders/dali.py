@@ -6,17 +6,24 @@
   source is the same per-format `BatchReader` the PyTorch loaders use, run in
   DALI's Python worker processes (`workers` of them; `workers=0` runs it in
   the main process). One call reads one whole batch.
-- "native" (files): DALI's own readers, `fn.readers.file` (+ `fn.decoders.image`) for
-  JPEG/PNG trees and `fn.readers.numpy` for `.npy`, given this rank's file
-  list for the epoch in order (the pipeline is rebuilt each epoch, since the
-  readers take their file list when built). They read with plain reads
-  (`dont_use_mmap`): mapped pages could not be evicted between epochs, and
-  mmap is slow on parallel filesystems.
+- "native" (files): DALI reads the files itself. JPEG/PNG trees: an external
+  source hands DALI each batch's paths (a slice of one array per batch, in this
+  process) and `fn.io.file.read` reads them in DALI's threads, then
+  `fn.decoders`; one pipeline serves epoch after epoch, as for the container
+  formats. `.npy`: `fn.readers.numpy` (it reads straight into its output) over
+  the epoch's file list in order, one pipeline per epoch, since it takes its
+  list when built. Both read with plain reads (`dont_use_mmap`): mapped pages
+  could not be evicted between epochs, and mmap is slow on parallel filesystems.
+
+A pipeline delivers one epoch and stops (its source raises StopIteration), so
+nothing of the next epoch is read before that epoch's cold-cache eviction.
 
 `workers` sets DALI's Python workers and CPU threads; `worker_type` does not
-apply (DALI's workers are always processes). `prefetch` is DALI's
-`prefetch_queue_depth`, and batches in flight per worker for the parallel
-source.
+apply (DALI's workers are always processes). They are forked while no CUDA is
+live in this process and spawned once it is (`start_method`): a forked child
+of a CUDA process is unusable, and DALI refuses to fork then. `prefetch` is
+DALI's `prefetch_queue_depth`, and batches in flight per worker for the
+parallel source.
 
 Order, sharding and shuffling come from `iobench.sampling`, exactly as for
 the other loaders, so every loader delivers the same samples in the same
@@ -26,14 +33,16 @@ and the rest runs on the GPU, and `Batch.samples` is a CUDA tensor.
 
 Preprocessing ends, as in the PyTorch loaders, at the compact form the
 batch's `Finish` turns into the model's float input (with `convert="device"`
-where the batch is consumed; with "loader" right here, on DALI's output).
+where the batch is consumed, on the GPU for a GPU pipeline's batches; with
+"loader" right here, on DALI's output, wherever it lives).
 cifar10's crop offsets and flips are fed in from the same pure function of
 (seed, epoch, index) as the PyTorch loaders, so decoded cifar10 batches equal
 theirs; cosmoflow's are its stored int16, and the same `Finish` (a log1p
-table) gives the same float values. imagenet uses DALI's own
-`random_resized_crop` and `coin_flip`, whose random draws (and resize filter)
-differ from the PyTorch loaders': decoded imagenet batches are comparable in
-shape and statistics, not bitwise.
+table) gives the same float values. imagenet is DALI's own ImageNet recipe:
+`decoders.image_random_crop` (only the crop window is decoded), `resize` to
+224 and `coin_flip`, whose random draws (and resize filter) differ from the
+PyTorch loaders': decoded imagenet batches are comparable in shape and
+statistics, not bitwise.
 """
 
 from __future__ import annotations
