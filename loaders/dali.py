@@ -403,8 +403,8 @@ class DaliLoader(Loader):
 
     def _bytes(self, tl: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first n samples of a batch of encoded files (uint8, ragged) back to back, and
-        their offsets: a view of DALI's own buffer where it holds them so (its readers do),
-        else one copy; no per-sample Python work."""
+        their offsets: a view of DALI's own buffer where it holds them so (its file reads
+        do), else one copy; no per-sample Python work."""
         sizes = np.fromiter((s[0] for s in tl.shape()), dtype=np.int64, count=len(tl))
         offsets = np.zeros(len(tl) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
