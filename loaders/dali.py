@@ -7,8 +7,8 @@
   DALI's Python worker processes (`workers` of them; `workers=0` runs it in
   the main process). One call reads one whole batch.
 - "native" (files): DALI reads the files itself. JPEG/PNG trees: an external
-  source hands DALI each batch's paths (a slice of one array per batch, in this
-  process) and `fn.io.file.read` reads them in DALI's threads, then
+  source hands DALI each batch's paths (rows of one array, in this process)
+  and `fn.io.file.read` reads them in DALI's threads, then
   `fn.decoders`; one pipeline serves epoch after epoch, as for the container
   formats. `.npy`: `fn.readers.numpy` (it reads straight into its output) over
   the epoch's file list in order, one pipeline per epoch, since it takes its
@@ -142,40 +142,39 @@ class _BatchSource(_Source):
 
 
 class _PathSource(_Source):
-    """The files format: the batch's file paths (uint8, for `fn.io.file.read`, which reads
-    them in DALI's threads)."""
+    """The files format: the batch's file paths, for `fn.io.file.read` (which reads them in
+    DALI's threads): one NUL-padded uint8 array [B, longest] and each path's length [B, 1]
+    (DALI cuts each row to its length), so DALI converts one array, not one per sample."""
 
     def __init__(self, paths: _Paths, *args: Any) -> None:
         super().__init__(*args)
         self.paths = paths
 
     def _data(self, b: np.ndarray) -> tuple[Any, ...]:
-        return (self.paths.encoded(b),)
+        return self.paths.padded(b)
 
 
 class _Paths:
-    """The absolute path of each sample's file (files format: sample i is data file i), as
-    uint8 arrays; all held back to back in one array, or for a compact manifest (millions
-    of files) built per batch from its table."""
+    """The absolute path of each sample's file (files format: sample i is data file i) as
+    fixed-width bytes: all held in one array, or for a compact manifest (millions of
+    files) built per batch from its table."""
 
     def __init__(self, paths: Any) -> None:
         self.table = paths if isinstance(paths, DataPaths) else None
         if self.table is None:
-            enc = [os.fsencode(p) for p in paths]
-            self.flat = np.frombuffer(b"".join(enc), dtype=np.uint8)
-            self.offsets = np.zeros(len(enc) + 1, dtype=np.int64)
-            np.cumsum([len(e) for e in enc], out=self.offsets[1:])
+            self.names = np.array([os.fsencode(p) for p in paths])
 
-    def encoded(self, b: np.ndarray) -> list[np.ndarray]:
+    def padded(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.table is not None:
             order = np.argsort(b, kind="stable")
             got = self.table.at(b[order])
-            out: list[np.ndarray] = [np.empty(0, np.uint8)] * len(b)
-            for k, p in zip(order.tolist(), got, strict=True):
-                out[k] = np.frombuffer(os.fsencode(p), dtype=np.uint8)
-            return out
-        o, flat = self.offsets, self.flat
-        return [flat[o[i]:o[i + 1]] for i in b.tolist()]
+            names = np.empty(len(b), dtype=object)
+            names[order] = [os.fsencode(p) for p in got]
+            names = names.astype(bytes)
+        else:
+            names = self.names[b]
+        lengths = np.char.str_len(names).astype(np.int32)[:, None]
+        return names.view(np.uint8).reshape(len(b), -1), lengths
 
 
 def _cifar_args(seed: int, epoch: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -352,8 +351,9 @@ class DaliLoader(Loader):
             src = _PathSource(self._paths, *args)
         else:
             src = _BatchSource(self.reader, *args)
-        n_meta = 1 if files else 3  # (indices) or (labels, stored bytes, indices)
-        n_out = 1 + n_meta + (2 if cifar_aug else 0)
+        # data, then meta: (paths, lengths; indices) or (samples; labels, stored bytes, indices)
+        n_data, n_meta = (2, 1) if files else (1, 3)
+        n_out = n_data + n_meta + (2 if cifar_aug else 0)
         layouts = ["" if files else SAMPLE_LAYOUTS[ds]] + [""] * (n_out - 1)
         # the paths source is a slice per batch: in this process, no workers to start
         par = ({"parallel": True, "prefetch_queue_depth": c.workers * c.prefetch}
@@ -364,12 +364,13 @@ class DaliLoader(Loader):
                                       batch_info=True, layout=layouts, **par)
             x = outs[0]
             if files:
+                x = fn.slice(x, 0, outs[1], axes=[0])  # each path without its padding
                 # plain reads: mapped pages could not be evicted between epochs
                 x = fn.io.file.read(x, dont_use_mmap=True)
                 if not self.jpeg:  # PNG is lossless storage: decode to the stored array
                     x = fn.decoders.image(x, device="cpu", output_type=types.RGB)
             aug = (outs[-2], outs[-1]) if cifar_aug else None
-            pipe.set_outputs(self._preprocess(x, aug), *outs[1:1 + n_meta])
+            pipe.set_outputs(self._preprocess(x, aug), *outs[n_data:n_data + n_meta])
         _build(pipe)
         return pipe
 

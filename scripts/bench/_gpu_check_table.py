@@ -17,6 +17,11 @@ def outcome(rc: str) -> str:
             "skipped": "skipped (budget)"}.get(rc, f"FAILED (exit {rc})")
 
 
+def num(v: float) -> str:
+    """A rate: whole numbers from 100 up, else 3 significant digits."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def last_line(log: Path, pattern: str) -> str:
     """The last line of `log` matching `pattern` (regex), stripped, or ''."""
     if not log.exists():
@@ -35,9 +40,8 @@ def train_figures(work: Path, name: str) -> str:
     s = doc["epochs"][-1]["summary"]
     verdict = last_line(work / "logs" / f"{name}.log", r"^verdict:")
     status = "" if doc.get("status") in (None, "complete") else f"[{doc['status']}] "
-    return (f"{status}epoch {doc['epochs'][-1].get('epoch', '?')}: "
-            f"{s['samples_per_s']:,.0f} samples/s, "
-            f"{s['read_MBps']:,.0f} MB/s, stall {100 * s['stall_fraction_max']:.0f}%, "
+    return (f"{status}epoch {len(doc['epochs'])}: {num(s['samples_per_s'])} samples/s, "
+            f"{num(s['read_MBps'])} MB/s, stall {100 * s['stall_fraction_max']:.0f}%, "
             f"AU {s['au_mean']:.2f}; {verdict[:160]}")
 
 
@@ -49,8 +53,8 @@ def ratio_figures(work: Path) -> str:
     for r in json.loads(path.read_text())["rows"]:
         m = statistics.median
         parts.append(f"{r['format']} {'decoded' if r['decode'] else 'no decode'}: "
-                     f"{m(r['ratio']):.2f} ({m(r['iobench_img_s']):,.0f} / "
-                     f"{m(r['native_img_s']):,.0f} img/s)")
+                     f"{m(r['ratio']):.2f} (iobench {num(m(r['iobench_img_s']))} / DALI's own "
+                     f"{num(m(r['native_img_s']))} img/s)")
     return "; ".join(parts)
 
 
@@ -58,7 +62,7 @@ def demand_figures(work: Path) -> str:
     path = work / "res" / "model_demand.json"
     if not path.exists():
         return "no result file"
-    return "; ".join(f"{r['model']} batch {r['batch']}: {r['samples_per_s']:,.1f} samples/s "
+    return "; ".join(f"{r['model']} batch {r['batch']}: {num(r['samples_per_s'])} samples/s "
                      f"({r['ms_per_step']:.1f} ms/step)"
                      for r in json.loads(path.read_text()))
 
@@ -76,8 +80,8 @@ def figures(work: Path, name: str) -> str:
         return demand_figures(work)
     if name.startswith("train-"):
         return train_figures(work, name)
-    if name == "pytest":
-        return last_line(log, r"passed|failed|error")
+    if name.startswith("pytest"):
+        return last_line(log, r"passed|failed|error|no tests ran")
     return ""
 
 
