@@ -6,17 +6,24 @@
   source is the same per-format `BatchReader` the PyTorch loaders use, run in
   DALI's Python worker processes (`workers` of them; `workers=0` runs it in
   the main process). One call reads one whole batch.
-- "native" (files): DALI's own readers, `fn.readers.file` (+ `fn.decoders.image`) for
-  JPEG/PNG trees and `fn.readers.numpy` for `.npy`, given this rank's file
-  list for the epoch in order (the pipeline is rebuilt each epoch, since the
-  readers take their file list when built). They read with plain reads
-  (`dont_use_mmap`): mapped pages could not be evicted between epochs, and
-  mmap is slow on parallel filesystems.
+- "native" (files): DALI reads the files itself. JPEG/PNG trees: an external
+  source hands DALI each batch's paths (rows of one array, in this process)
+  and `fn.io.file.read` reads them in DALI's threads, then
+  `fn.decoders`; one pipeline serves epoch after epoch, as for the container
+  formats. `.npy`: `fn.readers.numpy` (it reads straight into its output) over
+  the epoch's file list in order, one pipeline per epoch, since it takes its
+  list when built. Both read with plain reads (`dont_use_mmap`): mapped pages
+  could not be evicted between epochs, and mmap is slow on parallel filesystems.
+
+A pipeline delivers one epoch and stops (its source raises StopIteration), so
+nothing of the next epoch is read before that epoch's cold-cache eviction.
 
 `workers` sets DALI's Python workers and CPU threads; `worker_type` does not
-apply (DALI's workers are always processes). `prefetch` is DALI's
-`prefetch_queue_depth`, and batches in flight per worker for the parallel
-source.
+apply (DALI's workers are always processes). They are forked while no CUDA is
+live in this process and spawned once it is (`start_method`): a forked child
+of a CUDA process is unusable, and DALI refuses to fork then. `prefetch` is
+DALI's `prefetch_queue_depth`, and batches in flight per worker for the
+parallel source.
 
 Order, sharding and shuffling come from `iobench.sampling`, exactly as for
 the other loaders, so every loader delivers the same samples in the same
@@ -26,19 +33,23 @@ and the rest runs on the GPU, and `Batch.samples` is a CUDA tensor.
 
 Preprocessing ends, as in the PyTorch loaders, at the compact form the
 batch's `Finish` turns into the model's float input (with `convert="device"`
-where the batch is consumed; with "loader" right here, on DALI's output).
+where the batch is consumed, on the GPU for a GPU pipeline's batches; with
+"loader" right here, on DALI's output, wherever it lives).
 cifar10's crop offsets and flips are fed in from the same pure function of
 (seed, epoch, index) as the PyTorch loaders, so decoded cifar10 batches equal
 theirs; cosmoflow's are its stored int16, and the same `Finish` (a log1p
-table) gives the same float values. imagenet uses DALI's own
-`random_resized_crop` and `coin_flip`, whose random draws (and resize filter)
-differ from the PyTorch loaders': decoded imagenet batches are comparable in
-shape and statistics, not bitwise.
+table) gives the same float values. imagenet is DALI's own ImageNet recipe:
+`decoders.image_random_crop` (only the crop window is decoded), `resize` to
+224 and `coin_flip`, whose random draws (and resize filter) differ from the
+PyTorch loaders': decoded imagenet batches are comparable in shape and
+statistics, not bitwise.
 """
 
 from __future__ import annotations
 
-import gc
+import ctypes
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -59,9 +70,12 @@ from iobench.loaders._preprocess import (
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
 from iobench.loaders.readers import reader_for
-from iobench.manifest import Manifest, check_magic, refuse_irregular
+from iobench.manifest import DataPaths, Manifest, check_magic, refuse_irregular
 
 SAMPLE_LAYOUTS = {"cifar10": "HWC", "cosmoflow": "DHWC", "imagenet": ""}
+# nvJPEG's device and pinned host buffers sized up front (bytes), as DALI's own ImageNet
+# pipeline does, so that early large images do not reallocate them batch after batch
+NVJPEG_PADDING = {"device_memory_padding": 211_025_920, "host_memory_padding": 140_544_512}
 
 
 def _dali() -> Any:
@@ -82,12 +96,15 @@ class _PerFileReader(Protocol):
     def labels(self) -> np.ndarray: ...
 
 
-class _BatchSource:
-    """DALI batch source: batch `iteration` of epoch `first_epoch + epoch_idx`, read by a BatchReader."""
+class _Source:
+    """DALI batch source of batch `iteration` of epoch `first_epoch + epoch_idx`: the batch's
+    data (`_data`), its sample indices, and cifar10's augmentation arguments; StopIteration
+    at the epoch's end, so the next epoch starts only when asked for (after its eviction).
+    Picklable (spawned DALI workers get a copy)."""
 
-    def __init__(self, reader: BatchReader, order: EpochOrder, first_epoch: int, batch_size: int,
-                 seed: int, cifar_aug: bool) -> None:
-        self.reader, self.order, self.first_epoch = reader, order, first_epoch
+    def __init__(self, order: EpochOrder, first_epoch: int, batch_size: int, seed: int,
+                 cifar_aug: bool) -> None:
+        self.order, self.first_epoch = order, first_epoch
         self.batch_size, self.seed, self.cifar_aug = batch_size, seed, cifar_aug
 
     def __call__(self, info: Any) -> tuple[Any, ...]:
@@ -97,17 +114,67 @@ class _BatchSource:
         if start >= len(idx):
             raise StopIteration
         b = idx[start:start + self.batch_size]
-        raw = self.reader.read(b)
-        if raw.offsets is not None:
-            o = raw.offsets
-            samples: Any = [raw.samples[o[k]:o[k + 1]] for k in range(len(b))]
-        else:
-            samples = raw.samples
-        outs: tuple[Any, ...] = (samples, np.ascontiguousarray(raw.labels), b.copy(),
-                                 raw.stored_bytes)
+        outs = (*self._data(b), b.copy())
         if self.cifar_aug:
             outs += _cifar_args(self.seed, epoch, b)
         return outs
+
+    def _data(self, b: np.ndarray) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+
+class _BatchSource(_Source):
+    """Container formats: the batch's samples, labels and stored bytes, read by a BatchReader
+    (one read per batch; JPEG samples are views of one buffer)."""
+
+    def __init__(self, reader: BatchReader, *args: Any) -> None:
+        super().__init__(*args)
+        self.reader = reader
+
+    def _data(self, b: np.ndarray) -> tuple[Any, ...]:
+        raw = self.reader.read(b)
+        if raw.offsets is not None:
+            o = raw.offsets.tolist()  # DALI takes ragged samples as a list
+            samples: Any = [raw.samples[o[k]:o[k + 1]] for k in range(len(b))]
+        else:
+            samples = raw.samples
+        return samples, np.ascontiguousarray(raw.labels), raw.stored_bytes
+
+
+class _PathSource(_Source):
+    """The files format: the batch's file paths, for `fn.io.file.read` (which reads them in
+    DALI's threads): one NUL-padded uint8 array [B, longest] and each path's length [B, 1]
+    (DALI cuts each row to its length), so DALI converts one array, not one per sample."""
+
+    def __init__(self, paths: _Paths, *args: Any) -> None:
+        super().__init__(*args)
+        self.paths = paths
+
+    def _data(self, b: np.ndarray) -> tuple[Any, ...]:
+        return self.paths.padded(b)
+
+
+class _Paths:
+    """The absolute path of each sample's file (files format: sample i is data file i) as
+    fixed-width bytes: all held in one array, or for a compact manifest (millions of
+    files) built per batch from its table."""
+
+    def __init__(self, paths: Any) -> None:
+        self.table = paths if isinstance(paths, DataPaths) else None
+        if self.table is None:
+            self.names = np.array([os.fsencode(p) for p in paths])
+
+    def padded(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.table is not None:
+            order = np.argsort(b, kind="stable")
+            got = self.table.at(b[order])
+            names = np.empty(len(b), dtype=object)
+            names[order] = [os.fsencode(p) for p in got]
+            names = names.astype(bytes)
+        else:
+            names = self.names[b]
+        lengths = np.char.str_len(names).astype(np.int32)[:, None]
+        return names.view(np.uint8).reshape(len(b), -1), lengths
 
 
 def _cifar_args(seed: int, epoch: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,19 +184,23 @@ def _cifar_args(seed: int, epoch: int, idx: np.ndarray) -> tuple[np.ndarray, np.
     return start, flip.astype(np.int32)
 
 
-class _AugSource:
-    """Non-parallel batch source of cifar10 augmentation arguments, for the files readers."""
+def cuda_live() -> bool:
+    """Whether this process has initialised CUDA (torch's runtime, or the driver by anyone):
+    DALI refuses to fork its Python workers then."""
+    if torch.cuda.is_initialized():
+        return True
+    # DALI's own test before it forks (nvidia/dali/_multiproc/pool.py); not in its stubs
+    driver_up = getattr(_dali().backend, "IsDriverInitialized", None)
+    return bool(driver_up is not None and driver_up())
 
-    def __init__(self, idx: np.ndarray, batch_size: int, seed: int, epoch: int) -> None:
-        self.idx, self.batch_size, self.seed, self.epoch = idx, batch_size, seed, epoch
 
-    def __call__(self, info: Any) -> tuple[np.ndarray, np.ndarray]:
-        steps = -(-len(self.idx) // self.batch_size)
-        it = info.iteration % steps  # DALI may prefetch past the epoch's end: wrap around
-        b = self.idx[it * self.batch_size:(it + 1) * self.batch_size]
-        if len(b) < self.batch_size:  # the readers pad the last batch by repeating the last sample
-            b = np.concatenate([b, np.repeat(b[-1:], self.batch_size - len(b))])
-        return _cifar_args(self.seed, self.epoch, b)
+def start_method(gpu: bool) -> str:
+    """How a pipeline built now starts its Python workers: "spawn" for a GPU pipeline
+    (building it initialises CUDA) or once CUDA is live in this process (a forked child
+    of a CUDA process is unusable, and DALI refuses), else "fork" (a fresh interpreter
+    per worker costs start-up; docs/loaders.md). Asked at every build, so pipelines
+    built before and after the model moves to a GPU both work."""
+    return "spawn" if gpu or cuda_live() else "fork"
 
 
 def check_native_inputs(m: Manifest, rank: int = 0, world: int = 1, threads: int = 16) -> None:
@@ -143,8 +214,6 @@ def check_native_inputs(m: Manifest, rank: int = 0, world: int = 1, threads: int
     that build loaders on several ranks (train, bench-read) raise any rank's error on
     every rank before an epoch starts, so no rank hands DALI a file nobody checked.
     """
-    import os
-    import stat
     from concurrent.futures import ThreadPoolExecutor
 
     def one(entry: Any) -> str | None:
@@ -211,6 +280,10 @@ class DaliLoader(Loader):
         self.order = EpochOrder(self)
         self.jpeg = m.sample["kind"] == "jpeg"
         self.ext = m.data_files[0].path.rsplit(".", 1)[-1].lower()
+        # the files format's paths, fed to DALI batch by batch (not .npy: readers.numpy
+        # reads into its output, and takes its file list when built: one pipeline an epoch)
+        self.per_epoch = self.native and self.ext == "npy"
+        self._paths = _Paths(self.reader.paths) if self.native and not self.per_epoch else None
         if m.dataset not in SAMPLE_LAYOUTS:
             hint = (f" (your own data, --data): use --loader {m.format}" if m.dataset == "user"
                     else "")
@@ -231,7 +304,7 @@ class DaliLoader(Loader):
             device_id=torch.cuda.current_device() if self.gpu else None,
             seed=(c.seed * 1_000_003 + epoch * 7919 + self.rank) % (2**31 - 1),
             prefetch_queue_depth=c.prefetch, py_num_workers=max(1, c.workers),
-            py_start_method="spawn" if self.gpu else "fork", exec_dynamic=True)
+            py_start_method=start_method(self.gpu), exec_dynamic=True)
 
     def _preprocess(self, x: Any, aug: tuple[Any, Any] | None) -> Any:
         """DALI graph of the dataset's preprocessing up to its compact form (the batch's
@@ -242,10 +315,13 @@ class DaliLoader(Loader):
         if not self.config.decode:
             return x
         if ds == "imagenet":
-            img = fn.decoders.image(x, device="mixed" if self.gpu else "cpu",
-                                    output_type=types.RGB)
-            img = fn.random_resized_crop(img, size=[CROP, CROP], random_area=[0.08, 1.0],
-                                         random_aspect_ratio=[3 / 4, 4 / 3])
+            # DALI's own ImageNet recipe: decode only the random crop's window (fused
+            # operator; nvJPEG on a GPU), then resize it to 224 x 224 and flip
+            img = fn.decoders.image_random_crop(
+                x, device="mixed" if self.gpu else "cpu", output_type=types.RGB,
+                random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10,
+                **(NVJPEG_PADDING if self.gpu else {}))
+            img = fn.resize(img, resize_x=CROP, resize_y=CROP, antialias=True)
             return fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(),
                                             dtype=types.UINT8, output_layout="HWC")
         if ds == "cifar10":
@@ -259,45 +335,55 @@ class DaliLoader(Loader):
         # cosmoflow: the stored int16; log1p is the batch's Finish (a table lookup)
         return x.gpu() if self.gpu else x
 
-    def _container_pipeline(self, first_epoch: int) -> Any:
-        fn = self._dali.fn
-        c = self.config
-        cifar_aug = self.manifest.dataset == "cifar10" and c.decode
-        src = _BatchSource(self.reader, self.order, first_epoch, c.batch_size, c.seed, cifar_aug)
-        layout = SAMPLE_LAYOUTS[self.manifest.dataset]
-        n_out = 6 if cifar_aug else 4
+    def _source_pipeline(self, first_epoch: int) -> Any:
+        """A pipeline that delivers epochs `first_epoch`, `first_epoch + 1`, ... (after each
+        `reset`), fed batch by batch by an external source: container formats' batches read
+        by iobench's reader in DALI's Python workers, or the files format's paths, read by
+        DALI's own `fn.io.file.read` in its threads. Outputs: the preprocessed samples,
+        then (containers) labels and stored bytes, then the sample indices."""
+        fn, types = self._dali.fn, self._dali.types
+        c, ds, files = self.config, self.manifest.dataset, self.native
+        cifar_aug = ds == "cifar10" and c.decode
+        args = (self.order, first_epoch, c.batch_size, c.seed, cifar_aug)
+        src: _Source
+        if files:
+            assert self._paths is not None, "set for the files format but .npy"
+            src = _PathSource(self._paths, *args)
+        else:
+            src = _BatchSource(self.reader, *args)
+        # data, then meta: (paths, lengths; indices) or (samples; labels, stored bytes, indices)
+        n_data, n_meta = (2, 1) if files else (1, 3)
+        n_out = n_data + n_meta + (2 if cifar_aug else 0)
+        layouts = ["" if files else SAMPLE_LAYOUTS[ds]] + [""] * (n_out - 1)
+        # the paths source is a slice per batch: in this process, no workers to start
+        par = ({"parallel": True, "prefetch_queue_depth": c.workers * c.prefetch}
+               if c.workers > 0 and not files else {})
         pipe = self._new_pipeline(first_epoch)
         with pipe:
-            par = {"parallel": True, "prefetch_queue_depth": c.workers * c.prefetch} \
-                if c.workers > 0 else {}
             outs = fn.external_source(source=src, num_outputs=n_out, batch=True,
-                                      batch_info=True, layout=[layout, "", "", "", "", ""][:n_out],
-                                      **par)
-            x, labels, idx, nbytes = outs[:4]
-            aug = (outs[4], outs[5]) if cifar_aug else None
-            pipe.set_outputs(self._preprocess(x, aug), labels, idx, nbytes)
+                                      batch_info=True, layout=layouts, **par)
+            x = outs[0]
+            if files:
+                x = fn.slice(x, 0, outs[1], axes=[0])  # each path without its padding
+                # plain reads: mapped pages could not be evicted between epochs
+                x = fn.io.file.read(x, dont_use_mmap=True)
+                if not self.jpeg:  # PNG is lossless storage: decode to the stored array
+                    x = fn.decoders.image(x, device="cpu", output_type=types.RGB)
+            aug = (outs[-2], outs[-1]) if cifar_aug else None
+            pipe.set_outputs(self._preprocess(x, aug), *outs[n_data:n_data + n_meta])
         _build(pipe)
         return pipe
 
-    def _files_pipeline(self, epoch: int, idx: np.ndarray) -> Any:
-        fn = self._dali.fn
-        c, m = self.config, self.manifest
+    def _npy_pipeline(self, epoch: int, idx: np.ndarray) -> Any:
+        """`fn.readers.numpy` over this epoch's files in order (it reads each into its
+        output: no copy); it takes its file list when built, so one pipeline per epoch."""
+        fn, m = self._dali.fn, self.manifest
         rel = [self.reader.files[i].path for i in idx.tolist()]
         pipe = self._new_pipeline(epoch)
         with pipe:
-            if self.ext == "npy":
-                x = fn.readers.numpy(file_root=str(m.root), files=rel, random_shuffle=False,
-                                     pad_last_batch=True, dont_use_mmap=True, name="reader")
-            else:
-                x, _ = fn.readers.file(file_root=str(m.root), files=rel, random_shuffle=False,
-                                       pad_last_batch=True, dont_use_mmap=True, name="reader")
-                if not self.jpeg:  # PNG is lossless storage: decode to the stored array
-                    x = fn.decoders.image(x, device="cpu", output_type=self._dali.types.RGB)
-            aug = None
-            if m.dataset == "cifar10" and c.decode:
-                aug = fn.external_source(source=_AugSource(idx, c.batch_size, c.seed, epoch),
-                                         num_outputs=2, batch=True, batch_info=True)
-            pipe.set_outputs(self._preprocess(x, aug))
+            x = fn.readers.numpy(file_root=str(m.root), files=rel, random_shuffle=False,
+                                 pad_last_batch=True, dont_use_mmap=True, name="reader")
+            pipe.set_outputs(self._preprocess(x, None))
         _build(pipe)
         return pipe
 
@@ -317,11 +403,19 @@ class DaliLoader(Loader):
                                 else np.asarray(tl.as_tensor()))
 
     def _bytes(self, tl: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [np.asarray(tl[k]) for k in range(n)]
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum([p.size for p in parts], out=offsets[1:])
-        return torch.from_numpy(np.concatenate(parts).astype(np.uint8, copy=False)), \
-            torch.from_numpy(offsets)
+        """The first n samples of a batch of encoded files (uint8, ragged) back to back, and
+        their offsets: a view of DALI's own buffer where it holds them so (its file reads
+        do), else one copy; no per-sample Python work."""
+        sizes = np.fromiter((s[0] for s in tl.shape()), dtype=np.int64, count=len(tl))
+        offsets = np.zeros(len(tl) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        total = int(offsets[-1])
+        try:
+            flat = torch.from_numpy(np.asarray(tl.as_reshaped_tensor([total])))
+        except RuntimeError:  # not contiguous in memory
+            flat = torch.empty(total, dtype=torch.uint8)
+            tl.copy_to_external(ctypes.c_void_p(flat.data_ptr()))
+        return flat[:int(offsets[n])], torch.from_numpy(offsets[:n + 1])
 
     def _run(self, pipe: Any, idx_all: np.ndarray | None = None, step: int = 0) -> Any:
         """pipe.run(), with a DALI failure turned into one DatasetError naming the file."""
@@ -362,55 +456,60 @@ class DaliLoader(Loader):
     def epoch(self, epoch: int) -> Iterator[Batch]:
         c, m = self.config, self.manifest
         idx_all = self.order(epoch)
-        steps = self.steps_per_epoch()
-        files = self.native
-        per_file: _PerFileReader | None = None
-        if files:
-            assert isinstance(self.reader, _PerFileReader), "native mode reads one file a sample"
-            per_file = self.reader
-        try:
-            if files:
-                self.close()
-                self._pipe = self._files_pipeline(epoch, idx_all)
-            elif self._pipe is None or self._next_epoch != epoch:
-                self.close()
-                self._pipe = self._container_pipeline(epoch)
-        except IobenchError:
-            raise
-        except Exception as e:  # DALI checks its readers' files when it builds
-            self._pipe = None
-            raise self._explain(e, idx_all if files else None, 0) from None
-        self._next_epoch = None  # a pipeline left mid-epoch is rebuilt next time
-        pipe = self._pipe
-        for k in range(steps):
+        pipe = self._pipeline_for(epoch, idx_all)
+        finish = FINISH.get(m.dataset) if c.decode else None
+        for k in range(self.steps_per_epoch()):
             idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
             n = len(idx)
             outs = self._run(pipe, idx_all, k)
-            if per_file is not None:
-                labels = torch.from_numpy(np.ascontiguousarray(per_file.labels()[idx]))
-                nbytes = int(per_file.sizes[idx].sum())
-            else:
-                labels = self._to_torch(outs[1], n)
-                got = np.asarray(outs[2].as_tensor())
-                if not np.array_equal(got, idx):
-                    raise DatasetError(f"DALI delivered samples {got[:4]}... where "
-                                       f"{idx[:4]}... were due: internal ordering error")
-                nbytes = int(np.asarray(outs[3].as_tensor()).sum())
+            labels, nbytes = self._labels_and_bytes(outs, idx)
             offsets = None
-            finish = FINISH.get(m.dataset) if c.decode else None
             if self.jpeg and not c.decode:
                 samples, offsets = self._bytes(outs[0], n)
             else:
                 samples = self._to_torch(outs[0], n)
             if finish is not None and c.convert == "loader":
-                samples, finish = finish(samples), None
-            yield Batch(samples, labels, torch.from_numpy(idx.copy()), nbytes, offsets, finish)
-        if not files:
+                yield Batch(finish(samples), labels, torch.from_numpy(idx.copy()), nbytes)
+            else:
+                yield Batch(samples, labels, torch.from_numpy(idx.copy()), nbytes, offsets,
+                            finish)
+        if not self.per_epoch:
             try:
                 self._run(pipe)
-            except StopIteration:
+            except StopIteration:  # the source ended the epoch: the next one may follow
                 pipe.reset()
                 self._next_epoch = epoch + 1
+
+    def _pipeline_for(self, epoch: int, idx_all: np.ndarray) -> Any:
+        """The live pipeline if it delivers `epoch` next, else a new one."""
+        try:
+            if self.per_epoch:
+                self.close()
+                self._pipe = self._npy_pipeline(epoch, idx_all)
+            elif self._pipe is None or self._next_epoch != epoch:
+                self.close()
+                self._pipe = self._source_pipeline(epoch)
+        except IobenchError:
+            raise
+        except Exception as e:  # DALI checks its readers' files when it builds
+            self._pipe = None
+            raise self._explain(e, idx_all if self.native else None, 0) from None
+        self._next_epoch = None  # a pipeline left mid-epoch is rebuilt next time
+        return self._pipe
+
+    def _labels_and_bytes(self, outs: Any, idx: np.ndarray) -> tuple[torch.Tensor, int]:
+        """A batch's labels and stored bytes, after checking that DALI delivered the
+        samples due (the files format: from the manifest and labels file)."""
+        if len(outs) > 1:
+            got = np.asarray(outs[-1].as_tensor())
+            if not np.array_equal(got, idx):
+                raise DatasetError(f"DALI delivered samples {got[:4]}... where "
+                                   f"{idx[:4]}... were due: internal ordering error")
+        if self.native:
+            assert isinstance(self.reader, _PerFileReader), "native mode reads one file a sample"
+            return (torch.from_numpy(np.ascontiguousarray(self.reader.labels()[idx])),
+                    int(self.reader.sizes[idx].sum()))
+        return self._to_torch(outs[1], len(idx)), int(np.asarray(outs[2].as_tensor()).sum())
 
     def close(self) -> None:
         self._discard()
@@ -438,15 +537,21 @@ def _shutdown(pipe: Any) -> None:
 
     A pipeline sits in reference cycles (and an exception's traceback may hold
     it). Left to the collector, it may be collected inside a process forked in
-    the meantime (the next pipeline's workers), and its shutdown there hangs
-    for ever. `_shutdown` is what DALI's own `__del__` calls; after it, that
-    `__del__` does nothing.
+    the meantime (the next pipeline's workers), and its shutdown there (joining
+    threads that only the parent has) hangs for ever. So both things a collection
+    would shut down are shut down here, and a later collection, wherever it
+    happens, finds nothing to do: the executor (`_shutdown`, what DALI's own
+    `__del__` calls; it then does nothing) and the Python worker pool (whose
+    finalizer's `close` then returns at once). No `gc.collect()`: with torch
+    loaded a full collection takes about half a second, once per epoch for the
+    files format.
     """
     shutdown = getattr(pipe, "_shutdown", None)
     if shutdown is not None:
         shutdown()
-    del pipe
-    gc.collect()
+    pool = getattr(pipe, "_py_pool", None)
+    if pool is not None:
+        pool.close()
 
 
 _TORCH_DTYPES = {"DALIDataType.FLOAT": torch.float32, "DALIDataType.UINT8": torch.uint8,

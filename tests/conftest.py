@@ -98,8 +98,18 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory):
 
     @functools.cache
     def make(dataset: str, fmt: str) -> Path:
+        from iobench.errors import UnsupportedError
+        from iobench.formats import parse_format
         from iobench.generators import GenerateConfig, generate_dataset
 
+        spec = parse_format(fmt)
+        try:
+            modules = spec.writer_class().library_modules
+        except UnsupportedError as e:  # its writer's library is missing
+            pytest.skip(str(e))
+        for module in modules:  # an optional extra (zarr), imported by the writer when used
+            pytest.importorskip(module, reason=f"the {fmt} format needs {module}: "
+                                f"{spec.install}")
         n, per = TINY[dataset]
         m = generate_dataset(GenerateConfig(dataset=dataset, format=fmt, storage=storage,
                                             samples=n, samples_per_file=per, seed=TINY_SEED))
