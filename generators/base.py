@@ -17,12 +17,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from iobench.datasets import DatasetSpec
-from iobench.errors import DatasetError
-from iobench.formats import parse_compression, parse_format
+from iobench.core.datasets import DatasetSpec
+from iobench.core.errors import DatasetError
+from iobench.core.formats import parse_compression, parse_format
+from iobench.core.manifest import FileEntry, bad_label
 from iobench.generators import synth
 from iobench.generators.synth import fill_samples, make_jpeg
-from iobench.manifest import FileEntry, bad_label
 
 # samples synthesised and written together (bytes): large writes, and writeback starts
 # after each (`start_writeback`). 16 MiB rather than 64: the disk starts on a file sooner
@@ -48,7 +48,7 @@ class Task:
 
 class Writer(ABC):
     """Writes and checks one on-disk format (layouts: docs/design.md); what it can store
-    (compressions, samples per file) is its entry in `iobench.formats.FORMATS`."""
+    (compressions, samples per file) is its entry in `iobench.core.formats.FORMATS`."""
 
     format: ClassVar[str]
     # top-level modules whose exceptions are storage failures (a full disk reported as

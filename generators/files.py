@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import FileEntry, check_magic
 from iobench.generators.base import (
     Task,
     Writer,
@@ -25,7 +26,6 @@ from iobench.generators.base import (
     write_sample_files,
 )
 from iobench.generators.synth import labels_array
-from iobench.manifest import FileEntry, check_magic
 
 LABELS = "labels.npy"
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import FileEntry
 from iobench.generators.base import (
     ContainerWriter,
     Task,
@@ -24,7 +25,6 @@ from iobench.generators.base import (
     written_file,
 )
 from iobench.generators.synth import labels_array
-from iobench.manifest import FileEntry
 
 _FILTERS: dict[str, dict[str, Any]] = {
     "none": {}, "gzip": {"compression": "gzip", "compression_opts": 4},

@@ -1,7 +1,7 @@
 """LMDB writer (py-lmdb): one single-file environment per `samples_per_file` samples.
 
 Key: the global sample index as 8-byte big-endian unsigned. Value: the record of
-`iobench.records` (header, label, payload; no pickle). Shapes and dtypes are in the manifest. Keys are written in order with
+`iobench.core.records` (header, label, payload; no pickle). Shapes and dtypes are in the manifest. Keys are written in order with
 `append=True`; memory is initialised, so the same seed gives identical files.
 
 Durability: LMDB's own per-commit syncs are off (`sync`, `metasync`). The file is synced
@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from iobench.datasets import DatasetSpec
-from iobench.errors import DatasetError
+from iobench.core.datasets import DatasetSpec
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import FileEntry, check_magic
+from iobench.core.records import HEADER, MAGIC, VERSION, key
 from iobench.generators.base import (
     ContainerWriter,
     Task,
@@ -32,8 +34,6 @@ from iobench.generators.base import (
     written_file,
 )
 from iobench.generators.synth import fill_samples, labels_array, make_sample
-from iobench.manifest import FileEntry, check_magic
-from iobench.records import HEADER, MAGIC, VERSION, key
 
 TXN_BYTES = 256 << 20  # record bytes per write transaction (LMDB caps a transaction's dirty pages)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # glibc mallopt parameters

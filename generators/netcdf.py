@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import FileEntry
 from iobench.generators.base import (
     ContainerWriter,
     Task,
@@ -23,7 +24,6 @@ from iobench.generators.base import (
     written_file,
 )
 from iobench.generators.synth import labels_array
-from iobench.manifest import FileEntry
 
 
 class NetCDFWriter(ContainerWriter):

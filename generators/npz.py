@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import FileEntry, check_magic
 from iobench.generators.base import (
     Task,
     Writer,
@@ -34,7 +35,6 @@ from iobench.generators.synth import (
     sample_depth,
     stored_sample,
 )
-from iobench.manifest import FileEntry, check_magic
 
 _DATE = (1980, 1, 1, 0, 0, 0)  # the zip epoch: no clock in the bytes
 

@@ -73,7 +73,7 @@ import threading
 
 import numpy as np
 
-from iobench.datasets import DatasetSpec
+from iobench.core.datasets import DatasetSpec
 
 SYNTHESIS_VERSION = 3  # the newest; each dataset's own is `synthesis_version_of`
 # each dataset's synthesis version, recorded in its manifests: a dataset whose bytes did not
@@ -173,7 +173,7 @@ def make_sample(spec: DatasetSpec, seed: int, index: int) -> tuple[bytes | np.nd
 
 # ---------------------------------------------------------------- depth spread
 
-# MLPerf Storage unet3d: 146,600,628 B +- 68,341,808 per sample (iobench/workloads.py), as
+# MLPerf Storage unet3d: 146,600,628 B +- 68,341,808 per sample (iobench/core/workloads.py), as
 # (mean, standard deviation) of the first axis in slices of 264 x 264 x 4 int16 (557,568 B)
 DEPTH_SPREAD: dict[str, tuple[float, float]] = {
     "unet3d": (146_600_628 / 557_568, 68_341_808 / 557_568)}
@@ -276,7 +276,7 @@ def _cifar10_tables(seed: int) -> np.ndarray:
     at offset o is the table's values o + ch * 1024 + pixel (channel planes). Kept in
     HWC order: entry 3 * k + ch holds value k + ch * 1024, so a sample's noise in its
     own (HWC) order is the contiguous run [3 * o, 3 * o + 3072)."""
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
 
     rng = _rng(DATASETS["cifar10"], seed, _TABLES, 0)
     noise = rng.standard_normal(_CIFAR_NOISE + 3072, dtype=np.float32) * np.float32(18.0)
@@ -527,7 +527,7 @@ def _box_index(centre: int, radius: int) -> np.ndarray:
 
 def _scene(seed: int, j: int) -> np.ndarray:
     """Scene tile j: int16 [3, TILE, TILE] Y, Cb, Cr offsets, periodic in both directions."""
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
 
     rng = _rng(DATASETS["imagenet"], seed, _TABLES, j)
     # scene j runs from detailed (j = 0: flat spectrum, strong contrast, detailed colour)
@@ -574,7 +574,7 @@ def _imagenet_tables(seed: int) -> tuple[np.ndarray, np.ndarray]:
     scene j carries grain level `_GRAIN_OF[j][v]`) and scene chroma [S, 2, T, T] (uint8,
     128 +- 96, so an image's chroma offset of at most +-31 never leaves [0, 255] and
     needs no clipping)."""
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
 
     rng = _rng(DATASETS["imagenet"], seed, _TABLES, _SCENES)
     grain = rng.standard_normal((_TILE, _TILE), dtype=np.float32)

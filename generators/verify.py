@@ -9,10 +9,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from iobench.errors import IobenchError
-from iobench.generators import get_writer
-from iobench.generators.base import sha256_file
-from iobench.manifest import (
+from iobench.core.errors import IobenchError
+from iobench.core.manifest import (
     MANIFEST_NAME,
     TABLE_ARRAYS,
     TABLE_DIR,
@@ -20,7 +18,9 @@ from iobench.manifest import (
     Manifest,
     file_kind,
 )
-from iobench.world import World
+from iobench.core.world import World
+from iobench.generators import get_writer
+from iobench.generators.base import sha256_file
 
 
 def check_entry(manifest: Manifest, entry: FileEntry) -> str | None:
@@ -44,7 +44,7 @@ def check_entry(manifest: Manifest, entry: FileEntry) -> str | None:
         return f"unreadable: {path}: {e.strerror}"
     if digest != entry.sha256:
         return f"checksum mismatch: {path} (sha256 {digest[:12]}..., manifest {entry.sha256[:12]}...)"
-    from iobench.datasets import parse_dataset
+    from iobench.core.datasets import parse_dataset
 
     writer = get_writer(manifest.format, parse_dataset(manifest.dataset), manifest.seed)
     try:

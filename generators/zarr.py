@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import FileEntry, check_magic
+from iobench.core.records import zarr_quiet
 from iobench.generators.base import Task, Writer, file_entry, written_file
 from iobench.generators.synth import fill_samples, labels_array, make_jpeg
-from iobench.manifest import FileEntry, check_magic
-from iobench.records import zarr_quiet
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams

@@ -1,4 +1,4 @@
-"""Parallel readers: one module per format (`iobench.formats.FORMATS`) plus DALI.
+"""Parallel readers: one module per format (`iobench.core.formats.FORMATS`) plus DALI.
 
 `make_loader(name, dataset, config, rank, world)` builds one; modules are
 imported only when first used (DALI is an optional extra).
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from iobench.errors import ConfigError, DatasetError
-from iobench.formats import FORMATS, load_class, loader_formats
+from iobench.core.errors import ConfigError, DatasetError
+from iobench.core.formats import FORMATS, load_class, loader_formats
+from iobench.core.manifest import Manifest
 from iobench.loaders.base import Batch, Loader, LoaderConfig
-from iobench.manifest import Manifest
 
 # loader name -> (module:class, install hint): each format's own loader, then DALI's
 LOADERS: dict[str, tuple[str, str]] = {

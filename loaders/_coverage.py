@@ -14,9 +14,9 @@ import argparse
 import json
 import sys
 
-from iobench.errors import IobenchError
+from iobench.core.errors import IobenchError
+from iobench.core.world import get_world
 from iobench.loaders import LoaderConfig, make_loader
-from iobench.world import get_world
 
 
 def main(argv: list[str] | None = None) -> int:

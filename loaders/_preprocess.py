@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 import torch
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
 from iobench.loaders._reader import Alloc, RawBatch
 from iobench.loaders.base import Batch, Finish
 
@@ -379,7 +379,7 @@ def to_batch(dataset: str, raw: RawBatch, indices: np.ndarray, seed: int, epoch:
     elif dataset in ("cosmoflow", "raw"):  # raw: the user's arrays, as they are stored
         x = raw.samples
     else:
-        from iobench.errors import ConfigError
+        from iobench.core.errors import ConfigError
 
         raise ConfigError(f"no preprocessing for dataset {dataset!r}: pass --no-decode "
                           "(its stored arrays are delivered as they are)")

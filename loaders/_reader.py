@@ -22,9 +22,9 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from iobench import sampling
-from iobench.errors import DatasetError
-from iobench.manifest import (
+from iobench.core import sampling
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import (
     DataColumn,
     DataPaths,
     FileEntry,
@@ -321,7 +321,7 @@ class BatchReader(ABC):
         self.label_shape: tuple[int, ...] = tuple(manifest.label["shape"])
         self.label_dtype = np.dtype(manifest.label["dtype"])
         # the arrays' names in container formats (HDF5, NetCDF): iobench's own, or those
-        # of the user's data (`--data`, iobench/userdata.py)
+        # of the user's data (`--data`, iobench/core/userdata.py)
         self.data_key: str = manifest.layout.get("data_key", "samples")
         self.label_key: str = manifest.layout.get("label_key", "labels")
         data = manifest.data_files

@@ -29,14 +29,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from iobench import errors
-from iobench.errors import DatasetError, UnsupportedError
+from iobench.core import errors
+from iobench.core.errors import DatasetError, UnsupportedError
+from iobench.core.manifest import Manifest
 from iobench.loaders import _preprocess
 from iobench.loaders._buffers import Lease, LocalPool, SharedSlots, typed_array
 from iobench.loaders._preprocess import DecodeError, delivers_raw, finish_of, to_batch
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
-from iobench.manifest import Manifest
 
 
 class WorkerFailure:

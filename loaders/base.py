@@ -1,7 +1,7 @@
 """The loader contract: configuration, the batch a step receives, the Loader base.
 
 A loader reads one rank's share of a dataset each epoch (order from
-`iobench.sampling`) and yields `Batch`es of torch tensors. The layout comes
+`iobench.core.sampling`) and yields `Batch`es of torch tensors. The layout comes
 from the dataset's manifest (`iobench.manifest`), never from guesses.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from iobench import sampling
-from iobench.errors import ConfigError
-from iobench.manifest import Manifest
+from iobench.core import sampling
+from iobench.core.errors import ConfigError
+from iobench.core.manifest import Manifest
 
 WORKER_TYPES = ("process", "thread")
 DEVICES = ("cpu", "gpu")

@@ -1,5 +1,5 @@
 """NVIDIA DALI loader: one pipeline per rank, for every format whose registry entry
-(`iobench.formats`) gives it a DALI mode.
+(`iobench.core.formats`) gives it a DALI mode.
 
 - "external_source" (HDF5, NetCDF, LMDB, NPZ, Zarr):
   `fn.external_source(parallel=True, batch=True)` whose
@@ -25,7 +25,7 @@ of a CUDA process is unusable, and DALI refuses to fork then. `prefetch` is
 DALI's `prefetch_queue_depth`, and batches in flight per worker for the
 parallel source.
 
-Order, sharding and shuffling come from `iobench.sampling`, exactly as for
+Order, sharding and shuffling come from `iobench.core.sampling`, exactly as for
 the other loaders, so every loader delivers the same samples in the same
 batches. Operators run on the CPU (`device_id=None`) unless
 `device="gpu"` and a GPU is present; then JPEG decoding is "mixed" (nvJPEG)
@@ -57,8 +57,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from iobench.errors import ConfigError, DatasetError, IobenchError, UnsupportedError
-from iobench.formats import parse_format
+from iobench.core.errors import ConfigError, DatasetError, IobenchError, UnsupportedError
+from iobench.core.formats import parse_format
+from iobench.core.manifest import DataPaths, Manifest, check_magic, refuse_irregular
 from iobench.loaders._preprocess import (
     CIFAR_PAD,
     CROP,
@@ -70,7 +71,6 @@ from iobench.loaders._preprocess import (
 from iobench.loaders._reader import BatchReader, EpochOrder, check_files
 from iobench.loaders.base import Batch, Loader, LoaderConfig
 from iobench.loaders.readers import reader_for
-from iobench.manifest import DataPaths, Manifest, check_magic, refuse_irregular
 
 SAMPLE_LAYOUTS = {"cifar10": "HWC", "cosmoflow": "DHWC", "imagenet": ""}
 # nvJPEG's device and pinned host buffers sized up front (bytes), as DALI's own ImageNet

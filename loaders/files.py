@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import (
+    CONTAINMENT_FILES,
+    Manifest,
+    NpyRows,
+    refuse_irregular,
+)
 from iobench.loaders._reader import (
     BatchReader,
     check_files,
@@ -28,12 +34,6 @@ from iobench.loaders._reader import (
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import (
-    CONTAINMENT_FILES,
-    Manifest,
-    NpyRows,
-    refuse_irregular,
-)
 
 
 class FilesReader(BatchReader):

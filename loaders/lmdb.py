@@ -1,7 +1,7 @@
 """LMDB loader: one sorted `getmulti` per file per batch, PyTorch DataLoader.
 
 Layout (docs/design.md): single-file environments, key = global index as
-8-byte big-endian, value = the record of `iobench.records` (16-byte header,
+8-byte big-endian, value = the record of `iobench.core.records` (16-byte header,
 label bytes, payload bytes). Environments are opened read-only, lock-free and without readahead
 (random access on shared filesystems), lazily, once per process (shared by its
 threads, closed before a fork); one read transaction per file per batch. Fixed-size payloads are copied once, straight
@@ -13,7 +13,7 @@ evicts the dataset before every epoch.
 
 `payload_bytes`: the value bytes of each record (header, label, payload).
 
-The user's own environments (`--data`, iobench/userdata.py) are read by the
+The user's own environments (`--data`, iobench/core/userdata.py) are read by the
 same code with the manifest's layout: keys the indices in ASCII (zero-padded
 or not) or 8-byte big-endian, each value a `.npy` (payload after its header)
 or JPEG bytes, and the labels one more `.npy` record, read once per process.
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from iobench.core.records import HEADER, MAGIC, VERSION
 from iobench.loaders._reader import (
     BatchReader,
     file_mappings,
@@ -36,7 +37,6 @@ from iobench.loaders._reader import (
     unmap_pages,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.records import HEADER, MAGIC, VERSION
 
 
 class _Environments:
@@ -140,7 +140,7 @@ class LMDBReader(BatchReader):
         self.sample_nbytes = (int(np.prod(self.sample_shape)) * self.sample_dtype.itemsize
                               if self.sample_shape is not None else None)
         # iobench's records (header, label, payload), or the user's data (`--data`): values
-        # that are .npy or JPEG bytes, labels in one more record (iobench/userdata.py)
+        # that are .npy or JPEG bytes, labels in one more record (iobench/core/userdata.py)
         lay = manifest.layout
         self.record: str = lay.get("values", "iobench")
         self.npy_header: int = lay.get("npy_header", 0)

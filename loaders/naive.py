@@ -31,13 +31,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from iobench.errors import DatasetError
-from iobench.formats import BASELINE_FORMAT
+from iobench.core.errors import DatasetError
+from iobench.core.formats import BASELINE_FORMAT
+from iobench.core.manifest import Manifest
 from iobench.loaders._preprocess import pipeline, to_batch
 from iobench.loaders._reader import RawBatch
 from iobench.loaders._torch import WorkerFailure
 from iobench.loaders.base import Batch
-from iobench.manifest import Manifest
 
 #: baseline name -> whether `__getitem__` opens the file for every sample
 BASELINES: dict[str, bool] = {"naive-h5py": False, "naive-h5py-open-per-sample": True}

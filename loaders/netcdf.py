@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from iobench.formats import netcdf4
+from iobench.core.formats import netcdf4
 from iobench.loaders._reader import (
     ContainerReader,
     OpenFile,

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from iobench.core.manifest import CONTAINMENT_FILES, Manifest
 from iobench.loaders._reader import (
     BatchReader,
     one_file_per_sample_sizes,
@@ -38,7 +39,6 @@ from iobench.loaders._reader import (
     read_each_file,
 )
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import CONTAINMENT_FILES, Manifest
 
 _LOCAL = b"PK\x03\x04"
 _CRC = slice(14, 18)  # a zip local header's CRC-32: the one field that differs per file

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from iobench.errors import DatasetError
-from iobench.formats import FORMATS
+from iobench.core.errors import DatasetError
+from iobench.core.formats import FORMATS
+from iobench.core.manifest import Manifest
 from iobench.loaders._reader import BatchReader
-from iobench.manifest import Manifest
 
 
 def reader_for(manifest: Manifest, library_cache: bool = False) -> BatchReader:
-    """The `BatchReader` of the manifest's format (`iobench.formats.FORMATS`)."""
+    """The `BatchReader` of the manifest's format (`iobench.core.formats.FORMATS`)."""
     spec = FORMATS.get(manifest.format)
     if spec is None:
         raise DatasetError(f"{manifest.root} has format {manifest.format!r}, which no reader "

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from iobench.errors import IobenchError
+from iobench.core.errors import IobenchError
+from iobench.core.manifest import Manifest
+from iobench.core.records import zarr_quiet
 from iobench.loaders._reader import BatchReader, contiguous_runs, split_by_file, willneed
 from iobench.loaders._torch import TorchLoader
-from iobench.manifest import Manifest
-from iobench.records import zarr_quiet
 
 _INDEX_ENTRY = 16  # a shard index entry: (offset, nbytes), two little-endian uint64
 _INDEX_CRC = 4  # the index's crc32c, after it (zarr's default index codecs)

@@ -53,7 +53,7 @@ TINY_SEED = 7
 @functools.cache
 def truth(dataset: str, index: int) -> tuple[Any, Any]:
     """(sample, label) of a TINY dataset's index, from the synthesis itself."""
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
     from iobench.generators.synth import make_sample
 
     return make_sample(DATASETS[dataset], TINY_SEED, index)
@@ -64,7 +64,7 @@ def check_batches(dataset: str, batches: list, expect: Any) -> None:
     import numpy as np
     import torch
 
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
 
     spec = DATASETS[dataset]
     got = np.concatenate([b.indices.numpy() for b in batches])
@@ -98,9 +98,9 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory):
 
     @functools.cache
     def make(dataset: str, fmt: str) -> Path:
-        from iobench.errors import UnsupportedError
-        from iobench.formats import parse_format
-        from iobench.generators import GenerateConfig, generate_dataset
+        from iobench.core.errors import UnsupportedError
+        from iobench.core.formats import parse_format
+        from iobench.workflows.generate import GenerateConfig, generate_dataset
 
         spec = parse_format(fmt)
         try:

@@ -66,8 +66,8 @@ def _identity(x: Any) -> Any:
 def main() -> int:
     from torch.utils.data import DataLoader
 
+    from iobench.core.world import get_world
     from iobench.loaders import LoaderConfig, make_loader
-    from iobench.world import get_world
 
     root, out = sys.argv[1], sys.argv[2]
     world = get_world()

@@ -13,10 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from iobench import distributed, results, train
 from iobench.cli.train import add_arguments, build_config
+from iobench.core import distributed, results
+from iobench.core.world import get_world
 from iobench.loaders import make_loader
-from iobench.world import get_world
+from iobench.workflows import train
 from wrappers import Slow
 
 

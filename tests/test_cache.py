@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from conftest import mpiexec_path
-from iobench import cache, procio, sysinfo
-from iobench.errors import ConfigError
-from iobench.manifest import FileEntry, Manifest
-from iobench.world import World
+from iobench.core import cache, procio, sysinfo
+from iobench.core.errors import ConfigError
+from iobench.core.manifest import FileEntry, Manifest
+from iobench.core.world import World
 
 MiB = 2**20
 
@@ -99,7 +99,7 @@ def test_residency_unknown_rather_than_a_false_one(tmp_path):
     cache.evict([p])
     code = textwrap.dedent(f"""
         import os
-        from iobench import cache
+        from iobench.core import cache
         fd = os.open({str(p)!r}, os.O_RDONLY)
         lie = cache._mincore_pages(fd, os.fstat(fd).st_size)
         print(lie, cache.resident_bytes({str(p)!r}), cache.resident_fraction([{str(p)!r}]))
@@ -189,9 +189,9 @@ def test_evict_for_node_under_mpi(tmp_path):
         _read_all(m.path_of(f))
     code = textwrap.dedent(f"""
         import json
-        from iobench import cache
-        from iobench.manifest import Manifest
-        from iobench.world import get_world
+        from iobench.core import cache
+        from iobench.core.manifest import Manifest
+        from iobench.core.world import get_world
         w = get_world()
         rep = cache.evict_for_node(Manifest.load({str(m.root)!r}), w,
                                    cache.EvictOptions(scope="local"))
@@ -259,7 +259,7 @@ def test_tree_io_counts_live_dataloader_workers(tmp_path):
 def test_read_bytes_not_available_on_tmpfs():
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
-    from iobench.sysinfo import mount_of
+    from iobench.core.sysinfo import mount_of
 
     if mount_of("/dev/shm").kind != "memory":
         pytest.skip("/dev/shm is not tmpfs here")
@@ -392,7 +392,7 @@ def test_lustre_plan_clears_the_lock_lru_as_root_with_lctl(monkeypatch, tmp_path
 def test_evict_cmd_runs_on_local_rank_0_and_is_recorded(tmp_path):
     """On a local disk the epoch is cold with or without it; the command runs once per
     eviction, sees the dataset root, and a failing one is one line naming it."""
-    from iobench.errors import StorageError
+    from iobench.core.errors import StorageError
 
     m = make_dataset(tmp_path / "d", [8192, 8192])
     log = tmp_path / "log"

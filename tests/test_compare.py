@@ -14,10 +14,11 @@ from test_report import with_repeats
 from test_train import Factory, make_npy_dataset
 
 from conftest import cli
-from iobench import breakeven, compare, results
-from iobench.stage import stage_for_training
-from iobench.train import TrainConfig, run
-from iobench.world import World
+from iobench.core import breakeven, results
+from iobench.core.world import World
+from iobench.workflows import compare
+from iobench.workflows.stage import stage_for_training
+from iobench.workflows.train import TrainConfig, run
 
 
 @pytest.fixture(scope="module")

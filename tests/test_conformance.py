@@ -1,4 +1,4 @@
-"""The format conformance kit: what every registered format (`iobench.formats.FORMATS`)
+"""The format conformance kit: what every registered format (`iobench.core.formats.FORMATS`)
 must do, run for each of them on tiny datasets.
 
 - exact round trip: every sample's bytes and label, through iobench's loader (and
@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 
 from conftest import TINY, TINY_SEED, check_batches, cli, run_mpi, truth
-from iobench.datasets import DATASETS
-from iobench.errors import DatasetError
-from iobench.formats import FORMATS, loader_formats
+from iobench.core.datasets import DATASETS
+from iobench.core.errors import DatasetError
+from iobench.core.formats import FORMATS, loader_formats
+from iobench.core.manifest import MANIFEST_NAME, Manifest
 from iobench.loaders import LoaderConfig, make_loader
-from iobench.manifest import MANIFEST_NAME, Manifest
 
 try:
     import nvidia.dali  # noqa: F401
@@ -84,7 +84,7 @@ def _netcdf(m: Manifest, i: int) -> tuple[Any, Any]:
 def _lmdb(m: Manifest, i: int) -> tuple[Any, Any]:
     import lmdb
 
-    from iobench.records import HEADER, MAGIC, key
+    from iobench.core.records import HEADER, MAGIC, key
 
     spec = DATASETS[m.dataset]
     env = lmdb.open(str(_containing(m, i)[0]), subdir=False, readonly=True, lock=False)
@@ -208,8 +208,8 @@ def test_rank_shards_are_disjoint_and_complete(tiny_root, fmt):
 
 @pytest.mark.parametrize("fmt", NAMES)
 def test_cold_eviction_reaches_every_file(tiny_root, fmt):
-    from iobench import cache
-    from iobench.world import World
+    from iobench.core import cache
+    from iobench.core.world import World
 
     m = Manifest.load(tiny_root("cifar10", fmt))
     on_disk = {str(p.relative_to(m.root)) for p in m.root.rglob("*")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from iobench.core.manifest import DataPaths, Manifest
 from iobench.loaders import LoaderConfig, make_loader
-from iobench.manifest import DataPaths, Manifest
 
 try:
     import nvidia.dali  # noqa: F401

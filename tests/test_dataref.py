@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import cli
-from iobench.dataref import DatasetRef, dataset_root, for_loader, locate, user_data
-from iobench.errors import ConfigError, DatasetNotFoundError
-from iobench.manifest import Manifest
-from iobench.world import World
+from iobench.core.dataref import DatasetRef, dataset_root, for_loader, locate, user_data
+from iobench.core.errors import ConfigError, DatasetNotFoundError
+from iobench.core.manifest import Manifest
+from iobench.core.world import World
 
 
 @pytest.fixture(scope="module")

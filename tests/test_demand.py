@@ -1,13 +1,13 @@
-"""The accelerator's own demand (`iobench.demand`): a model's compute-only rate on a resident batch."""
+"""The accelerator's own demand (`iobench.core.demand`): a model's compute-only rate on a resident batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from iobench.demand import Demand, compute_rate, time_steps
-from iobench.errors import ConfigError
-from iobench.models import build_model
+from iobench.core.demand import Demand, compute_rate, time_steps
+from iobench.core.errors import ConfigError
+from iobench.core.models import build_model
 
 
 def test_the_cnns_compute_rate_leaves_the_callers_model_as_it_was():

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from iobench.diagnose import (
+from iobench.core.errors import ConfigError
+from iobench.workflows.diagnose import (
     LOADER,
     MEMORY_RUN,
     NONE,
@@ -33,7 +34,6 @@ from iobench.diagnose import (
     train_args,
     user_run_note,
 )
-from iobench.errors import ConfigError
 
 
 def _runs(kind: str, rates: dict[int, float]) -> list[Measurement]:
@@ -127,8 +127,8 @@ def test_the_users_run_is_set_against_the_answer_without_changing_it() -> None:
 
 
 def test_a_diagnosis_document_round_trips_and_a_damaged_one_is_named(tmp_path: Path) -> None:
-    from iobench.diagnose import write_diagnosis
-    from iobench.errors import DatasetError
+    from iobench.core.errors import DatasetError
+    from iobench.workflows.diagnose import write_diagnosis
 
     d = _classify(1000, {1: 1500}, {1: 300})
     result = DiagnoseResult(_config(), tuple(_runs(MEMORY_RUN, {1: 1500})),

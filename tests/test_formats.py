@@ -1,4 +1,4 @@
-"""The format registry (`iobench.formats`): the one place that names formats, cheap to
+"""The format registry (`iobench.core.formats`): the one place that names formats, cheap to
 import, and complete for each format it lists."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from iobench.formats import FORMATS, format_table, parse_compression, parse_format
+from iobench.core.formats import FORMATS, format_table, parse_compression, parse_format
 
 REPO = Path(__file__).resolve().parent.parent
 # where a format's name may stand as a string: the registry, and its own writer and reader
-OWNERS = {"iobench/formats.py"} | {f"{d}/{n}.py" for n in FORMATS for d in ("generators", "loaders")}
+OWNERS = {"iobench/core/formats.py"} | {f"{d}/{n}.py" for n in FORMATS for d in ("generators", "loaders")}
 # strings that equal a format name but mean something else: a library (its version, for
 # provenance), a preflight check's name, MLPerf's (DLIO's) own name of a workload's format
-NOT_FORMATS = {("iobench/report.py", "hdf5"), ("iobench/report.py", "lmdb"),
-               ("iobench/sysinfo.py", "hdf5"), ("iobench/sysinfo.py", "zarr"),
-               ("iobench/preflight.py", "files"),
-               ("iobench/workloads.py", "npz")}
+NOT_FORMATS = {("iobench/workflows/report.py", "hdf5"), ("iobench/workflows/report.py", "lmdb"),
+               ("iobench/core/sysinfo.py", "hdf5"), ("iobench/core/sysinfo.py", "zarr"),
+               ("iobench/workflows/preflight.py", "files"),
+               ("iobench/core/workloads.py", "npz")}
 
 
 def _format_strings(path: Path) -> list[tuple[int, str]]:
@@ -50,7 +50,7 @@ def test_no_module_but_the_registry_names_a_format():
                 continue
             found += [f"{rel}:{line}: {name!r}" for line, name in _format_strings(path)
                       if (rel, name) not in NOT_FORMATS]
-    assert not found, "format names outside iobench/formats.py (read them from FORMATS):\n" + \
+    assert not found, "format names outside iobench/core/formats.py (read them from FORMATS):\n" + \
         "\n".join(found)
 
 
@@ -65,7 +65,7 @@ def test_the_check_sees_a_format_name():
 
 
 def test_importing_the_registry_and_the_cli_loads_no_format_library():
-    code = ("import sys, iobench.formats, iobench.cli; "
+    code = ("import sys, iobench.core.formats, iobench.cli; "
             "print(sorted(m for m in ('h5py', 'netCDF4', 'zarr', 'lmdb', 'torch', 'numpy') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -84,7 +84,7 @@ def test_each_entry_resolves_to_its_writer_reader_and_loader(name):
 
 
 def test_errors_name_the_value_and_the_choices():
-    from iobench.errors import ConfigError
+    from iobench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown format 'tfrecord'; choose one of: hdf5"):
         parse_format("tfrecord")
@@ -99,9 +99,9 @@ def test_the_docs_format_table_is_the_registry():
 
 
 def test_user_data_suffixes_come_from_the_registry():
-    """`--data` detection (iobench/userdata.py) takes its suffixes from `user_suffixes`."""
-    from iobench.formats import user_format
-    from iobench.userdata import H5_SUFFIXES, _file_kind
+    """`--data` detection (iobench/core/userdata.py) takes its suffixes from `user_suffixes`."""
+    from iobench.core.formats import user_format
+    from iobench.core.userdata import H5_SUFFIXES, _file_kind
 
     assert [user_format(s) for s in (".HDF5", ".nc4", ".mdb", ".jpeg", ".npz")] == \
         ["hdf5", "netcdf", "lmdb", "files", None]

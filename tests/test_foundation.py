@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import cli, run_cmd
-from iobench import sampling, sysinfo
-from iobench.errors import ConfigError, DatasetError, IobenchError, StorageError
-from iobench.jsonio import read_json, write_json_atomic
+from iobench.core import sampling, sysinfo
+from iobench.core.errors import ConfigError, DatasetError, IobenchError, StorageError
+from iobench.core.jsonio import read_json, write_json_atomic
 
 
 def test_version_and_help(capsys):
@@ -163,7 +163,7 @@ def test_a_command_imports_what_it_needs_only(tmp_path: Path) -> None:
 
 
 def test_provenance_names_the_code_that_measured() -> None:
-    from iobench.sysinfo import code_version, provenance
+    from iobench.core.sysinfo import code_version, provenance
 
     here = Path(__file__).resolve().parent.parent
     head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,

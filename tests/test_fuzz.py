@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from iobench.errors import IobenchError
-from iobench.jsonio import read_json
-from iobench.manifest import Manifest
-from iobench.results import validate
-from iobench.sweep import parse_sweep
+from iobench.core.errors import IobenchError
+from iobench.core.jsonio import read_json
+from iobench.core.manifest import Manifest
+from iobench.core.results import validate
+from iobench.workflows.sweep import parse_sweep
 
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow,
@@ -105,7 +105,7 @@ def manifest_doc(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def result_doc(tmp_path_factory, manifest_doc) -> dict:
     from conftest import cli
-    from iobench import results
+    from iobench.core import results
 
     d = tmp_path_factory.mktemp("fuzz-result")
     _valid_manifest(d)
@@ -191,8 +191,8 @@ def _read_by_everything(doc: dict, valid: dict) -> None:
 
     from rich.console import Console
 
-    from iobench import compare, report
-    from iobench.result_types import TrainResult
+    from iobench.core.result_types import TrainResult
+    from iobench.workflows import compare, report
 
     assert TrainResult.from_dict(doc).to_dict() == doc  # what validates is typed, and back
     compare.render_table([doc, valid], console=Console(file=io.StringIO()))

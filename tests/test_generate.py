@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from conftest import cli, run_cmd, run_mpi
-from iobench.datasets import DATASETS
-from iobench.generators import GenerateConfig, generate_dataset
+from iobench.core.datasets import DATASETS
+from iobench.core.manifest import Manifest
+from iobench.core.records import key
 from iobench.generators.lmdb import keys
 from iobench.generators.synth import make_sample
 from iobench.generators.verify import verify_dataset
-from iobench.manifest import Manifest
-from iobench.records import key
+from iobench.workflows.generate import GenerateConfig, generate_dataset
 
 TINY = {"cifar10": (40, 16), "imagenet": (5, 2), "cosmoflow": (3, 2)}
 
@@ -311,7 +311,7 @@ def test_a_container_that_cannot_be_built_in_memory_is_refused(tmp_path):
     """ImageNet-like JPEGs of one container file are encoded in memory: a file larger than
     this machine's memory is refused up front (or, where the disk is smaller still, for
     the disk), naming the options that fix it."""
-    from iobench.generators import _memory_available
+    from iobench.workflows.generate import _memory_available
 
     n = str((_memory_available() or 64 << 30) // 110_000 + 1)
     r = run_cmd("generate", "--dataset", "imagenet", "--samples", n,

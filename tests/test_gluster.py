@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from iobench import procio, sysinfo
-from iobench.world import World
+from iobench.core import procio, sysinfo
+from iobench.core.world import World
 
 pytestmark = pytest.mark.fuse  # GlusterFS: root, FUSE and the glusterfs packages
 
@@ -149,8 +149,8 @@ def test_epochs_without_evict_cmd_are_unverified(pfs: Path, tmp_path: Path) -> N
 def test_evict_cmd_makes_cold_epochs_read_the_bricks(pfs: Path) -> None:
     """With the site's command emptying the bricks' page cache, every cold epoch reads
     its data from the bricks' disk: their read_bytes cover >= 0.9 of what it needs."""
-    from iobench import train
     from iobench.loaders import make_loader
+    from iobench.workflows import train
 
     _generate(pfs)
     config = train.TrainConfig(loader="hdf5", storage=str(pfs), model="none", epochs=2,

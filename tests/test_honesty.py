@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, mpiexec_path, run_cmd
-from iobench import results, sysinfo
+from iobench.core import results, sysinfo
+from iobench.core.manifest import Manifest
+from iobench.core.world import World
 from iobench.loaders import make_loader
-from iobench.manifest import Manifest
-from iobench.train import TrainConfig, run, server_cache_check
-from iobench.world import World
+from iobench.workflows.train import TrainConfig, run, server_cache_check
 from wrappers import ShadowClock
 
 TESTS = Path(__file__).parent
@@ -208,7 +208,7 @@ def test_the_result_says_what_computed(plain_storage: Path, tmp_path: Path) -> N
 
 
 def test_a_gpu_this_torch_cannot_use_is_named(monkeypatch) -> None:
-    from iobench import train
+    from iobench.workflows import train
 
     monkeypatch.setattr(sysinfo, "gpus", lambda: [{"index": 0, "name": "NVIDIA H100"}])
     cpu_build = {"type": "cpu", "name": "x", "cores": 2, "cuda": None, "torch": "2.13.0+cpu"}

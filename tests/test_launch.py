@@ -1,4 +1,4 @@
-"""The one launcher of child processes (iobench.launch): argv from a config, immune to the
+"""The one launcher of child processes (iobench.core.launch): argv from a config, immune to the
 working directory, the outcome from the exit status; `sweep` and `search` run from a folder
 that holds an `iobench/` directory (a data root such as /lustre/$USER/iobench)."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from conftest import VENV_BIN, cli, mpiexec_path
 from iobench import __version__
-from iobench.errors import ConfigError
-from iobench.launch import TIMED_OUT, Command, python_argv, require_launcher, run
+from iobench.core.errors import ConfigError
+from iobench.core.launch import TIMED_OUT, Command, python_argv, require_launcher, run
 
 needs_mpi = pytest.mark.skipif(mpiexec_path() is None, reason="mpiexec not found (mpich extra)")
 

@@ -42,7 +42,7 @@ def test_each_file_synced_once_before_its_rename_none_per_commit(tmp_path):
 FAULTS = """
 import json, resource, sys
 from pathlib import Path
-from iobench.datasets import DATASETS
+from iobench.core.datasets import DATASETS
 from iobench.generators import get_writer
 w = get_writer("lmdb", DATASETS["cifar10"], 0)
 w.prepare()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from iobench.datasets import DATASETS
+from iobench.core.datasets import DATASETS
 from iobench.loaders import LoaderConfig, make_loader
 from iobench.loaders import _preprocess as pp
 
@@ -31,7 +31,7 @@ def truth(dataset: str, index: int):
 
 @functools.cache
 def _generate(storage: Path, dataset: str, fmt: str, n: int, per: int) -> Path:
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     m = generate_dataset(GenerateConfig(dataset=dataset, format=fmt, storage=storage,
                                         samples=n, samples_per_file=per, seed=SEED))

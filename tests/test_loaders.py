@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from conftest import TINY_SEED, check_batches, truth
-from iobench.datasets import DATASETS
-from iobench.errors import DatasetError, DatasetNotFoundError
-from iobench.formats import FORMATS as REGISTRY
-from iobench.formats import loader_formats
+from iobench.core.datasets import DATASETS
+from iobench.core.errors import DatasetError, DatasetNotFoundError
+from iobench.core.formats import FORMATS as REGISTRY
+from iobench.core.formats import loader_formats
+from iobench.core.manifest import Manifest
 from iobench.loaders import LoaderConfig, make_loader
 from iobench.loaders import _preprocess as pp
-from iobench.manifest import Manifest
 
 SEED = TINY_SEED
 FORMATS = tuple(REGISTRY)
@@ -364,7 +364,7 @@ def test_damaged_file_fails_in_the_main_process_naming_it(tmp_path, dataset_root
 
 
 def test_bad_config_values_are_named():
-    from iobench.errors import ConfigError
+    from iobench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="worker_type='fiber'"):
         LoaderConfig(worker_type="fiber")
@@ -405,7 +405,7 @@ class _KilledReader:
 def test_a_killed_worker_is_a_clear_error(dataset_root):
     import os
 
-    from iobench.errors import UnsupportedError
+    from iobench.core.errors import UnsupportedError
     from iobench.loaders.hdf5 import HDF5Loader, HDF5Reader
 
     class Reader(_KilledReader, HDF5Reader):
@@ -428,7 +428,7 @@ def test_a_killed_worker_is_a_clear_error(dataset_root):
 @needs_dali
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_dali_gpu_without_a_gpu_says_so(dataset_root):
-    from iobench.errors import UnsupportedError
+    from iobench.core.errors import UnsupportedError
 
     with pytest.raises(UnsupportedError, match="device='gpu'"):
         make_loader("dali", dataset_root("cifar10", "hdf5"), cfg(device="gpu"))
@@ -459,7 +459,7 @@ def test_compressed_data_and_stored_chunk_bytes(tmp_path, fmt, compression):
     """Compressed samples decode to the ground truth; payload counts the stored chunk bytes."""
     import h5py
 
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=tmp_path,
                                         samples=20, samples_per_file=8, seed=SEED,
@@ -502,8 +502,8 @@ def test_block_shuffle_prefetches_whole_blocks(tmp_path):
     fmt = "hdf5"
     import time
 
-    from iobench import cache
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.core import cache
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=tmp_path,
                                         samples=2048, samples_per_file=2048, seed=SEED))
@@ -533,8 +533,8 @@ def test_block_shuffle_prefetches_whole_blocks(tmp_path):
 def test_lmdb_pages_can_be_evicted_between_epochs(tmp_path, workers):
     """Mapped pages cannot be evicted: the LMDB reader unmaps them after each batch, so the
     next epoch starts cold although its (persistent) workers keep the environment open."""
-    from iobench import cache
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.core import cache
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     m = generate_dataset(GenerateConfig(dataset="cifar10", format="lmdb", storage=tmp_path,
                                         samples=600, samples_per_file=300, seed=SEED))
@@ -556,7 +556,7 @@ def test_zarr_compressed_payload_is_each_inner_chunk(tmp_path, samples):
     and the 4-byte crc32c), computed here with numcodecs, whatever the shard holds."""
     from numcodecs import Zstd
 
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     m = generate_dataset(GenerateConfig(dataset="cifar10", format="zarr", storage=tmp_path,
                                         samples=samples, samples_per_file=32, seed=SEED,

@@ -13,7 +13,7 @@ from conftest import cli
 
 @pytest.fixture(scope="module")
 def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     root = tmp_path_factory.mktemp("bench")
     generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=root,
@@ -79,7 +79,7 @@ def test_other_format_uses_the_hdf5_copy_for_the_baseline(storage, capsys):
 
 
 def test_dd_reference_on_large_files(tmp_path, capsys):
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     generate_dataset(GenerateConfig(dataset="cosmoflow", format="hdf5", storage=tmp_path,
                                     samples=2, samples_per_file=1, seed=1))

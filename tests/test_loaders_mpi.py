@@ -26,7 +26,7 @@ class _Roots(dict):
         self.storage = storage
 
     def __missing__(self, fmt: str) -> str:
-        from iobench.generators import GenerateConfig, generate_dataset
+        from iobench.workflows.generate import GenerateConfig, generate_dataset
 
         m = generate_dataset(GenerateConfig(dataset="cifar10", format=fmt, storage=self.storage,
                                             samples=42, samples_per_file=16, seed=3))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import cli
-from iobench.dataref import locate
-from iobench.errors import ConfigError, DatasetError, DatasetNotFoundError
+from iobench.core.dataref import locate
+from iobench.core.errors import ConfigError, DatasetError, DatasetNotFoundError
 
 
 def test_stage_and_bench_read_find_the_one_dataset(tmp_path, capsys) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures: FUSE mounts, skip without FUSE)
 
-from iobench.manifest import Manifest
+from iobench.core.manifest import Manifest
 from iobench.pfs import delta, stats_for
 
 SAMPLES, PER_FILE = 48, 16  # three data files
@@ -18,7 +18,7 @@ SAMPLES, PER_FILE = 48, 16  # three data files
 @pytest.fixture
 def mounted(pfs, tmp_path: Path) -> Manifest:  # noqa: F811
     """A tiny cifar10 HDF5 dataset, read through an emulated-pfs mount (no added cost)."""
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     backing = tmp_path / "backing"
     generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=backing,

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from conftest import cli
-from iobench import cache
-from iobench.errors import ConfigError, DatasetError, StorageError, UnsupportedError
+from iobench.core import cache
+from iobench.core.errors import ConfigError, DatasetError, StorageError, UnsupportedError
 from iobench.pfs import (
     PROFILES,
     Profile,

@@ -12,9 +12,9 @@ import pytest
 from test_cache import make_dataset
 
 from conftest import cli, run_cmd
-from iobench import procio
-from iobench.errors import ConfigError, StorageError
-from iobench.probe import ProbeConfig, parse_size, probe_storage, sample_size_for
+from iobench.core import procio
+from iobench.core.errors import ConfigError, StorageError
+from iobench.workflows.probe import ProbeConfig, parse_size, probe_storage, sample_size_for
 
 TINY = ["--size", "4M", "--runtime", "0.2", "--metadata-files", "20", "--readers", "1,2"]
 NAMES = {"seq_write_1", "seq_write_2", "seq_read_1", "seq_read_2", "randread_4k_1",
@@ -159,7 +159,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, needle):
 def test_read_only_tier_probed_through_its_backing_directory(tmp_path):
     """An emulated parallel filesystem is read-only: files are written via its backing
     directory and every read and stat goes through the FUSE mount."""
-    from iobench.errors import IobenchError
+    from iobench.core.errors import IobenchError
     from iobench.pfs import control
 
     backing, mnt = tmp_path / "backing", tmp_path / "mnt"
@@ -188,7 +188,7 @@ def test_read_only_tier_probed_through_its_backing_directory(tmp_path):
 def test_probe_writes_a_profile_the_emulator_replays(tmp_path, capsys):
     """`probe` on a tier writes a profile; `emulate-pfs --profile FILE` mounts with its
     figures; the site's --evict-cmd runs before every read test and metadata run."""
-    from iobench.errors import IobenchError
+    from iobench.core.errors import IobenchError
     from iobench.pfs import control
 
     storage, res = tmp_path / "tier", tmp_path / "res"

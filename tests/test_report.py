@@ -17,16 +17,17 @@ import pytest
 import torch
 
 from conftest import cli
-from iobench import report, results
+from iobench.core import results
+from iobench.core.manifest import FileEntry, Manifest
+from iobench.core.result_types import TrainResult
+from iobench.core.results import write_document
+from iobench.core.spread import run_spread
+from iobench.core.world import World
 from iobench.loaders.base import Batch, Loader
-from iobench.manifest import FileEntry, Manifest
-from iobench.probe import ProbeConfig, probe_storage
-from iobench.result_types import TrainResult
-from iobench.results import write_document
-from iobench.spread import run_spread
-from iobench.stage import StageConfig, stage_dataset
-from iobench.train import TrainConfig, run
-from iobench.world import World
+from iobench.workflows import report
+from iobench.workflows.probe import ProbeConfig, probe_storage
+from iobench.workflows.stage import StageConfig, stage_dataset
+from iobench.workflows.train import TrainConfig, run
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -224,7 +225,7 @@ def test_report_shows_spread_not_significant_and_median_break_even(repeated_dir,
     assert rows["pfs0"]["stall_s"] == pytest.approx([1.75, 1.75])
     assert rows["pfs1"]["stall_s"] == pytest.approx([2.5, 2.5])
     # min-max error bars where a run has repetitions, none for a single pass
-    from iobench.compare import error_bars
+    from iobench.workflows.compare import error_bars
 
     below, above = error_bars(rows["pfs0"]["stall_spread"])
     assert below == pytest.approx([0.25, 0.25]) and above == pytest.approx([0.25, 0.25])

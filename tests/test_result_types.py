@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from iobench import compare, report, results
-from iobench.result_types import (
+from iobench.core import results
+from iobench.core.result_types import (
     ProbeDoc,
     ResultError,
     SweepDoc,
     TrainResult,
     schema_markdown,
 )
-from iobench.verdict import verdict
+from iobench.workflows import compare, report
+from iobench.workflows.verdict import verdict
 from result_docs import REAL_V3, probe_doc, real_result
 
 DATA = Path(__file__).parent / "data"
@@ -95,7 +96,7 @@ def test_bad_documents_are_refused_by_name() -> None:
 
 def test_the_schema_page_documents_every_typed_field() -> None:
     """docs/results-schema.md holds `schema_markdown()` between its markers: every field of
-    every record, and no field that is gone (regenerate with `python -m iobench.result_types`)."""
+    every record, and no field that is gone (regenerate with `python -m iobench.core.result_types`)."""
     text = DOCS.read_text()
     m = re.search(r"<!-- typed-fields:begin -->\n(.*)<!-- typed-fields:end -->", text, re.S)
     assert m, "docs/results-schema.md lacks its typed-fields block"

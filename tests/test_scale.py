@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import TINY_SEED, check_batches
-from iobench import cache, manifest, sampling
-from iobench.errors import DatasetError
+from iobench.core import cache, manifest, sampling
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import MANIFEST_NAME, TABLE_DIR, CompactFiles, Manifest
 from iobench.loaders import LoaderConfig, make_loader
-from iobench.manifest import MANIFEST_NAME, TABLE_DIR, CompactFiles, Manifest
 
 ONE_PER_FILE = ("files", "npz")
 
@@ -157,7 +157,7 @@ def test_a_compact_epoch_reads_its_tables_per_batch_not_per_sample(roots, fmt, h
 
 
 def test_generator_writes_the_compact_form_beyond_the_threshold(tmp_path, monkeypatch):
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     monkeypatch.setattr(manifest, "COMPACT_FILES", 20)
     for fmt, n in (("npz", 21), ("hdf5", 64)):  # 64 samples in 4 files: stays a JSON list
@@ -395,7 +395,7 @@ def test_each_node_file_is_evicted_by_exactly_one_local_rank(roots, scope):
 
 
 def test_eviction_of_a_compact_dataset_reports_every_file(roots):
-    from iobench.world import World
+    from iobench.core.world import World
 
     new = Manifest.load(roots["npz"][1])
     rep = cache.evict_for_node(new, World(), cache.EvictOptions(loud=False))
@@ -427,8 +427,8 @@ def test_the_dataset_version_covers_a_compact_manifests_tables(roots, tmp_path):
     older or half-copied copy) differs even when its iobench.json is the same bytes."""
     import hashlib
 
-    from iobench.manifest import TABLE_DIR
-    from iobench.preflight import dataset_sha256
+    from iobench.core.manifest import TABLE_DIR
+    from iobench.workflows.preflight import dataset_sha256
 
     src, compact = roots["npz"]
     plain = hashlib.sha256((src / "iobench.json").read_bytes()).hexdigest()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import mpiexec_path, run_mpi
-from iobench.manifest import Manifest
+from iobench.core.manifest import Manifest
 
 pytestmark = pytest.mark.mpi
 
@@ -20,7 +20,7 @@ TESTS = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def odd(tmp_path_factory) -> Manifest:
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     return generate_dataset(GenerateConfig(dataset="cifar10", format="files",
                                            storage=tmp_path_factory.mktemp("odd"),
@@ -29,7 +29,7 @@ def odd(tmp_path_factory) -> Manifest:
 
 @pytest.mark.parametrize("shuffle", ["global", "block", "none"])
 def test_odd_samples_each_read_at_most_once_per_epoch_equal_steps(odd, shuffle):
-    """docs/cluster.md, iobench.sampling: every rank reads N // world samples per epoch
+    """docs/cluster.md, iobench.core.sampling: every rank reads N // world samples per epoch
     (equal steps, so no collective waits for a rank that has run out); the N mod world
     left over are the only ones skipped, and they change from epoch to epoch."""
     r = run_mpi(2, odd.root, "files", "--shuffle", shuffle, "--workers", 2, "--epochs", 3,

@@ -14,9 +14,10 @@ from test_scale import compact_copy
 from test_stage import stage_on_thread_nodes
 
 from conftest import cli
-from iobench import cache, manifest, sampling, stage
-from iobench.manifest import Manifest
-from iobench.stage import PARTIAL, StageConfig
+from iobench.core import cache, manifest, sampling
+from iobench.core.manifest import Manifest
+from iobench.workflows import stage
+from iobench.workflows.stage import PARTIAL, StageConfig
 
 
 @pytest.fixture
@@ -141,7 +142,7 @@ def test_preflight_of_a_compact_dataset_never_lists_it(source, tmp_path, unliste
 def test_dalis_input_check_is_dealt_to_ranks_without_a_list(source, unlisted):
     """Rank r of w checks every w-th data file (a compact table a chunk at a time): a
     damaged file is found by the one rank whose share holds it, and by a single rank."""
-    from iobench.errors import DatasetError
+    from iobench.core.errors import DatasetError
     from iobench.loaders.dali import check_native_inputs
 
     victim = source.path_of(source.data_files[3])
@@ -175,8 +176,8 @@ def test_generate_builds_a_compact_manifest_without_holding_every_entry(tmp_path
                                                                         monkeypatch):
     """Task results carry counts, not entries; the manifest comes from the journals,
     and is the one the entries would give."""
-    from iobench import generators
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows import generate as generators
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     monkeypatch.setattr(manifest, "COMPACT_FILES", 20)
     seen = []

@@ -20,9 +20,15 @@ from hypothesis import strategies as st
 from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from conftest import cli, mpiexec_path
-from iobench.metrics import EpochClock, rank_figures
-from iobench.search import SearchConfig, answer, next_point, physics_estimate, train_command
-from iobench.workloads import WORKLOADS, resolve
+from iobench.core.metrics import EpochClock, rank_figures
+from iobench.core.workloads import WORKLOADS, resolve
+from iobench.workflows.search import (
+    SearchConfig,
+    answer,
+    next_point,
+    physics_estimate,
+    train_command,
+)
 
 MB = 1_000_000
 
@@ -188,7 +194,7 @@ def test_unet3d_samples_are_mlperf_sized_npz_volumes(unet3d_storage: Path) -> No
     """One .npz per sample, within 10% of MLPerf's mean, holding the seed's volume."""
     import numpy as np
 
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
     from iobench.generators.synth import make_sample, sample_depth
 
     [path] = (unet3d_storage / "unet3d-npz" / "train").glob("*.npz")
@@ -338,7 +344,7 @@ def test_search_answers_the_bandwidth_physics(pfs, tmp_path: Path,  # noqa: F811
                "1300", "--storage", backing, "--jobs", "2") == 0
     assert cli("generate", "--workload", "cosmoflow", "--accelerator", "h100", "--samples",
                "24", "--storage", backing) == 0
-    from iobench.manifest import Manifest
+    from iobench.core.manifest import Manifest
 
     m = Manifest.load(backing / "imagenet-hdf5")
     per_sample = sum(f.bytes for f in m.data_files) / m.num_samples

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from iobench.sysinfo import job_identity
-from iobench.world import node_name
+from iobench.core.sysinfo import job_identity
+from iobench.core.world import node_name
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "slurm" / "local-cluster.sh"
@@ -115,7 +115,7 @@ def test_templates_parse_and_refuse_a_job_without_arguments(template: Path) -> N
 
 def test_srun_pmi2_starts_ranks_grouped_by_the_schedulers_node_names(
         slurm: dict[str, str]) -> None:
-    code = ("from iobench.world import get_world; w = get_world(); "
+    code = ("from iobench.core.world import get_world; w = get_world(); "
             "print(w.rank, w.node_name, w.local_rank, w.local_size, w.node, w.num_nodes, "
             "w.num_hosts, w.launcher, flush=True)")
     r = subprocess.run(["srun", "--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", sys.executable,

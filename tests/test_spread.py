@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from iobench.spread import differs, fmt_spread, spread, spread_of
+from iobench.core.spread import differs, fmt_spread, spread, spread_of
 
 
 def test_spread_figures() -> None:
@@ -51,7 +51,7 @@ def _epoch(repeat: int | None, wall: float, stall: float, samples: int) -> dict:
 
 
 def test_repetition_figures_group_epochs_by_repeat() -> None:
-    from iobench.spread import repetition_figures, run_spread
+    from iobench.core.spread import repetition_figures, run_spread
 
     epochs = [_epoch(0, 2.0, 1.0, 100), _epoch(0, 4.0, 1.0, 100),
               _epoch(1, 1.0, 0.5, 100), _epoch(1, 1.0, 0.5, 100)]

@@ -17,11 +17,11 @@ import pytest
 from test_cache import make_dataset
 
 from conftest import cli, run_mpi
-from iobench import cache, procio, sampling
-from iobench.errors import ConfigError, DatasetError, StorageError
-from iobench.manifest import Manifest
-from iobench.stage import PARTIAL, StageConfig, stage_dataset
-from iobench.world import World
+from iobench.core import cache, procio, sampling
+from iobench.core.errors import ConfigError, DatasetError, StorageError
+from iobench.core.manifest import Manifest
+from iobench.core.world import World
+from iobench.workflows.stage import PARTIAL, StageConfig, stage_dataset
 
 SIZES = [300_000, 20_000, 200_000, 5_000, 70_000]  # 5 data files + labels.npy
 MiB = 2**20
@@ -239,7 +239,7 @@ def test_small_files_batched_rename_only_after_every_sync(tmp_path, monkeypatch)
     # small files are copied a batch at a time and fsynced together: a failure in the
     # middle of a batch (a damaged source, then a failed sync) leaves none of the batch
     # under its final name and no temporary file, and a rerun completes the copy
-    from iobench import stage
+    from iobench.workflows import stage
 
     m = make_dataset(tmp_path / "src" / "cifar10-files", [3_000 + k for k in range(12)])
     bad = m.path_of(m.files[6])
@@ -358,7 +358,7 @@ def test_train_stage_to_records_staging_and_training_together(tmp_path, mode):
     assert st["from"]["root"] == str(m.root) and st["to"]["fstype"]
     assert st["time_to_solution_s"] == pytest.approx(st["stage_s"] + doc["summary"]["wall_s"])
     _check_cold_source(st, m, tmp_path)  # h5py had just written the source: it was warm
-    from iobench import report
+    from iobench.workflows import report
 
     col = report.load_directory(tmp_path / "res")
     rows = [report.run_row(d, col.probes) for d in col.runs]
@@ -389,7 +389,7 @@ def test_interrupted_stage_leaves_no_partial_file_and_resumes(tmp_path):
     import sys
     import time
 
-    from iobench.errors import IobenchError
+    from iobench.core.errors import IobenchError
     from iobench.pfs import control
 
     backing = tmp_path / "backing"
@@ -509,7 +509,7 @@ def test_warm_source_keeps_the_source_and_says_so(tmp_path, capsys):
 @pytest.fixture
 def shm_dir():
     """A directory on tmpfs (/dev/shm), removed afterwards: data that cannot be evicted."""
-    from iobench.sysinfo import mount_of
+    from iobench.core.sysinfo import mount_of
 
     base = Path("/dev/shm")
     if not base.is_dir() or not os.access(base, os.W_OK) or mount_of(base).kind != "memory":

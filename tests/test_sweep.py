@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import cli
-from iobench.errors import ConfigError
-from iobench.manifest import FileEntry, Manifest
-from iobench.sweep import load_sweep, parse_sweep, plan_runs
+from iobench.core.errors import ConfigError
+from iobench.core.manifest import FileEntry, Manifest
+from iobench.workflows.sweep import load_sweep, parse_sweep, plan_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,7 +214,7 @@ compute_time: 0.001
 
 def test_the_launcher_is_arguments_never_a_shell(tmp_path):
     """A sweep file is code: its launcher runs as given, without a shell, and must exist."""
-    from iobench.sweep import _iobench_cmd, run_sweep
+    from iobench.workflows.sweep import _iobench_cmd, run_sweep
 
     base = {"datasets": ["cifar10"], "tiers": [{"name": "a", "path": str(tmp_path)}],
             "results": str(tmp_path / "r")}

@@ -12,10 +12,11 @@ import pytest
 
 from conftest import cli
 from iobench import generators
-from iobench.datasets import DATASETS
-from iobench.generators import GenerateConfig, generate_dataset, synth
+from iobench.core.datasets import DATASETS
+from iobench.core.manifest import MANIFEST_NAME, Manifest
+from iobench.generators import synth
 from iobench.generators.verify import verify_dataset
-from iobench.manifest import MANIFEST_NAME, Manifest
+from iobench.workflows.generate import GenerateConfig, generate_dataset
 
 
 @pytest.mark.parametrize("dataset, ranges", [

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from conftest import cli
-from iobench import metrics, results
-from iobench.errors import ConfigError, DatasetNotFoundError, StorageError
+from iobench.core import metrics, results
+from iobench.core.errors import ConfigError, DatasetNotFoundError, StorageError
+from iobench.core.manifest import FileEntry, Manifest
+from iobench.core.world import World
 from iobench.loaders.base import Batch, Loader
-from iobench.manifest import FileEntry, Manifest
-from iobench.train import TrainConfig, emulate_compute, run
-from iobench.world import World
+from iobench.workflows.train import TrainConfig, emulate_compute, run
 from wrappers import ShadowClock
 
 N = 256
@@ -53,7 +53,7 @@ class NpyLoader(Loader):
 
 def make_npy_dataset(storage: Path, n: int = N) -> Manifest:
     """cifar10-like data with a learnable signal (class colour), as `cifar10-hdf5/` under storage."""
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
     from iobench.generators.synth import make_sample
 
     spec = DATASETS["cifar10"]
@@ -296,8 +296,8 @@ def test_regression_model_reports_loss(tmp_path: Path) -> None:
 
 
 def test_dali_format_found_or_asked(tmp_path: Path) -> None:
-    from iobench.dataref import resolve
-    from iobench.manifest import FileEntry, Manifest
+    from iobench.core.dataref import resolve
+    from iobench.core.manifest import FileEntry, Manifest
 
     def resolve_dataset(cfg: TrainConfig) -> Path:
         return resolve(cfg).root
@@ -344,7 +344,7 @@ def test_tmpfs_says_memory_and_null_os_bytes(tmp_path: Path) -> None:
     import shutil
     import tempfile
 
-    from iobench.sysinfo import mount_of
+    from iobench.core.sysinfo import mount_of
 
     shm = Path("/dev/shm")
     if not shm.is_dir() or mount_of(shm).kind != "memory":

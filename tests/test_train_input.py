@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from conftest import cli
+from iobench.core.manifest import FileEntry, Manifest
+from iobench.core.world import World
 from iobench.loaders.base import Batch, Finish, Loader
-from iobench.manifest import FileEntry, Manifest
-from iobench.train import TrainConfig, run
-from iobench.world import World
+from iobench.workflows.train import TrainConfig, run
 
 
 class CompactLoader(Loader):
@@ -69,7 +69,7 @@ def test_model_input_equals_the_loader_side_conversion() -> None:
 def test_cosmoflow_default_batch_fits_and_few_steps_warn(tmp_path: Path) -> None:
     """Without --batch-size, cosmoflow reads 1 sample per step (not 64: one 1 GB step per
     epoch on its default dataset); an epoch of fewer than 10 steps is flagged."""
-    from iobench.generators import GenerateConfig, generate_dataset
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
 
     generate_dataset(GenerateConfig(dataset="cosmoflow", format="hdf5", storage=tmp_path,
                                     samples=4, samples_per_file=2, seed=0))

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import VENV_BIN, cli, run_cmd, run_mpi
-from iobench import results
-from iobench.manifest import Manifest
+from iobench.core import results
+from iobench.core.manifest import Manifest
 
 SAMPLES = 512
 

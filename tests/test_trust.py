@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli, run_cmd
-from iobench.errors import DatasetError
-from iobench.manifest import Manifest
+from iobench.core.errors import DatasetError
+from iobench.core.manifest import Manifest
 
 
 @pytest.fixture()
@@ -183,7 +183,7 @@ def _set_label(m: Manifest, fmt: str, sample: int, value: int) -> Path:
     else:
         import lmdb
 
-        from iobench.records import HEADER, key
+        from iobench.core.records import HEADER, key
         env = lmdb.open(str(path), subdir=False, lock=False)
         with env.begin(write=True) as txn:
             rec = bytearray(txn.get(key(sample)))
@@ -269,7 +269,7 @@ def _broken_jpeg_in_hdf5(m: Manifest) -> Path:
 def _lmdb_record_moved(m: Manifest) -> Path:
     import lmdb
 
-    from iobench.records import key
+    from iobench.core.records import key
     path = m.path_of(m.data_files[0])
     env = lmdb.open(str(path), subdir=False, lock=False)
     with env.begin(write=True) as txn:

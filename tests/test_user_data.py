@@ -24,11 +24,11 @@ import pytest
 from PIL import Image
 
 from conftest import cli, run_mpi
-from iobench import results
-from iobench.errors import IobenchError
+from iobench.core import results
+from iobench.core.errors import IobenchError
+from iobench.core.userdata import user_manifest
 from iobench.loaders import make_loader
 from iobench.loaders.base import LoaderConfig
-from iobench.userdata import user_manifest
 
 N = 24  # samples per kind (per file for folders)
 SHAPE = (6, 6, 3)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from conftest import cli
-from iobench import results
-from iobench.errors import ConfigError
+from iobench.core import results
+from iobench.core.errors import ConfigError
+from iobench.core.world import World
 from iobench.loaders import make_loader
 from iobench.loaders.base import Batch
-from iobench.train import TrainConfig, run
-from iobench.verdict import for_run, parse_threshold, verdict
-from iobench.world import World
+from iobench.workflows.train import TrainConfig, run
+from iobench.workflows.verdict import for_run, parse_threshold, verdict
 from result_docs import one_pass, probe_doc, real_result
 from wrappers import Wrapped
 

@@ -1,4 +1,4 @@
-"""`iobench.interrupts.interrupts` in one process: how a rank acts on SIGINT/SIGTERM.
+"""`iobench.core.interrupts.interrupts` in one process: how a rank acts on SIGINT/SIGTERM.
 
 Under mpiexec (tests/test_interrupts.py) the ranks must leave by themselves, each
 through its normal exit (MPI_Finalize runs at exit): hydra SIGKILLs the other ranks
@@ -15,11 +15,11 @@ import sys
 
 import pytest
 
-from iobench.interrupts import Interrupted, act_now, interrupts, pending, settle
+from iobench.core.interrupts import Interrupted, act_now, interrupts, pending, settle
 
 EXITS_NORMALLY = """
 import atexit, os, signal, sys
-from iobench.interrupts import Interrupted, interrupts
+from iobench.core.interrupts import Interrupted, interrupts
 atexit.register(lambda: print("atexit ran", flush=True))  # as mpi4py's MPI_Finalize
 try:
     with interrupts(defer={defer}):
@@ -32,7 +32,7 @@ except Interrupted as e:
 
 @pytest.mark.parametrize("defer, settle", [
     (False, "pass"),
-    (True, "from iobench.interrupts import settle; settle([None, signal.SIGTERM])"),
+    (True, "from iobench.core.interrupts import settle; settle([None, signal.SIGTERM])"),
 ])
 def test_a_process_that_stopped_by_itself_exits_normally(defer, settle) -> None:
     """Its grace timer does not hold it at exit and then end it with os._exit (which

@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from conftest import cli
-from iobench.datasets import DATASETS
+from iobench.core.datasets import DATASETS
+from iobench.core.manifest import Manifest
+from iobench.core.workloads import WORKLOADS
 from iobench.generators.synth import (
     DEPTH_SPREAD,
     make_sample,
     sample_depth,
     synthesis_version_of,
 )
-from iobench.manifest import Manifest
-from iobench.workloads import WORKLOADS
 
 UNET3D = DATASETS["unet3d"]
 SLICE = 264 * 264 * 4 * 2  # bytes of one int16 264 x 264 x 4 slice

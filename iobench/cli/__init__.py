@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from iobench import __version__
-from iobench.errors import IobenchError
-from iobench.interrupts import Interrupted
+from iobench.core.errors import IobenchError
+from iobench.core.interrupts import Interrupted
 
 # name -> (module, one-line help). Adding a subcommand is one line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -1,10 +1,10 @@
-"""`--workload W --accelerator A` (MLPerf Storage presets, iobench/workloads.py) for the CLI."""
+"""`--workload W --accelerator A` (MLPerf Storage presets, iobench/core/workloads.py) for the CLI."""
 
 from __future__ import annotations
 
 import argparse
 
-from iobench.workloads import ACCELERATORS, WORKLOADS, WorkloadRun
+from iobench.core.workloads import ACCELERATORS, WORKLOADS, WorkloadRun
 
 
 def add_workload_arguments(p: argparse.ArgumentParser, required: bool = False) -> None:
@@ -19,8 +19,8 @@ def add_workload_arguments(p: argparse.ArgumentParser, required: bool = False) -
 
 def workload_of(args: argparse.Namespace, runnable: bool = True) -> WorkloadRun | None:
     """The `--workload`/`--accelerator` pair checked, or None when no workload was given."""
-    from iobench.errors import ConfigError
-    from iobench.workloads import resolve
+    from iobench.core.errors import ConfigError
+    from iobench.core.workloads import resolve
 
     if args.workload is None:
         if args.accelerator is not None:
@@ -32,7 +32,7 @@ def workload_of(args: argparse.Namespace, runnable: bool = True) -> WorkloadRun 
 
 def clash(flag: str, given: object, preset: object, workload: str) -> None:
     """A ConfigError when a flag given by hand contradicts the workload's preset."""
-    from iobench.errors import ConfigError
+    from iobench.core.errors import ConfigError
 
     if given is not None and given != preset:
         raise ConfigError(f"{flag} {given} contradicts --workload {workload} ({flag} "

@@ -15,9 +15,9 @@ import argparse
 import sys
 from typing import Any
 
-from iobench.datasets import DATASETS
-from iobench.errors import ConfigError
-from iobench.formats import FORMATS
+from iobench.core.datasets import DATASETS
+from iobench.core.errors import ConfigError
+from iobench.core.formats import FORMATS
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -88,8 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.loaders import bench
-    from iobench.world import get_world
+    from iobench.core.world import get_world
+    from iobench.workflows import bench_read as bench
 
     cfg, dataset = build_config(args)
     world = get_world()
@@ -111,12 +111,12 @@ def main(args: argparse.Namespace) -> int:
 def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
     """The grid to measure, and the generated dataset it reads (found once, here; None for
     the user's data, which the library lists on rank 0)."""
-    from iobench.loaders.bench import BenchReadConfig
+    from iobench.workflows.bench_read import BenchReadConfig
 
     dataset = None
     storage, name, fmt = args.storage, args.dataset, args.format
     if args.data is not None:
-        from iobench.userdata import USER_DATASET, detect_format
+        from iobench.core.userdata import USER_DATASET, detect_format
 
         if args.storage is not None or args.dataset is not None:
             raise ConfigError("give --storage/--dataset (a dataset from `iobench generate`) "
@@ -134,7 +134,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
         raise ConfigError("--data-key/--label-key name arrays of your own data: add --data "
                           "PATH, or drop them")
     else:
-        from iobench.dataref import locate
+        from iobench.core.dataref import locate
 
         dataset = locate(args.storage, args.dataset, args.format)
         storage, name, fmt = dataset.storage, dataset.dataset, dataset.format
@@ -152,7 +152,7 @@ def build_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _default_loaders(fmt: str) -> tuple[str, ...]:
-    from iobench.formats import loader_formats
+    from iobench.core.formats import loader_formats
 
     try:
         import nvidia.dali  # noqa: F401

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from iobench.errors import ConfigError
+from iobench.core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench import compare
-    from iobench.outputs import writable_file
+    from iobench.core.outputs import writable_file
+    from iobench.workflows import compare
 
     for opt, value in (("--plot", args.plot), ("--accuracy-plot", args.accuracy_plot)):
         if value is not None and not value.lower().endswith(".png"):

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from iobench.cli._workload import workload_of
-    from iobench.errors import ConfigError
+    from iobench.core.errors import ConfigError
 
     run = workload_of(args, runnable=False)
     assert run is not None  # --workload is required

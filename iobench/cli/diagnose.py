@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from iobench.errors import ConfigError
+from iobench.core.errors import ConfigError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from iobench.cli._workload import add_workload_arguments
-    from iobench.datasets import DATASETS
-    from iobench.formats import FORMATS
+    from iobench.core.datasets import DATASETS
+    from iobench.core.formats import FORMATS
 
     loaders = (*FORMATS, "dali")
     p.add_argument("--loader", default=None, choices=loaders,
@@ -68,8 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from iobench.datasets import parse_dataset
-    from iobench.diagnose import (
+    from iobench.core.datasets import parse_dataset
+    from iobench.workflows.diagnose import (
         DiagnoseConfig,
         default_worker_counts,
         demand_of,
@@ -78,7 +78,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
     loader, dataset, batch, compute, decode = _workload_or_own(args)
     if args.data is not None:
-        from iobench.userdata import USER_DATASET, detect_format
+        from iobench.core.userdata import USER_DATASET, detect_format
 
         if args.storage is not None or args.dataset is not None:
             raise ConfigError("give --storage/--dataset or --data, not both")
@@ -121,7 +121,7 @@ def _workload_or_own(args: argparse.Namespace) -> tuple[Any, Any, Any, Any, bool
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.diagnose import run_diagnose, write_diagnosis
+    from iobench.workflows.diagnose import run_diagnose, write_diagnosis
 
     config = build_config(args)
     d = config.demand

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from iobench.errors import ConfigError
+from iobench.core.errors import ConfigError
 from iobench.pfs import control
 from iobench.pfs.config import PfsConfig
 from iobench.pfs.profiles import PROFILES, load_profile, parse_ms, parse_positive

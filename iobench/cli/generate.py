@@ -1,5 +1,5 @@
 """Write a synthetic dataset (imagenet, cifar10, cosmoflow) in any registered format
-(`iobench.formats`), in parallel (mpiexec ranks or --jobs), deterministic and resumable."""
+(`iobench.core.formats`), in parallel (mpiexec ranks or --jobs), deterministic and resumable."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from iobench.datasets import DATASETS
-from iobench.formats import COMPRESSIONS, DEFAULT_FORMAT, FORMATS
+from iobench.core.datasets import DATASETS
+from iobench.core.formats import COMPRESSIONS, DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:
-    from iobench.generators import GenerateConfig, GenerateStats
-    from iobench.world import World
+    from iobench.core.world import World
+    from iobench.workflows.generate import GenerateConfig, GenerateStats
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,15 +44,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.generators import GenerateConfig, GenerateStats
-    from iobench.world import get_world
+    from iobench.core.world import get_world
+    from iobench.workflows.generate import GenerateConfig, GenerateStats
 
     _apply_workload(args)
     cfg = GenerateConfig(dataset=args.dataset, format=args.format, storage=args.storage,
                          samples=args.samples, samples_per_file=args.samples_per_file,
                          compression=args.compression, seed=args.seed, jobs=args.jobs,
                          force=args.force, scale=args.scale)
-    from iobench.interrupts import interrupts
+    from iobench.core.interrupts import interrupts
 
     world = get_world()
     with interrupts():  # SIGINT/SIGTERM: the pool stopped in order, one line, 130/143
@@ -76,7 +76,7 @@ def _apply_workload(args: argparse.Namespace) -> None:
 
 
 def _run(cfg: GenerateConfig, world: World, stats: GenerateStats) -> int:
-    from iobench.generators import generate_dataset
+    from iobench.workflows.generate import generate_dataset
 
     if not world.is_root:
         generate_dataset(cfg, world, stats=stats)

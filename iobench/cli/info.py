@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from iobench import sysinfo
+from iobench.core import sysinfo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

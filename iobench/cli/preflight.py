@@ -15,9 +15,9 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from iobench.datasets import DATASETS
-    from iobench.formats import FORMATS
-    from iobench.placement import MODES
+    from iobench.core.datasets import DATASETS
+    from iobench.core.formats import FORMATS
+    from iobench.core.placement import MODES
 
     p.add_argument("--storage", required=True, metavar="DIR",
                    help="directory holding <dataset>-<format>/ (or a dataset root)")
@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.preflight import PreflightConfig, lines, preflight
-    from iobench.world import get_world
+    from iobench.core.world import get_world
+    from iobench.workflows.preflight import PreflightConfig, lines, preflight
 
     cfg = PreflightConfig(storage=args.storage, dataset=args.dataset, format=args.format,
                           stage_to=args.stage_to, stage_mode=args.stage_mode,

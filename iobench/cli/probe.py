@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from iobench.datasets import DATASETS
-from iobench.errors import ConfigError
-from iobench.probe import ENGINES, ProbeConfig, parse_size, probe_storage, sample_size_for
+from iobench.core.datasets import DATASETS
+from iobench.core.errors import ConfigError
+from iobench.workflows.probe import ENGINES, ProbeConfig, parse_size, probe_storage, sample_size_for
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,8 +80,8 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.results import write_document
-    from iobench.world import get_world
+    from iobench.core.results import write_document
+    from iobench.core.world import get_world
 
     if get_world().size > 1:
         raise ConfigError("run `iobench probe` as one process (without mpiexec/srun/torchrun); "
@@ -113,14 +113,14 @@ def _ms(v: float | None) -> str:
 
 def _write_profile(doc: dict[str, Any], results: str, out: str | None) -> Path:
     """Write the tier's emulated profile: to `out`, else a new name in `results`."""
-    from iobench.jsonio import write_json_atomic
+    from iobench.core.jsonio import write_json_atomic
+    from iobench.core.results import write_document
     from iobench.pfs.profiles import Profile, profile_document
-    from iobench.results import write_document
 
     pdoc = profile_document(Profile.from_dict(doc["emulator_profile"]), doc)
     if out is not None:
         if not Path(out).parent.is_dir():
-            from iobench.errors import StorageError
+            from iobench.core.errors import StorageError
 
             raise StorageError(f"--profile-out {out}: its directory does not exist; create it "
                                "or give another path")

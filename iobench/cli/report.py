@@ -17,8 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.outputs import writable_file
-    from iobench.report import write_report
+    from iobench.core.outputs import writable_file
+    from iobench.workflows.report import write_report
 
     writable_file(args.out, "--out")
     path = write_report(args.results, args.out, args.title)

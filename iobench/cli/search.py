@@ -56,17 +56,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from iobench.cli._workload import workload_of
-    from iobench.errors import ConfigError
-    from iobench.interrupts import Interrupted, interrupts
-    from iobench.outputs import writable_dir
-    from iobench.search import (
+    from iobench.core.errors import ConfigError
+    from iobench.core.interrupts import Interrupted, interrupts
+    from iobench.core.outputs import writable_dir
+    from iobench.core.world import get_world
+    from iobench.workflows.search import (
         SearchConfig,
         SearchInterrupted,
         answer_line,
         run_search,
         write_search,
     )
-    from iobench.world import get_world
 
     if get_world().size > 1:
         raise ConfigError("run `iobench search` as one process; it launches every point's "

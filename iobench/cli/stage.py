@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from iobench.dataref import DatasetRef, locate
-from iobench.datasets import DATASETS
-from iobench.formats import FORMATS
-from iobench.placement import MODES
-from iobench.stage import MiB, StageConfig, run_stage
-from iobench.world import get_world
+from iobench.core.dataref import DatasetRef, locate
+from iobench.core.datasets import DATASETS
+from iobench.core.formats import FORMATS
+from iobench.core.placement import MODES
+from iobench.core.world import get_world
+from iobench.workflows.stage import MiB, StageConfig, run_stage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,8 +75,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.errors import IobenchError
-    from iobench.outputs import writable_dir
+    from iobench.core.errors import IobenchError
+    from iobench.core.outputs import writable_dir
 
     world = get_world()
     try:
@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _figures(doc: dict[str, Any]) -> str:
     """`MB in s (MB/s), OS read MB`; median [min-max] over repetitions when there are several."""
-    from iobench.spread import fmt_spread
+    from iobench.core.spread import fmt_spread
 
     mb = f"{doc['stage_bytes'] / 1e6:.1f} MB"
     n = doc["repeats"]

@@ -31,7 +31,7 @@ def _apply_workload(cfg: Any, args: argparse.Namespace) -> Any:
     emulated compute and AU threshold; the file's tiers, workers, shuffle, epochs and ranks
     stay (samples too, when the file names the same dataset)."""
     from iobench.cli._workload import workload_of
-    from iobench.sweep import DatasetCfg
+    from iobench.workflows.sweep import DatasetCfg
 
     run = workload_of(args)
     if run is None:
@@ -45,9 +45,9 @@ def _apply_workload(cfg: Any, args: argparse.Namespace) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.errors import ConfigError
-    from iobench.sweep import load_sweep, run_sweep
-    from iobench.world import get_world
+    from iobench.core.errors import ConfigError
+    from iobench.core.world import get_world
+    from iobench.workflows.sweep import load_sweep, run_sweep
 
     if get_world().size > 1:
         raise ConfigError("run `iobench sweep` as one process; it launches each run itself "
@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     if args.report:  # given on the command line: relative to the current directory
         cfg = replace(cfg, report=str(Path(args.report).absolute()))
     if not args.dry_run:  # every output place, before hours of runs
-        from iobench.outputs import writable_dir, writable_file
+        from iobench.core.outputs import writable_dir, writable_file
 
         writable_dir(cfg.results, "results")
         if cfg.report and not args.no_report:

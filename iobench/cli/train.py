@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from iobench.errors import ConfigError, IobenchError
+from iobench.core.errors import ConfigError, IobenchError
 
 _COMPUTE_WORDS = {
     "model": "real model {model} ({params:,} parameters): forward + backward{ar} + SGD step",
@@ -23,10 +23,10 @@ _COMPUTE_WORDS = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from iobench.cli._workload import add_workload_arguments
-    from iobench.datasets import DATASETS
-    from iobench.formats import FORMATS
-    from iobench.models import MODELS
-    from iobench.train import LOADER_NAMES
+    from iobench.core.datasets import DATASETS
+    from iobench.core.formats import FORMATS
+    from iobench.core.models import MODELS
+    from iobench.workflows.train import LOADER_NAMES
 
     p.add_argument("--loader", default=None, choices=LOADER_NAMES,
                    help="reader to use (required with --storage unless --workload sets it; "
@@ -120,14 +120,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from iobench.datasets import parse_dataset
-    from iobench.train import TrainConfig
+    from iobench.core.datasets import parse_dataset
+    from iobench.workflows.train import TrainConfig
 
     _apply_workload(args)
     batch = args.batch_size
     loader, storage, dataset, model = args.loader, args.storage, args.dataset, args.model
     if args.data is not None:
-        from iobench.userdata import USER_DATASET, detect_format
+        from iobench.core.userdata import USER_DATASET, detect_format
 
         if storage is not None or dataset is not None:
             raise ConfigError("give --storage/--dataset (a dataset from `iobench generate`) or "
@@ -144,7 +144,7 @@ def build_config(args: argparse.Namespace) -> Any:
         raise ConfigError("--storage DIR (a dataset from `iobench generate`) or --data PATH "
                           "(your own data) is required")
     elif loader is None:
-        from iobench.train import LOADER_NAMES
+        from iobench.workflows.train import LOADER_NAMES
 
         raise ConfigError("--loader is required with --storage; choose one of: "
                           + ", ".join(LOADER_NAMES))
@@ -197,7 +197,7 @@ def build_request(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(the training config, the `--stage-to` plan or None, the `--workload` run or None);
     a bad option is raised the same on every rank."""
     from iobench.cli._workload import workload_of
-    from iobench.train_run import StagePlan
+    from iobench.workflows.train_run import StagePlan
 
     try:
         config = build_config(args)
@@ -213,8 +213,8 @@ def build_request(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.train_run import train_job
-    from iobench.world import get_world
+    from iobench.core.world import get_world
+    from iobench.workflows.train_run import train_job
 
     world = get_world()
     try:
@@ -246,7 +246,7 @@ def _interrupted(outcome: Any, world: Any) -> None:
 
 def spread_line(doc: dict[str, Any]) -> str:
     """The headline figures over repetitions: median [min-max], with the CV of each."""
-    from iobench.spread import fmt_spread
+    from iobench.core.spread import fmt_spread
 
     names = {"epoch_wall_s": "epoch wall s", "stall_s": "stall s", "au": "AU",
              "samples_per_s": "samples/s", "read_MBps": "MB/s"}
@@ -276,7 +276,7 @@ class _Output:
 
     def hooks(self) -> Any:
         """The console's ears on the job (rank 0 prints; the others stay quiet)."""
-        from iobench.train_run import TrainHooks
+        from iobench.workflows.train_run import TrainHooks
 
         return TrainHooks(started=self.start, progress=self.epoch, live=self.live,
                           live_interval_s=self.live_interval_s, tier=self.tier,
@@ -306,7 +306,7 @@ class _Output:
                            f"{c.workers} {c.worker_type} worker(s), shuffle {c.shuffle}")
         import torch
 
-        from iobench.train import describe_device, device_warnings, device_words
+        from iobench.workflows.train import describe_device, device_warnings, device_words
 
         use_cuda = torch.cuda.is_available()
         device = describe_device(torch.device(f"cuda:{self.world.local_rank}" if use_cuda
@@ -325,7 +325,7 @@ class _Output:
         """Progress inside an epoch (rank 0's own figures so far)."""
         import time
 
-        from iobench.metrics import fmt_rate
+        from iobench.core.metrics import fmt_rate
 
         elapsed = (time.perf_counter_ns() - clock.start_ns) / 1e9
         line = (f"epoch {epoch + 1}/{self.config.epochs}: step {step}/{steps}, "
@@ -339,7 +339,7 @@ class _Output:
             print(line, flush=True)
 
     def epoch(self, rec: dict[str, Any]) -> None:
-        from iobench.metrics import fmt_rate
+        from iobench.core.metrics import fmt_rate
 
         if not self.on:
             return
@@ -375,7 +375,7 @@ class _Output:
     def finish(self, doc: dict[str, Any], path: Any) -> None:
         from rich.table import Table
 
-        from iobench.metrics import fmt_rate
+        from iobench.core.metrics import fmt_rate
 
         comp = doc["compute"]
         words = _COMPUTE_WORDS[comp["kind"]].format(model=comp["model"], params=comp["parameters"] or 0,
@@ -404,7 +404,7 @@ class _Output:
                            f"{doc['compute']['steps']}")
         user = doc["provenance"].get("user_data")
         if user:
-            from iobench.userdata import describe
+            from iobench.core.userdata import describe
 
             self.console.print(f"data: {describe(user)}", markup=False, soft_wrap=True)
         self.console.print(f"result: {path}")

@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.verify_run import verify
-    from iobench.world import get_world
+    from iobench.core.world import get_world
+    from iobench.workflows.verify_run import verify
 
     world = get_world()
     out = verify(args.path, world, jobs=args.jobs, deep=args.deep, allow_extra=args.allow_extra)

@@ -15,7 +15,7 @@ Library API (the CLI is `iobench emulate-pfs`):
   return once the mount is live. `PfsMount` has `.stats()`, `.unmount()` and
   is a context manager. The mount's page cache is the node's client cache:
   pages survive opens and go only when iobench evicts through the mount
-  (`iobench.cache.evict`), as on a Lustre/GPFS client (`config.PfsConfig`).
+  (`iobench.core.cache.evict`), as on a Lustre/GPFS client (`config.PfsConfig`).
 - `unmount(mountpoint, *, lazy=False) -> dict | None`: unmount, wait for the
   daemon to exit (SIGTERM/SIGKILL after a timeout), remove the pid file,
   return the daemon's final stats.

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iobench.jsonio import write_json_atomic
+from iobench.core.jsonio import write_json_atomic
 from iobench.pfs.config import PfsConfig, state_paths
 from iobench.pfs.stats import COUNTERS, NOTE, SCHEMA, SCHEMA_VERSION, STATS_NAME
 

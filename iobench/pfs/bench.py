@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iobench import cache, sysinfo
-from iobench.errors import IobenchError
-from iobench.jsonio import write_json_atomic
+from iobench.core import cache, sysinfo
+from iobench.core.errors import IobenchError
+from iobench.core.jsonio import write_json_atomic
+from iobench.core.threads import run_threads
 from iobench.pfs import control
 from iobench.pfs.profiles import PROFILES, get_profile
 from iobench.pfs.stats import NOTE, delta
-from iobench.threads import run_threads
 
 MiB = 1 << 20
 

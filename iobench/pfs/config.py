@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import ConfigError
+from iobench.core.errors import ConfigError
 from iobench.pfs.profiles import Profile
 
 MiB = 1 << 20
@@ -24,7 +24,7 @@ class PfsConfig:
 
     - `client_cache` (default): the mount's page cache is the client cache of
       a Lustre/GPFS node: data pages survive `open()` and `close()` and are
-      dropped only by eviction (`iobench.cache.evict` does
+      dropped only by eviction (`iobench.core.cache.evict` does
       `POSIX_FADV_DONTNEED` through the mount, as before every cold epoch)
       or memory pressure. Every open and stat still costs its metadata round
       trip (names expire at once). Off: the pages are dropped at every open,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import ConfigError, StorageError, UnsupportedError
-from iobench.launch import python_argv
+from iobench.core.errors import ConfigError, StorageError, UnsupportedError
+from iobench.core.launch import python_argv
 from iobench.pfs.config import PfsConfig, StatePaths, state_paths
 from iobench.pfs.profiles import Profile, get_profile
 from iobench.pfs.stats import STATS_NAME, parse_stats

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from iobench.errors import ConfigError
+from iobench.core.errors import ConfigError
 
 #: Measured on this project's 2-core development machine (issue 7): a Python
 #: FUSE daemon serves about 600-700 MB/s of 1 MiB reads (and ~9k small reads/s).

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from iobench.errors import DatasetError
+from iobench.core.errors import DatasetError
 
 SCHEMA = "iobench.pfs-stats"
 SCHEMA_VERSION = 1

@@ -59,7 +59,7 @@ def ratio_cell(xs: list[float]) -> str:
 
 def json_twin(storage: Path, fmt: str) -> Path:
     """STORAGE/json-twin/cifar10-<fmt>: the same files (hard links), a JSON-list manifest."""
-    from iobench.manifest import MANIFEST_NAME, TABLE_DIR, Manifest
+    from iobench.core.manifest import MANIFEST_NAME, TABLE_DIR, Manifest
 
     src = storage / f"cifar10-{fmt}"
     dst = storage / "json-twin" / f"cifar10-{fmt}"
@@ -105,7 +105,7 @@ def _rows_one(npy: str, batch: int) -> None:
     (the gathered path, as a 10M-sample table takes): prints JSON."""
     import numpy as np
 
-    from iobench.manifest import NpyRows
+    from iobench.core.manifest import NpyRows
 
     rows = NpyRows.open(npy)
     rng = np.random.default_rng(0)

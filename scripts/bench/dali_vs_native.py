@@ -105,7 +105,7 @@ def sync(gpu: bool) -> None:
 def run_native(root: Path, batch: int, threads: int, gpu: bool, decode: bool,
                epochs: int) -> float:
     """Images per second of DALI's own pipeline, over `epochs` epochs after a warm-up one."""
-    from iobench.manifest import Manifest
+    from iobench.core.manifest import Manifest
 
     files = [f.path for f in Manifest.load(root).data_files]
     pipe = native_pipeline(root, files, batch, threads, gpu, decode)

@@ -64,7 +64,7 @@ def make_dataset(work: Path, size: str) -> Path:
     """The shared files of one size (reused when present); returns the dataset root."""
     import h5py
 
-    from iobench.manifest import FileEntry, Manifest
+    from iobench.core.manifest import FileEntry, Manifest
 
     name, shape, dtype, lshape, ldtype, per, nfiles, _ = SIZES[size]
     root = work / size / f"{name}-hdf5"

@@ -5,7 +5,7 @@ For each workload point (`W:A`, e.g. cosmoflow:h100) and accelerator count N
 the script runs, in turn and interleaved over `--repeat` repetitions:
 
 - iobench: the exact `iobench train` command line `iobench search` runs for
-  that point (`iobench.search.train_command`: N ranks under `mpiexec -n N`,
+  that point (`iobench.workflows.search.train_command`: N ranks under `mpiexec -n N`,
   one emulated accelerator each, `--no-decode`, emulated compute, steps
   synchronised, one epoch), on the dataset `iobench generate --workload W
   --accelerator A --samples S` writes;
@@ -16,7 +16,7 @@ the script runs, in turn and interleaved over `--repeat` repetitions:
   about the same bytes per sample (cosmoflow: one `.npy` per sample; resnet50:
   HDF5 files of 1,251 samples; see FORMATS).
 
-Both are made cold the same way before every run: `iobench.cache.evict` over
+Both are made cold the same way before every run: `iobench.core.cache.evict` over
 every file of the dataset about to be read (dirty pages written back, then
 `posix_fadvise(DONTNEED)`), and the resident fraction is checked afterwards
 (iobench also evicts before its epoch, the same call; DLIO evicts nothing).
@@ -61,10 +61,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from iobench.cache import evict, residency
-from iobench.manifest import Manifest
-from iobench.search import SearchConfig, train_command
-from iobench.workloads import resolve
+from iobench.core.cache import evict, residency
+from iobench.core.manifest import Manifest
+from iobench.core.workloads import resolve
+from iobench.workflows.search import SearchConfig, train_command
 
 # workload -> (iobench default samples, DLIO format, DLIO samples per file). Formats DLIO
 # 2.0.0 reads through its PyTorch loader, nearest to iobench's: cosmoflow is one .npy per

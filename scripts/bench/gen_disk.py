@@ -38,7 +38,7 @@ def main() -> int:
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     info = header(a.work)
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
 
     sizes = {"cosmoflow": a.cosmoflow, "cifar10": a.cifar10}
     total = max(DATASETS[d].sample_nbytes * n for d, n in sizes.items())

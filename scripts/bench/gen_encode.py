@@ -74,7 +74,7 @@ def _encode_planes(k: int) -> int:
 
 
 def _synth(k: int) -> int:
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
     from iobench.generators.synth import make_sample
 
     spec = DATASETS["imagenet"]
@@ -166,7 +166,7 @@ def main() -> int:
             stats = size_stats(blobs)
             _IMAGES.extend(simplejpeg.decode_jpeg(b, colorspace="RGB") for b in blobs)
             if have_planes:
-                from iobench.datasets import DATASETS
+                from iobench.core.datasets import DATASETS
 
                 _PLANES.extend(synth.imagenet_planes(DATASETS["imagenet"], 0, i)
                                for i in range(a.samples))

@@ -40,7 +40,7 @@ def main() -> int:
     for n in ranks:
         if n > cores:
             print(f"note: {n} ranks on {cores} cores are oversubscribed")
-    from iobench.datasets import DATASETS
+    from iobench.core.datasets import DATASETS
 
     fio_bytes = DATASETS["cosmoflow"].sample_nbytes * RUNS["cosmoflow"][0]
     figures: dict[str, dict[str, dict[str, list[float]]]] = {

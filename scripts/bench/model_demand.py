@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What each model asks of the storage: its compute-only rate (`iobench.demand`) on a resident batch.
+"""What each model asks of the storage: its compute-only rate (`iobench.core.demand`) on a resident batch.
 
 For each MODEL:BATCH, a batch in the compact form the loaders deliver (uint8 crops for
 imagenet and cifar10, int16 volumes for cosmoflow), already on the device, trains the
@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from iobench.datasets import DATASETS
-from iobench.demand import compute_rate
+from iobench.core.datasets import DATASETS
+from iobench.core.demand import compute_rate
+from iobench.core.models import MODELS, build_model, parse_model
 from iobench.loaders._preprocess import CROP, FINISH
-from iobench.models import MODELS, build_model, parse_model
 
 # the compact batch each dataset's loaders deliver, per sample: (shape, dtype)
 COMPACT = {"imagenet": ((CROP, CROP, 3), torch.uint8), "cifar10": ((3, 32, 32), torch.uint8),

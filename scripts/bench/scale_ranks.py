@@ -38,8 +38,8 @@ import numpy as np
 STEP = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from iobench import cache, sampling
-from iobench.manifest import Manifest
+from iobench.core import cache, sampling
+from iobench.core.manifest import Manifest
 root, world, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 walk, stage = sys.argv[4] == "1", sys.argv[5] == "1"
 out = {"import_s": time.perf_counter() - t0}
@@ -80,7 +80,7 @@ if walk:  # after the first batch, not in it: what eviction walks before each co
 if stage:  # a node's staging plan, one rank per node: its share (global scope: every file),
     # the share's bytes, what the destination lacks (absent: nothing to stat), then the
     # share streamed as the copy threads draw it, with no copying: iobench's own per-file cost
-    from iobench.placement import need_bytes
+    from iobench.core.placement import need_bytes
     from pathlib import Path
     t = time.perf_counter()
     share = cache.rank_share(m, [0], 0, world)
@@ -118,7 +118,7 @@ def write_json_manifest(root: Path, n: int, head: str) -> None:
 
 def write_compact_manifest(root: Path, n: int, head: str) -> None:
     """Version 2: the table as a pattern and side arrays, as `Manifest.write` writes it."""
-    from iobench.manifest import TABLE_DIR
+    from iobench.core.manifest import TABLE_DIR
 
     top = root / TABLE_DIR
     top.mkdir(exist_ok=True)
@@ -139,7 +139,7 @@ LABELS = ""  # the labels file's entry, set once its size is known
 def make_dataset(root: Path, n: int, form: str, world: int, batch: int) -> None:
     """The manifest, labels.npy, and the real files of rank 0's first batch."""
     global LABELS
-    from iobench import sampling
+    from iobench.core import sampling
 
     root.mkdir(parents=True, exist_ok=True)
     for d in range(DIRS):

@@ -1,0 +1,87 @@
+"""Versioned JSON documents written atomically (temporary name, fsync, rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from iobench.core.errors import DatasetError, StorageError
+
+
+def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
+                      exclusive: bool = False, indent: int | None = 1) -> Path:
+    """Write `doc` to `path` so readers see the old file or the whole new one.
+
+    With `exclusive=True` an existing file is never replaced (result files
+    must not overwrite an earlier run): `FileExistsError` is raised instead.
+    `indent=None` writes one line, with the C encoder (files only iobench reads).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # mkstemp makes 0600; manifests and results must be readable like any file
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=indent, sort_keys=False, default=_default))
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if exclusive:
+            os.link(tmp, path)  # fails with FileExistsError, never replaces
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(e, FileExistsError):
+            raise
+        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
+    except BaseException:  # interrupted mid-write: no temporary file left behind
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_json(path: str | Path, *, schema: str, max_version: int) -> dict[str, Any]:
+    """Read a document written by iobench, checking its `schema` and version."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); "
+                           "it was damaged or not written by iobench") from e
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x}):"
+                           " it was damaged or is not a document iobench wrote") from None
+    except RecursionError:
+        raise DatasetError(f"{path} nests JSON too deeply to be a document iobench wrote: it "
+                           "was damaged or crafted") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path} is a directory, not a JSON document") from None
+    except OSError as e:
+        raise DatasetError(f"cannot read {path}: {e.strerror or e}") from e
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise DatasetError(f"{path} is not an iobench {schema!r} document "
+                           f"(schema={doc.get('schema') if isinstance(doc, dict) else None!r})")
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or version > max_version:
+        raise DatasetError(f"{path} has schema_version={version!r}; this iobench reads up to "
+                           f"{max_version}: upgrade iobench")
+    return doc
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy scalars and arrays
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"cannot serialise {type(o).__name__} to JSON")

@@ -1,0 +1,56 @@
+"""Check every output path before any work starts: a run of hours must not fail at its end.
+
+`writable_dir(path, option)` creates the directory if needed and proves it
+writable with a probe file; `writable_file(path, option)` does the same for
+the directory a file will be written into (and refuses a directory in its
+place). Both raise a StorageError naming the option and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from iobench.core.errors import StorageError
+
+
+def writable_dir(path: str | Path, option: str, create: bool = False) -> Path:
+    """`path` after proving a file can be written there. A missing directory is created
+    with `create`; without, its nearest existing parent must let us create it (so a run
+    that fails later leaves no empty directory behind)."""
+    p = Path(path)
+    if not p.exists() and not create:
+        parent = p.absolute().parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise StorageError(f"{option} {p} cannot be created: {parent} is not writable; "
+                               "give a writable directory")
+        return p
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"{option} {p}: cannot create it ({e.strerror or e}); give a "
+                           "writable directory") from e
+    if not p.is_dir():
+        raise StorageError(f"{option} {p} is not a directory; give a directory")
+    probe = p / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise StorageError(f"{option} {p} is not writable ({e.strerror or e}); give a writable "
+                           "directory") from e
+    return p
+
+
+def writable_file(path: str | Path, option: str) -> Path:
+    """`path`, after proving its directory writable and that it is not a directory."""
+    p = Path(path)
+    if p.is_dir():
+        raise StorageError(f"{option} {p} is a directory; give a file name")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise StorageError(f"{option} {p} exists and is not writable; give another file name")
+    writable_dir(p.parent if str(p.parent) else Path("."), option)
+    return p

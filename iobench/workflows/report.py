@@ -1,0 +1,794 @@
+"""A self-contained report of a results directory (HTML with embedded PNGs, or Markdown).
+
+Reads every iobench document in the directory: training results
+(`iobench.result`), staging results (`iobench.stage`), storage probes
+(`iobench.probe`) and sweep records (`iobench.sweep`), and writes the
+environment, the probe figures per tier, a table of runs per dataset (with
+each run's MB/s as a fraction of its tier's probe limit), the staging cost
+with break-even epochs (docs/metrics.md), and plots: stall time per epoch by run,
+throughput by workers, AU by storage tier, loader MB/s next to the probe
+limits. Runs with `--repeat N` repetitions show median [min-max] and min-max
+error bars; differences within the spread are marked `n.s.`. Report code is
+the only place (with `compare`) that imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import io
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iobench.core.breakeven import break_even_text, real, staging_pairs
+from iobench.core.errors import ConfigError, DatasetNotFoundError
+from iobench.core.result_types import (
+    Host,
+    ProbeDoc,
+    ProbeSummary,
+    ResultError,
+    SampleRead,
+    SearchDoc,
+    StageDoc,
+    SweepDoc,
+    TrainResult,
+)
+from iobench.core.spread import differs, run_spread
+from iobench.workflows.compare import (
+    epoch_spreads,
+    error_bars,
+    fmt_figure,
+    integer_ticks,
+    mark,
+    node_spread,
+)
+from iobench.workflows.verdict import DEFAULT_THRESHOLD, probe_for, probe_limit, under
+
+
+@dataclass
+class Collection:
+    """What a results directory holds, by kind; `skipped` lists (file, why) not read."""
+
+    runs: list[TrainResult] = field(default_factory=list)
+    stages: list[StageDoc] = field(default_factory=list)
+    probes: list[ProbeDoc] = field(default_factory=list)
+    sweeps: list[SweepDoc] = field(default_factory=list)
+    searches: list[SearchDoc] = field(default_factory=list)  # complete `iobench search`es
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _known() -> dict[str, int]:
+    """The newest version of each document that this reader reads: the one each writer writes
+    (iobench.core.results names them all, so this reader imports no workflow that writes one)."""
+    from iobench.core import results
+
+    return {results.SCHEMA: results.SCHEMA_VERSION,
+            results.STAGE_SCHEMA: results.STAGE_SCHEMA_VERSION,
+            results.PROBE_SCHEMA: results.PROBE_SCHEMA_VERSION,
+            results.SWEEP_SCHEMA: results.SWEEP_SCHEMA_VERSION,
+            results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION}
+
+
+def load_directory(results_dir: str | Path) -> Collection:
+    """Read every iobench document in `results_dir` (not recursive); damaged files are listed
+    in `skipped`, never fatal. An empty or missing directory is an error."""
+    d = Path(results_dir)
+    if not d.is_dir():
+        raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
+                                   "directory of your runs (default ./iobench-results)")
+    col = Collection()
+    known = _known()
+    for p in sorted(d.glob("*.json")):
+        doc = _read_document(p, known, col)
+        if doc is not None:
+            try:
+                _sort_document(col, p.name, doc)
+            except ResultError as e:
+                col.skipped.append((p.name, str(e)))
+    if not (col.runs or col.stages or col.probes or col.sweeps or col.searches):
+        raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
+                                   "probe results); run `iobench train`, `stage`, `probe` or "
+                                   "`sweep` with --results pointing there")
+    col.runs.sort(key=lambda r: r.created)
+    return col
+
+
+def _read_document(p: Path, known: Mapping[str, int], col: Collection) -> dict[str, Any] | None:
+    """The iobench document in `p` of a version this reader reads; None (listed in
+    `col.skipped` unless it is not iobench's) otherwise."""
+    try:
+        with open(p) as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        col.skipped.append((p.name, f"unreadable: {e}"))
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") not in known:
+        return None  # not ours (a manifest, someone else's JSON)
+    schema, version = doc["schema"], doc.get("schema_version")
+    if not isinstance(version, int) or version > known[schema]:
+        col.skipped.append((p.name, f"{schema} v{version} is newer than this iobench reads"))
+        return None
+    return dict(doc)
+
+
+def _sort_document(col: Collection, name: str, doc: dict[str, Any]) -> None:
+    """Type `doc` by its schema into `col`; a ResultError says why it cannot be read."""
+    from iobench.core import results
+
+    schema = doc["schema"]
+    if schema == results.SCHEMA:
+        run = TrainResult.from_dict(doc, name)
+        if not run.complete:  # never averaged with whole runs
+            col.skipped.append((name, f"{run.status} run, left out: "
+                                      f"{run.status_reason or 'no reason given'}; "
+                                      f"{len(run.epochs)} epoch(s) completed"))
+            return
+        col.runs.append(run)
+    elif schema == results.STAGE_SCHEMA:
+        col.stages.append(StageDoc.from_dict(doc, name))
+    elif schema == results.SEARCH_SCHEMA:
+        search = SearchDoc.from_dict(doc, name)
+        if search.status != "complete":  # its answer covers only some points
+            col.skipped.append((name, f"{search.status} search, left out: "
+                                      f"{search.status_reason or 'no reason given'}"))
+            return
+        col.searches.append(search)
+    elif schema == results.PROBE_SCHEMA:
+        col.probes.append(ProbeDoc.from_dict(doc, name))
+    else:
+        col.sweeps.append(SweepDoc.from_dict(doc, name))
+
+
+# ------------------------------------------------------------------------------ figures
+
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def sweep_tier_names(sweeps: Sequence[SweepDoc]) -> list[tuple[str, str]]:
+    """(real path, tier name) of every tier the sweeps in the directory named."""
+    out = []
+    for s in sweeps:
+        for t in s.config.tiers:
+            out.append((real(t.path), t.name))
+            if t.stage_to:
+                out.append((real(t.stage_to), t.stage_name or f"{t.name}-staged"))
+    return out
+
+
+def _cache_words(doc: TrainResult) -> str:
+    """How cold the run's epochs were, in a word for the runs table."""
+    statuses = [e.cache.status for e in doc.epochs]
+    return ("warm (by choice)" if doc.cache.mode == "warm" else
+            "COLD FAILED" if "warm" in statuses else
+            "unknown" if "unknown" in statuses else
+            "unverified" if "unverified" in statuses else "cold")
+
+
+def _tier_name(doc: TrainResult, probe: ProbeDoc | None, root: str,
+               names: Sequence[tuple[str, str]]) -> str:
+    """A run's tier: its probe's label, else a sweep's tier name, else its filesystem."""
+    if probe:
+        return probe.label
+    named = [n for n in names if under(root, n[0])]
+    if named:
+        return max(named, key=lambda n: len(n[0]))[1]
+    storage = doc.provenance.storage
+    return f"{storage.kind or '?'} ({storage.fstype or '?'})"
+
+
+def run_row(doc: TrainResult | Mapping[str, Any], probes: Sequence[ProbeDoc],
+            names: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """One line of a runs table: configuration and figures. The tier is named by its probe's
+    label, else by a sweep's tier name, else by its filesystem.
+
+    Headline figures are `iobench.core.spread.run_spread`'s medians over the run's
+    repetitions (a v1 result is one repetition: means over its epochs, rates
+    over its summed epoch walls), with their spreads in `spread`; `stall_s`
+    and `wall_s` are per epoch number, medians over repetitions, with spreads
+    in `stall_spread`.
+    """
+    res = TrainResult.of(doc)
+    c = res.config
+    probe = probe_for(res.dataset.root or res.provenance.storage.path, probes)
+    sp = run_spread(res.epochs)
+    med = {k: v["median"] if v else None for k, v in sp.items()}
+    stall = epoch_spreads(res, lambda e: e.summary.stall_s_max)
+    wall = epoch_spreads(res, lambda e: e.summary.wall_s)
+    frac = epoch_spreads(res, lambda e: e.summary.stall_fraction_max)
+    au = epoch_spreads(res, lambda e: e.summary.au_mean)
+    mbps = med["read_MBps"]
+    limit = probe_limit(probe, res.dataset.sample_bytes) if probe else None
+    root = real(res.dataset.root)
+    verdict = res.summary.verdict
+    return {
+        "run_id": res.run_id, "dataset": res.dataset.dataset,
+        "format": res.dataset.format, "loader": c.loader,
+        "tier": _tier_name(res, probe, root, names),
+        "storage": c.storage, "root": root,
+        "workers": c.workers, "batch_size": c.batch_size,
+        # a shard-staged run shuffles within each rank's own files
+        "shuffle": c.shuffle + (" (local)" if res.staging is not None
+                                and res.staging.shuffle_scope == "local" else ""),
+        "ranks": res.world.size, "compute": res.compute.kind,
+        "repeats": res.repetitions, "epochs": len(stall),
+        "stall_s": [stall[e]["median"] for e in sorted(stall)],
+        "stall_spread": [stall[e] for e in sorted(stall)],
+        "wall_s": [wall[e]["median"] for e in sorted(wall)],
+        "stall_fraction_spread": [frac[e] for e in sorted(frac)],
+        "au_spread": [au[e] for e in sorted(au)],
+        "threshold": (verdict.threshold if verdict else None) or DEFAULT_THRESHOLD,
+        "spread": sp, "au": med["au"], "samples_per_s": med["samples_per_s"],
+        "read_MBps": mbps, "limit_MBps": limit,
+        "ratio": mbps / limit if mbps is not None and limit else None,
+        "cache": _cache_words(res), "staged": res.staging is not None,
+        "warnings": list(res.warnings), "node_spread": node_spread(res),
+    }
+
+
+def staging_rows(col: Collection, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Staging cost next to the epoch time it saves: `break_even_epochs` per docs/metrics.md.
+
+    `iobench.core.breakeven.staging_pairs` pairs each staging (an `iobench stage`
+    result or a run's `staging` section) with the in-place runs reading its
+    source and the runs of its copy, and refuses pairs that are not
+    comparable. Here each staging keeps its comparable pairs, one per
+    configuration; a staging without any keeps one row saying why (the pair
+    with the fewest differences). `rows` is unused (kept for callers).
+    """
+    out: list[dict[str, Any]] = []
+    by_staging: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in staging_pairs(col.runs, col.stages):
+        by_staging[row["staging_index"]].append(row)
+    runs = {r.run_id: r for r in col.runs}
+    for _, pairs in sorted(by_staging.items()):
+        good = [p for p in pairs if not p["refused"]]
+        if not good:
+            out.append(min(pairs, key=lambda p: p["refused"].count(" vs ")))
+            continue
+        seen = set()
+        for p in good:
+            c = runs[p["slow_run_id"]].config
+            key = (c.loader, c.workers, c.batch_size, c.shuffle)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def environment(col: Collection) -> dict[str, Any]:
+    """Host, CPU, memory, GPUs and library versions, from the newest document that has them."""
+    docs: list[tuple[str, Host | None]] = [
+        *((d.created, d.provenance) for d in col.runs),
+        *((d.created, d.provenance) for d in col.probes),
+        *((d.created, d.provenance) for d in col.stages)]
+    hosts = [h for _, h in sorted(docs, key=lambda d: d[0], reverse=True) if h is not None]
+    prov = hosts[0] if hosts else Host()
+    return {"hosts": sorted({h.host for h in hosts if h.host is not None}), "os": prov.os,
+            "cpu": prov.cpu_model, "cpu_count": prov.cpu_count,
+            "memory_bytes": prov.memory_bytes,
+            "gpus": [g.name for g in prov.gpus or ()], "versions": prov.versions or {}}
+
+
+# ------------------------------------------------------------------------------- plots
+
+def _short(r: dict[str, Any]) -> str:
+    return (f"{r['loader']} @ {r['tier']}, w{r['workers']} b{r['batch_size']} {r['shuffle']}"
+            + (" staged" if r["staged"] else ""))
+
+
+REPEAT_NOTE = "\nbars: min-max over repetitions"
+
+
+def pooled(spreads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One point for several alike runs: the mean of their medians, from the lowest min to
+    the highest max (n: the most repetitions among them, so single passes get no bar)."""
+    return {"median": sum(s["median"] for s in spreads) / len(spreads),
+            "min": min(s["min"] for s in spreads), "max": max(s["max"] for s in spreads),
+            "n": max(s["n"] for s in spreads)}
+
+
+def _legend(ax: Any, entries: int) -> None:
+    if entries <= 6:
+        ax.legend(fontsize=7, loc="best")
+    else:  # many runs: beside the axes, not over the data
+        ax.figure.set_size_inches(12, max(4.5, 0.18 * entries))
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _png(plt: Any, fig: Any) -> bytes:
+    """The figure as PNG bytes; the figure is closed."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
+    """PNG bytes by name: stall, throughput, au, limits (only those with data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pngs: dict[str, bytes] = {}
+    if rows:
+        pngs["stall"] = _png(plt, _stall_figure(plt, rows))
+        throughput = _throughput_figure(plt, rows)
+        if throughput is not None:
+            pngs["throughput"] = _png(plt, throughput)
+        pngs["au"] = _png(plt, _au_figure(plt, rows))
+    if col.probes:
+        pngs["limits"] = _png(plt, _limits_figure(plt, rows, col.probes))
+    if col.searches:
+        pngs["search"] = _png(plt, search_figure(plt, col.searches))
+    return pngs
+
+
+def _stall_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    """Stall per epoch by run, beside AU per epoch against the verdict's threshold."""
+    repeated = REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""
+    fig, (ax, ax_au) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for r in sorted(rows, key=_short):
+        epochs = range(1, len(r["stall_fraction_spread"]) + 1)
+        pct = [{k: v * 100 if k in ("median", "min", "max") else v for k, v in sp.items()}
+               for sp in r["stall_fraction_spread"]]
+        line = ax.errorbar(epochs, [p["median"] for p in pct], yerr=error_bars(pct),
+                           marker="o", capsize=3, label=f"{r['dataset']}: {_short(r)}")
+        ax_au.errorbar(epochs, [p["median"] for p in r["au_spread"]],
+                       yerr=error_bars(r["au_spread"]), marker="o", capsize=3,
+                       color=line[0].get_color())
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("stall, % of the epoch (slowest rank)" + repeated)
+    ax.set_title("Data stall per epoch, by run (cold cache)")
+    ax.set_ylim(bottom=0)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    threshold = rows[0]["threshold"]
+    ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1,
+                  label=f"AU {threshold:.2f}: below it storage cannot keep up")
+    ax_au.set_xlabel("epoch")
+    ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
+    ax_au.set_ylim(0, 1.05)
+    ax_au.set_title("AU per epoch, by run")
+    integer_ticks(ax_au.xaxis)
+    ax_au.legend(fontsize=7, loc="lower right")
+    _legend(ax, len(rows))
+    return fig
+
+
+def _throughput_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any | None:
+    """Samples/s against the worker count, one line per alike group; None with one count."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows if len({r["workers"] for r in rows}) > 1 else ():
+        groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
+                r["staged"])].append(r)
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
+        by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for r in rs:
+            if r["spread"]["samples_per_s"] is not None:
+                by_w[r["workers"]].append(r["spread"]["samples_per_s"])
+        ws = sorted(by_w)
+        pts = [pooled(by_w[w]) for w in ws]
+        ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
+                    capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
+                    + (" staged" if staged else ""))
+    ax.set_xlabel("loader workers per rank")
+    ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
+                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+    ax.set_title("Throughput by workers")
+    ax.set_ylim(bottom=0)
+    integer_ticks(ax.xaxis)
+    _legend(ax, len(groups))
+    return fig
+
+
+def _au_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    """AU by storage tier, one bar per loader."""
+    tiers = sorted({r["tier"] for r in rows})
+    loaders = sorted({r["loader"] for r in rows})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(len(loaders), 1)
+    for k, loader in enumerate(loaders):
+        pts = []
+        for t in tiers:
+            aus = [r["spread"]["au"] for r in rows if r["tier"] == t
+                   and r["loader"] == loader and r["spread"]["au"] is not None]
+            pts.append(pooled(aus) if aus else {"median": 0.0, "min": 0.0, "max": 0.0,
+                                                 "n": 1})
+        ax.bar([i + k * width for i in range(len(tiers))], [p["median"] for p in pts], width,
+               yerr=error_bars(pts), capsize=3, label=loader)
+    ax.axhline(rows[0]["threshold"], color="red", linestyle="--", linewidth=1,
+               label=f"AU {rows[0]['threshold']:.2f} (the verdict's threshold)")
+    ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
+    ax.set_xticklabels(tiers, fontsize=8)
+    ax.set_ylabel("accelerator utilisation (mean over runs)"
+                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+    ax.set_ylim(0, 1.05)
+    ax.set_title("AU by storage tier")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _limits_figure(plt: Any, rows: Sequence[dict[str, Any]], probes: Sequence[ProbeDoc]) -> Any:
+    """Each tier's probed limits beside the best loader run's MB/s there."""
+    tiers = sorted({p.label for p in probes})
+    latest = {t: max((p for p in probes if p.label == t), key=lambda p: p.created)
+              for t in tiers}
+    series = [("probe: sequential read", [latest[t].summary.seq_read_MBps for t in tiers]),
+              ("probe: random reads at sample size", [latest[t].summary.sample_read_MBps
+                                                      for t in tiers])]
+    if rows:
+        series.append(("best loader run", [max((r["read_MBps"] or 0 for r in rows
+                                                if r["tier"] == t), default=0)
+                                           for t in tiers]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(series)
+    for k, (name, vals) in enumerate(series):
+        ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=name)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(tiers))])
+    ax.set_xticklabels(tiers, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("MB/s (log scale)")
+    ax.set_title("Storage limits (probe) next to what the loaders reached")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def search_figure(plt: Any, searches: Sequence[SearchDoc]) -> Any:
+    """AU against accelerator count per `iobench search`, with each threshold as a line."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for d in sorted(searches, key=lambda d: d.created):
+        pts = sorted(d.points, key=lambda p: p.accelerators)
+        w = d.workload
+        xs = [p.accelerators for p in pts]
+        ys = [p.au for p in pts]
+        lo = [p.au - (p.au if p.au_min is None else p.au_min) for p in pts]
+        hi = [(p.au if p.au_max is None else p.au_max) - p.au for p in pts]
+        line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3,
+                           label=f"{w.name}/{w.accelerator} on "
+                                 f"{Path(d.config.storage).name}: "
+                                 f"{d.max_accelerators} max")
+        ax.axhline(d.threshold, color=line[0].get_color(), linestyle="--", linewidth=1)
+    ax.set_xlabel("emulated accelerators (ranks)")
+    ax.set_ylabel("AU without the first step's I/O (median over repeats)")
+    ax.set_title("iobench search: AU against accelerators (dashed: each threshold)")
+    ax.set_ylim(0, 1.05)
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+# ------------------------------------------------------------------------------ render
+
+def _f(v: Any, spec: str = ".2f", none: str = "n/a") -> str:
+    if v is None:
+        return none
+    if isinstance(v, float) and math.isinf(v):
+        return "never"
+    return format(v, spec)
+
+
+def _gb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 1e9:.1f} GB"
+
+
+def _stalls(xs: list[dict[str, Any]]) -> str:
+    """Every epoch's stall (median [min-max] over repetitions), or for long runs the first and
+    last ones and the mean of the medians."""
+    cells = [fmt_figure(x, ".2f") for x in xs]
+    if len(xs) <= 8:
+        return " / ".join(cells)
+    meds = [x["median"] for x in xs]
+    return (" / ".join(cells[:3]) + " / ... / " + " / ".join(cells[-2:])
+            + f" (mean {_f(sum(meds) / len(meds))} over {len(xs)})")
+
+
+def versus_best(rs: Sequence[dict[str, Any]]) -> list[str]:
+    """For each run: its median samples/s over the best run's of `rs`, `n.s.` when within
+    the spread of either, `?` when significance is unknown (both single passes)."""
+    rated = [r for r in rs if r["samples_per_s"] is not None]
+    if not rated:
+        return ["n/a" for _ in rs]
+    best = max(rated, key=lambda r: r["samples_per_s"])
+    out = []
+    for r in rs:
+        if r["samples_per_s"] is None:
+            out.append("n/a")
+        elif r is best:
+            out.append("best")
+        else:
+            sig = differs(r["spread"]["samples_per_s"], best["spread"]["samples_per_s"])
+            out.append(_f(r["samples_per_s"] / best["samples_per_s"]) + mark(sig)
+                       + (" ?" if sig is None else ""))
+    return out
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    note: str | None = None
+
+
+def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
+    """The report's tables, in order: environment, probes, runs per dataset, per-node spread,
+    staging cost, searches, failed sweep runs, warnings (only those with data)."""
+    tables = [environment_table(col), *run_tables(rows)]
+    if col.probes:
+        tables.insert(1, probe_table(col.probes))
+    for table in (node_table(rows), staging_table(col, rows), search_table(col.searches),
+                  failed_sweeps_table(col.sweeps), warnings_table(col, rows)):
+        if table is not None:
+            tables.append(table)
+    return tables
+
+
+def environment_table(col: Collection) -> Table:
+    env = environment(col)
+    v = env["versions"]
+    return Table("Environment", ["item", "value"], [
+        ["hosts", ", ".join(env["hosts"]) or "n/a"], ["os", env["os"] or "n/a"],
+        ["cpu", f"{env['cpu']} x {env['cpu_count']}"], ["memory", _gb(env["memory_bytes"])],
+        ["gpus", ", ".join(env["gpus"]) or "none"],
+        *[[k, str(v.get(k) or "not installed")] for k in
+          ("iobench", "python", "torch", "numpy", "h5py", "hdf5", "netCDF4", "lmdb",
+           "nvidia-dali", "mpi4py", "mpi")]])
+
+
+def _sample_reads(s: ProbeSummary) -> str:
+    reads = s.sample_reads or (SampleRead(MBps=s.sample_read_MBps, sample_bytes=s.sample_bytes),)
+    return ", ".join(f"{_f(r.MBps, '.0f')} ({r.sample_bytes} B)" for r in reads)
+
+
+def probe_table(probes: Sequence[ProbeDoc]) -> Table:
+    trs = []
+    for p in sorted(probes, key=lambda p: (p.label, p.created)):
+        s, st = p.summary, p.storage
+        trs.append([p.label, st.path, f"{st.fstype} ({st.kind})",
+                    f"{p.engine}{', O_DIRECT' if p.direct else ', evicted'}"
+                    + (f", written via {p.write_via}" if p.write_via else ""),
+                    _f(s.seq_read_MBps, ".0f"), _f(s.seq_write_MBps, ".0f"),
+                    _f(s.rand4k_read_iops, ".0f"), _f(s.rand4k_read_MBps, ".1f"),
+                    _sample_reads(s),
+                    _f(s.create_per_s, ".0f"), _f(s.stat_per_s, ".0f"),
+                    _f(s.open_read_close_per_s, ".0f"), str(s.readers_max)])
+    return Table("Storage tiers (iobench probe, cold cache)",
+                 ["tier", "path", "filesystem", "engine", "seq read MB/s",
+                  "seq write MB/s", "4 KiB rand IOPS", "4 KiB rand MB/s",
+                  "sample rand MB/s", "creates/s", "stats/s", "open+read+close/s",
+                  "readers"], trs,
+                 "Best over the probed reader counts. Random reads: synchronous, one "
+                 "file per reader, like loader workers. A tier written via another "
+                 "directory (a read-only mount's backing) has write and create "
+                 "figures of that directory.")
+
+
+def run_tables(rows: Sequence[dict[str, Any]]) -> list[Table]:
+    """One table of runs per dataset."""
+    by_ds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_ds[r["dataset"]].append(r)
+    tables = []
+    for ds, rs in sorted(by_ds.items()):
+        rs = sorted(rs, key=lambda r: (r["tier"], r["staged"], r["loader"], r["format"],
+                                       r["batch_size"], r["shuffle"], r["workers"], r["ranks"]))
+        trs = [[r["loader"] + (f" ({r['format']})" if r["loader"] == "dali" else ""),
+                r["tier"] + (" [staged]" if r["staged"] else ""), str(r["workers"]),
+                str(r["batch_size"]), r["shuffle"], str(r["ranks"]), r["compute"],
+                str(r["repeats"]), _stalls(r["stall_spread"]),
+                fmt_figure(r["spread"]["au"], ".2f"),
+                fmt_figure(r["spread"]["samples_per_s"]), fmt_figure(r["spread"]["read_MBps"]),
+                vs, _f(r["ratio"], ".2f"), r["cache"]] for r, vs in zip(rs, versus_best(rs),
+                                                                          strict=True)]
+        tables.append(Table(f"Runs: {ds}", ["loader", "storage tier", "workers", "batch", "shuffle",
+                                            "ranks", "compute", "reps", "stall s per epoch", "AU",
+                                            "samples/s", "MB/s", "samples/s vs best",
+                                            "of probe limit", "cache"], trs,
+                            "Figures with repetitions (reps > 1): median [min-max] over them. "
+                            "Stall: slowest rank, per epoch. AU, samples/s, MB/s: per "
+                            "repetition, mean over its epochs (rates: over its summed epoch "
+                            "time). 'vs best': median samples/s over the fastest run's in this "
+                            "table; n.s. = not significant (the difference is within the "
+                            "min-max spread of either run), ? = unknown (both single passes). "
+                            "'of probe limit': MB/s over the tier's random-read MB/s at the "
+                            "probed sample size nearest the dataset's (n/a without a probe of "
+                            "that tier)."))
+    return tables
+
+
+def _extremes(s: Mapping[str, Any] | None, spec: str) -> list[str]:
+    if not s:
+        return ["n/a"] * 3
+    return [f"{_f(s['min'], spec)} ({s['min_node']})", _f(s["median"], spec),
+            f"{_f(s['max'], spec)} ({s['max_node']})"]
+
+
+def node_table(rows: Sequence[dict[str, Any]]) -> Table | None:
+    spread_rows = [r for r in rows if r["node_spread"]]
+    if not spread_rows:
+        return None
+    nrs = [[r["run_id"], f"{r['dataset']}/{r['loader']}", r["tier"],
+            str(r["node_spread"]["nodes"]),
+            *_extremes(r["node_spread"].get("samples_per_s"), ".0f"),
+            *_extremes(r["node_spread"].get("read_MBps"), ".1f"),
+            *_extremes(r["node_spread"].get("stall_s"), ".2f")]
+           for r in sorted(spread_rows, key=lambda r: r["run_id"])]
+    return Table("Per-node spread (multi-node runs)",
+                 ["run", "dataset/loader", "storage tier", "nodes",
+                  "samples/s min", "median", "max", "MB/s min", "median", "max",
+                  "stall s min", "median", "max"], nrs,
+                 "Each node's figures over the whole run (all repetitions): "
+                 "samples/s and MB/s over its summed epoch walls, its summed "
+                 "stall; the nodes holding the extremes in brackets. A node far "
+                 "from the median is a straggler: the verdict names it.")
+
+
+def staging_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | None:
+    st_rows = staging_rows(col, rows)
+    if not st_rows:
+        return None
+    trs = [[f"{s['dataset']}/{s['format']}", s["mode"] or "n/a",
+            f"{s['from']} ({s['from_kind']})", f"{s['to']} ({s['to_kind']})",
+            fmt_figure(s["stage_spread"], ".2f") if s["stage_spread"] else _f(s["stage_s"]),
+            _f(s["stage_bytes"] / 1e6, ".1f"), _f(s["stage_MBps"], ".1f"),
+            s["run"] or "no matching runs",
+            fmt_figure(s["epoch_slow"], ".2f") if s["epoch_slow"] else "n/a",
+            fmt_figure(s["epoch_fast"], ".2f") if s["epoch_fast"] else "n/a",
+            break_even_text(s),
+            "n/a" if s["epochs"] is None else
+            f"{_f(s['in_place_s'])} / {_f(s['staged_total_s'])} ({s['epochs']} epochs)"]
+           for s in st_rows]
+    return Table("Staging cost", ["dataset", "mode", "from", "to", "stage s", "MB",
+                                  "MB/s", "compared runs", "epoch s (from)",
+                                  "epoch s (staged)", "break-even epochs",
+                                  "time to solution s: in place / staged"], trs,
+                 "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
+                 "(docs/metrics.md), from the medians over repetitions (stage s and epoch "
+                 "s: median [min-max] where repeated): staging pays for itself after "
+                 "that many epochs; never when the copy is not faster; n.s. when "
+                 "the two epoch times are within their spread. Runs are compared "
+                 "only when dataset, format, compute, batch, ranks, loader, workers, "
+                 "shuffle, steps and cache mode match. A resumed staging copied "
+                 "only part of the data: no break-even (n/a). Time to solution: "
+                 "epochs x epoch time in place, against stage_s + epochs x epoch "
+                 "time from the copy (epoch wall time, eviction excluded).")
+
+
+def search_table(searches: Sequence[SearchDoc]) -> Table | None:
+    if not searches:
+        return None
+    srs = []
+    for d in sorted(searches, key=lambda d: d.created):
+        w = d.workload
+        curve = ", ".join(f"{p.accelerators}: {_f(p.au)}" for p in
+                          sorted(d.points, key=lambda p: p.accelerators))
+        srs.append([f"{w.name}/{w.accelerator}", d.config.storage,
+                    str(d.max_accelerators), f"{d.threshold:.2f}", curve,
+                    _f(w.demand_MBps, ".1f"), str(d.config.repeat)])
+    return Table("Accelerators the storage keeps busy (iobench search)",
+                 ["workload", "storage", "max accelerators", "AU threshold",
+                  "AU per accelerator count", "demand MB/s per accelerator",
+                  "repeats"], srs,
+                 "Every point is a cold run of N ranks with synchronised steps; AU "
+                 "excludes the first step's I/O (au_mlperf) and is the median over "
+                 "repeats. Interrupted searches are left out.")
+
+
+def failed_sweeps_table(sweeps: Sequence[SweepDoc]) -> Table | None:
+    failed = [r for s in sweeps for r in s.runs if r.status == "failed"]
+    if not failed:
+        return None
+    return Table("Failed sweep runs", ["run", "error"],
+                 [[r.label, r.error or ""] for r in failed])
+
+
+def warnings_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | None:
+    warn = sorted({(r["run_id"], w) for r in rows for w in r["warnings"]})
+    warn += [(p.label, w) for p in col.probes for w in p.warnings]
+    if not (warn or col.skipped):
+        return None
+    return Table("Warnings", ["source", "warning"],
+                 [[a, b] for a, b in warn] + [[f, f"not read: {why}"] for f, why in col.skipped])
+
+
+PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughput by workers",
+               "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier",
+               "search": "AU against emulated accelerators (iobench search)"}
+_CSS = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
+        "margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:3px 7px;font-size:0.85em}"
+        "th{background:#eee}td.n{text-align:right}td.bad{color:#b00;font-weight:bold}"
+        ".note{color:#555;font-size:0.85em}img{max-width:100%}")
+
+
+def _cls(cell: str) -> str:
+    if "FAILED" in cell:
+        return " class='bad'"
+    return " class='n'" if cell[:1].isdigit() or cell in ("n/a", "never") else ""
+
+
+def render_html(title: str, tables: list[Table], pngs: dict[str, bytes]) -> str:
+    e = html.escape
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+           f"<style>{_CSS}</style></head><body><h1>{e(title)}</h1>"]
+    for t in tables:
+        out.append(f"<h2>{e(t.title)}</h2><table><tr>"
+                   + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>")
+        out += ["<tr>" + "".join(f"<td{_cls(c)}>{e(c)}</td>" for c in row) + "</tr>"
+                for row in t.rows]
+        out.append("</table>")
+        if t.note:
+            out.append(f"<p class='note'>{e(t.note)}</p>")
+    for name, data in pngs.items():
+        b64 = base64.b64encode(data).decode()
+        out.append(f"<h2>{e(PLOT_TITLES[name])}</h2><img alt='{e(name)}' "
+                   f"src='data:image/png;base64,{b64}'>")
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def render_markdown(title: str, tables: list[Table], png_names: dict[str, str]) -> str:
+    def cell(c: str) -> str:
+        return c.replace("|", "\\|").replace("\n", " ")
+
+    out = [f"# {title}", ""]
+    for t in tables:
+        out += [f"## {t.title}", "", "| " + " | ".join(t.header) + " |",
+                "|" + "|".join("---" for _ in t.header) + "|"]
+        out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
+        out.append("")
+        if t.note:
+            out += [f"_{t.note}_", ""]
+    for name, fname in png_names.items():
+        out += [f"## {PLOT_TITLES[name]}", "", f"![{PLOT_TITLES[name]}]({fname})", ""]
+    return "\n".join(out)
+
+
+def write_report(results_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
+    """Write the report of `results_dir` to `out` (.html, or .md with PNGs next to it)."""
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm", ".md"):
+        raise ConfigError(f"--out {out}: the name must end in .html or .md")
+    col = load_directory(results_dir)
+    names = sweep_tier_names(col.sweeps)
+    rows = [run_row(r, col.probes, names) for r in col.runs]
+    tables = build_tables(col, rows)
+    pngs = make_plots(rows, col)
+    title = title or f"iobench report: {Path(results_dir).resolve().name}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".md":
+        png_files = {}
+        for name, data in pngs.items():
+            fname = f"{out.stem}-{name}.png"
+            _write_atomic_bytes(out.parent / fname, data)
+            png_files[name] = fname
+        _write_atomic_bytes(out, render_markdown(title, tables, png_files).encode())
+    else:
+        _write_atomic_bytes(out, render_html(title, tables, pngs).encode())
+    return out
+
+
+def _write_atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        from iobench.core.errors import StorageError
+
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e

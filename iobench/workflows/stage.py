@@ -1,0 +1,1020 @@
+"""Stage a dataset from one storage tier to another (e.g. Lustre to node-local NVMe).
+
+`stage_dataset(config, world)` is one call, usable from `iobench stage` and
+from `iobench train --stage-to`. Under `mpiexec` every node receives the files
+its ranks will read (all of them in `replicate` mode; in `shard` mode only the
+data files `sampling.files_for_rank` gives its ranks, plus labels and index
+files), and the ranks of a node split that node's files, balanced by bytes.
+Each rank copies with several threads, 16 MiB sequential reads and writes,
+computing sha256 while copying (no second pass) and checking it against the
+manifest. Files land under a temporary name, are fsynced and renamed, so a
+file under its final name is always complete; a rerun skips files that are
+already complete and correct. The destination manifest is written last, so a
+dataset that has a manifest at the destination was staged completely.
+
+The copy is timed from a cold source (docs/metrics.md, "Staging"): before it,
+the ranks of every node evict the source files that node reads (each rank its
+share, the split the copy uses), measure the residency left, and count what
+the copy read from storage (`os_read_bytes`, the OS's own count). With
+`repeat` > 1 the whole copy runs that many times, each from a cold source
+into a destination emptied of the previous repetition's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from iobench.core import cache, procio
+from iobench.core.dataref import DatasetRef, load_ref, locate
+from iobench.core.datasets import parse_dataset
+from iobench.core.errors import (
+    ConfigError,
+    DatasetError,
+    IobenchError,
+    StorageError,
+)
+from iobench.core.formats import parse_format
+from iobench.core.interrupts import pending
+from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
+from iobench.core.options import parse_evict_cmd, parse_repeat
+from iobench.core.placement import check_same_dataset, need_bytes, parse_mode, staging_root
+from iobench.core.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
+from iobench.core.spread import spread
+from iobench.core.world import World, agree
+
+SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.core.results says each version
+MiB = 2**20
+PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
+WINDOW = 4  # copy tasks queued per thread: enough to keep every thread busy, never a list
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What to stage where. `source` and `dest` are storage roots; the dataset lives in
+    `<root>/<dataset>-<format>` (or `source` itself when it is that dataset's root)."""
+
+    dataset: str
+    format: str
+    source: Path
+    dest: Path
+    mode: str = "replicate"
+    threads: int = 4  # copy threads per rank
+    buffer_bytes: int = 16 * MiB  # size of each sequential read and write
+    verify: bool = True  # sha256 while copying, checked against the manifest
+    verify_existing: bool = True  # re-hash complete-looking files before skipping them
+    fsync: bool = True  # a staged file is on the device, not in the page cache
+    progress: bool = False  # a progress bar on rank 0 (stderr)
+    warm_source: bool = False  # do not evict the source first (then the copy may read memory)
+    repeat: int = 1  # full copies from a cold source; the last one stays
+    evict_cmd: str | None = None  # the site's command emptying the source's server caches
+
+
+    def __post_init__(self) -> None:
+        parse_dataset(self.dataset)
+        parse_format(self.format)
+        parse_mode(self.mode)
+        object.__setattr__(self, "source", Path(self.source))
+        object.__setattr__(self, "dest", Path(self.dest))
+        if self.threads < 1:
+            raise ConfigError(f"threads={self.threads} must be >= 1")
+        if not MiB // 16 <= self.buffer_bytes <= 1024 * MiB:
+            raise ConfigError(f"buffer_bytes={self.buffer_bytes} must be in [64 KiB, 1 GiB]")
+        parse_repeat(self.repeat, "full copies")
+        parse_evict_cmd(self.evict_cmd, self.warm_source, "--warm-source")
+
+    @property
+    def shuffle_scope(self) -> str:
+        """The shuffle scope a training run from the staged copy must use."""
+        return "local" if self.mode == "shard" else "global"
+
+    def locate_source(self) -> DatasetRef:
+        """The dataset to copy: `<source>/<dataset>-<format>`, or `source` when it is that
+        dataset's root."""
+        return locate(self.source, self.dataset, self.format)
+
+
+@dataclass
+class _Counters:
+    copied_files: int = 0
+    copied_bytes: int = 0
+    skipped_files: int = 0  # complete and correct already
+    skipped_bytes: int = 0
+    recopied_files: int = 0  # present but incomplete or wrong: copied again
+    removed_partials: int = 0
+    verify_s: float = 0.0  # time spent re-hashing existing files
+
+    def add(self, **kw: float) -> None:
+        for k, v in kw.items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+def _check_manifest(m: Manifest, cfg: StageConfig) -> None:
+    """A DatasetError unless `m` is the dataset `cfg` names and lists only plain paths."""
+    if (m.dataset, m.format) != (cfg.dataset, cfg.format):
+        raise DatasetError(f"{m.root} holds {m.dataset}/{m.format}, not "
+                           f"{cfg.dataset}/{cfg.format}: check --dataset/--format/--from")
+    # a damaged manifest must not make us write outside the destination; a compact table's
+    # data files are its folders and name pattern, checked when it loaded: only its JSON
+    # entries are walked here
+    for f in (m.aux_files if m.compact is not None else m.files):
+        parts = Path(f.path).parts
+        if not parts or Path(f.path).is_absolute() or ".." in parts or f.path == MANIFEST_NAME:
+            raise DatasetError(f"manifest in {m.root} lists the file {f.path!r}, which is not "
+                               "a plain path inside the dataset: the manifest is damaged")
+
+
+def _sha256_file(path: str | Path, buf: memoryview) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: named below, not waited on
+    try:
+        refuse_irregular(path, fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while k := os.readv(fd, [buf]):
+            h.update(buf[:k])
+            n += k
+    finally:
+        os.close(fd)
+    return n, h.hexdigest()
+
+
+def _copy_verified(src: str | Path, tmp: str | Path, entry: FileEntry, cfg: StageConfig,
+                   buf: memoryview,
+                   on_bytes: Callable[[int], None], defer_sync: bool = False) -> int | None:
+    """Copy src to tmp with large sequential I/O, hashing while copying. With
+    `defer_sync` the copy is left open, unsynced, and its descriptor returned: the
+    caller syncs it together with others (`_finish`), then closes it."""
+    h = hashlib.sha256() if cfg.verify else None
+    fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: named below, not waited on
+    try:
+        refuse_irregular(src, fin)
+        fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except BaseException:
+        os.close(fin)
+        raise
+    try:
+        big = entry.bytes > len(buf)  # a small file is one read and one write
+        if big:  # read-ahead, and fewer extents; not every fs can
+            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            with contextlib.suppress(OSError):
+                os.posix_fallocate(fout, 0, entry.bytes)
+        n = 0
+        if h is None:
+            n = _copy_kernel(fin, fout, entry.bytes, buf, on_bytes)
+        else:
+            while k := os.readv(fin, [buf]):
+                chunk = buf[:k]
+                h.update(chunk)  # releases the GIL for large buffers: threads scale
+                w = 0
+                while w < k:
+                    w += os.write(fout, chunk[w:])
+                n += k
+                on_bytes(k)
+        if n != entry.bytes:
+            raise DatasetError(f"source {src} has {n} bytes, the manifest says {entry.bytes}: "
+                               "the source dataset is damaged; run `iobench verify` on it")
+        if big:  # fallocate may have reserved more than the source had
+            os.ftruncate(fout, n)
+        if h is not None and h.hexdigest() != entry.sha256:
+            raise DatasetError(f"source {src} does not match its manifest checksum (sha256 "
+                               f"{h.hexdigest()[:16]}..., expected {entry.sha256[:16]}...): the "
+                               "source dataset is damaged; run `iobench verify` on it")
+        if not cfg.warm_source:  # a warm source stays as the user had it, for every repetition
+            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
+        if defer_sync:
+            handed, fout = fout, -1
+            return handed
+        _finish(fout, cfg)
+        return None
+    finally:
+        if fout >= 0:
+            os.close(fout)
+        os.close(fin)
+
+
+def _finish(fout: int, cfg: StageConfig) -> None:
+    """Make a copy durable (unless --no-fsync) and drop its pages: staged data should not
+    crowd the page cache (and training starts cold anyway)."""
+    if cfg.fsync:
+        os.fsync(fout)
+    os.posix_fadvise(fout, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _copy_kernel(fin: int, fout: int, size: int, buf: memoryview,
+                 on_bytes: Callable[[int], None]) -> int:
+    """Unverified copy in the kernel (copy_file_range, else read/write); bytes copied."""
+    n = 0
+    step = len(buf)
+    use_cfr = hasattr(os, "copy_file_range")
+    while n < size:
+        if use_cfr:
+            try:
+                k = os.copy_file_range(fin, fout, min(step, size - n))
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                use_cfr = False
+                continue
+        else:
+            k = os.readv(fin, [buf])
+            w = 0
+            while w < k:
+                w += os.write(fout, buf[w:k])
+        if k == 0:
+            break
+        n += k
+        on_bytes(k)
+    return n
+
+
+class _Stopped(Exception):
+    """Another copy thread failed, or the user interrupted: stop after this chunk."""
+
+
+class _Progress:
+    """A rich progress bar with MB/s for this rank's bytes (rank 0 only), thread-safe.
+
+    Copy threads report every chunk here, which is also where they learn to stop
+    (`stop` set after a failure or Ctrl-C), so a large file is not copied to the end.
+    """
+
+    def __init__(self, enabled: bool, total: int, label: str) -> None:
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        self._bar = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
+
+            self._bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                 DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                 transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task(label, total=total)
+
+    def advance(self, n: int) -> None:
+        # an interrupt several ranks act on together (iobench.core.interrupts) is only recorded:
+        # the copies stop here, and the ranks' next collective raises it on every rank
+        if self.stop.is_set() or pending():
+            raise _Stopped()
+        if self._bar is not None:
+            with self._lock:
+                self._bar.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _remove_partials(dest_root: Path, manifest: Manifest, host: str) -> int:
+    """Remove temporary files an interrupted run on this host left for the manifest's files.
+
+    One listing per folder the manifest puts files in (a `files` dataset has millions of
+    files); a compact table's data files are matched by its name pattern, never listed.
+    Run by one rank per node while no rank copies.
+    """
+    t = manifest.compact
+    by_dir: dict[str, set[str]] = {}
+    for e in (manifest.aux_files if t is not None else manifest.files):
+        folder, _, name = e.path.rpartition("/")
+        by_dir.setdefault(folder, set()).add(name)
+    is_data = t.path_test() if t is not None else None
+    for folder in (t.dirs if t is not None else ()):
+        by_dir.setdefault(folder, set())
+    n = 0
+    for folder, names in by_dir.items():
+        where = dest_root / folder
+        try:
+            listing = os.listdir(where)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for item in listing:
+            if not item.startswith(".") or PARTIAL not in item:
+                continue
+            name, _, owner = item[1:].partition(PARTIAL)
+            ours = name in names or (is_data is not None
+                                     and is_data(f"{folder}/{name}" if folder else name))
+            if ours and owner.startswith(f"{host}-"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(where / item)
+                    n += 1
+    return n
+
+
+SMALL_FILE = 1 * MiB  # smaller files are copied in batches whose fsyncs run together
+BATCH_FILES = 64  # at most this many files per batch (and fsyncs in flight for one batch)
+
+
+def batch_files(threads: int) -> int:
+    """Files per batch for `threads` copy threads: BATCH_FILES, fewer where a batch's open
+    copies, in every thread at once, would take over a quarter of the process's file
+    descriptors."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    budget = soft // 4 if soft != resource.RLIM_INFINITY else 1 << 16
+    return max(1, min(BATCH_FILES, budget // threads))
+
+
+def _batches(entries: Iterable[FileEntry], size: int) -> Iterator[list[FileEntry]]:
+    """`entries` in order, in lists: runs of up to `size` small files, a large one alone."""
+    run: list[FileEntry] = []
+    for e in entries:
+        if e.bytes >= SMALL_FILE:
+            if run:
+                yield run
+                run = []
+            yield [e]
+            continue
+        run.append(e)
+        if len(run) == size:
+            yield run
+            run = []
+    if run:
+        yield run
+
+
+def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
+                 counters: _Counters, lock: threading.Lock, progress: _Progress,
+                 local: threading.local) -> None:
+    """Stage a batch of files: each copied and checked under a temporary name, then all
+    fsynced together, then each renamed, so a file under its final name is complete
+    and on the device. One fsync at a time costs a journal commit each (about 1,800
+    small files/s per rank on this project's test machine); a batch's fsyncs in flight
+    together share commits (docs/results.md, section 9)."""
+    if getattr(local, "buf", None) is None:
+        local.buf = memoryview(bytearray(cfg.buffer_bytes))
+        local.dirs = set()
+        local.tag = f"{PARTIAL}{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    copied: list[_Copied] = []
+    where = [batch[0], ""]  # the file being worked on, and its copy's temporary name
+    try:
+        _copy_batch(batch, src_root, dest_root, cfg, counters, lock, progress, local, copied,
+                    where)
+        _sync_batch(copied, cfg, where)
+        while copied:
+            c = copied[0]
+            where[0] = c.entry
+            c.close()
+            os.replace(c.tmp, c.dst)
+            copied.pop(0)
+            with lock:
+                counters.add(copied_files=1, copied_bytes=c.entry.bytes, recopied_files=c.recopy)
+    except BaseException as e:
+        _discard(copied, str(where[1]))
+        current = where[0]
+        assert isinstance(current, FileEntry)
+        if isinstance(e, OSError) and not isinstance(e, IobenchError):
+            raise _copy_error(e, current, src_root, dest_root) from e
+        raise
+
+
+@dataclass
+class _Copied:
+    """A file of a batch copied under its temporary name, its descriptor open until synced."""
+
+    fd: int  # -1 once closed (or when the copy was synced on its own)
+    tmp: str
+    dst: str
+    entry: FileEntry
+    recopy: int  # 1 when it replaces a wrong or partial file
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
+                counters: _Counters, lock: threading.Lock, progress: _Progress,
+                local: threading.local, copied: list[_Copied], where: list[Any]) -> None:
+    """Copy the batch's files that are not staged yet under temporary names (into `copied`);
+    `where` names the file being copied and its temporary name, for the caller's cleanup."""
+    # plain strings, not Paths: with thousands of small files a second, building Paths
+    # was a fifth of the copy threads' time (and they share one interpreter lock)
+    src_top, dst_top = os.fspath(src_root), os.fspath(dest_root)
+    for entry in batch:
+        where[0] = entry
+        src, dst = os.path.join(src_top, entry.path), os.path.join(dst_top, entry.path)
+        recopy = _already_staged(entry, dst, cfg, counters, lock, progress, local.buf)
+        if recopy is None:
+            continue
+        folder, name = os.path.split(dst)
+        if folder not in local.dirs:
+            os.makedirs(folder, exist_ok=True)
+            local.dirs.add(folder)
+        where[1] = tmp = os.path.join(folder, f".{name}{local.tag}")
+        try:
+            fd = _copy_verified(src, tmp, entry, cfg, local.buf, progress.advance,
+                                defer_sync=len(batch) > 1)
+        except FileNotFoundError as e:
+            if e.filename is not None and os.fspath(e.filename) == src:
+                raise DatasetError(f"source file {src} (in the manifest) is missing: the "
+                                   "source dataset is incomplete; regenerate it or run "
+                                   "`iobench verify`") from None
+            raise
+        copied.append(_Copied(-1 if fd is None else fd, tmp, dst, entry, recopy))
+        where[1] = ""
+
+
+def _sync_batch(copied: list[_Copied], cfg: StageConfig, where: list[Any]) -> None:
+    """fsync the batch's open copies together (they share journal commits)."""
+    synced = [c for c in copied if c.fd >= 0]
+    if not synced:
+        return
+    with ThreadPoolExecutor(len(synced), thread_name_prefix="stage-sync") as pool:
+        for c, fut in [(c, pool.submit(_finish, c.fd, cfg)) for c in synced]:
+            where[0] = c.entry
+            fut.result()  # the first error, named by its file
+
+
+def _discard(copied: list[_Copied], tmp: str) -> None:
+    """Remove a failed batch's temporary copies (and `tmp`, the copy that failed midway)."""
+    for c in copied:
+        c.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(c.tmp)
+    if tmp:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _copy_error(e: OSError, current: FileEntry, src_root: Path, dest_root: Path
+                ) -> StorageError:
+    """The one-line error of a copy that failed: out of space, or what the OS said."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageError(f"out of space on {dest_root} while copying {current.path} "
+                            f"({current.bytes} bytes); free space or stage elsewhere; "
+                            "the partial copy was removed")
+    where = f"{src_root / current.path} to {dest_root / current.path}"
+    return StorageError(f"cannot copy {where}: {e.strerror or e}")
+
+
+def _already_staged(entry: FileEntry, dst: str, cfg: StageConfig, counters: _Counters,
+                    lock: threading.Lock, progress: _Progress, buf: memoryview) -> int | None:
+    """None when `dst` is already a complete, correct copy (counted as skipped); else 1 when
+    a wrong or partial file is there to be replaced, 0 when there is none."""
+    try:
+        st = os.stat(dst)
+    except FileNotFoundError:
+        return 0
+    # repetitions are full copies: a file already complete is copied again, not skipped
+    if cfg.repeat != 1:
+        return 0
+    if st.st_size == entry.bytes:
+        if not cfg.verify_existing:
+            ok, dt = True, 0.0
+        else:
+            t0 = time.perf_counter()
+            ok = _sha256_file(dst, buf)[1] == entry.sha256
+            dt = time.perf_counter() - t0
+        if ok:
+            with lock:
+                counters.add(skipped_files=1, skipped_bytes=entry.bytes, verify_s=dt)
+            progress.advance(entry.bytes)
+            return None
+    return 1
+
+
+def _check_dest(dest_root: Path, need_bytes: int) -> None:
+    try:
+        dest_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"cannot create the destination {dest_root}: {e.strerror or e}; "
+                           "give a writable --to") from e
+    probe = dest_root / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise StorageError(f"destination {dest_root} is not writable ({e.strerror or e}); "
+                           "give a writable --to") from e
+    free = os.statvfs(dest_root)
+    avail = free.f_bavail * free.f_frsize
+    if need_bytes > avail:
+        raise StorageError(f"not enough space on {dest_root}: the files to copy need "
+                           f"{need_bytes / 1e9:.3f} GB, {avail / 1e9:.3f} GB are free; free "
+                           "space, stage elsewhere, or use --mode shard")
+
+
+def stage_dataset(cfg: StageConfig, world: World | None = None,
+                  source: DatasetRef | None = None) -> dict[str, Any]:
+    """Stage the dataset; return the staging result (the `iobench.stage` v2 document).
+
+    A collective under MPI: every rank calls it, and every rank gets the same
+    result. Errors (missing source, unwritable or full destination, a checksum
+    mismatch) are raised on every rank, and no half-written file is left
+    under a final name. `source` is the dataset to copy, when the caller has
+    resolved it already; else `cfg` names it (`StageConfig.locate_source`).
+
+    Before each copy the source is evicted on every node (unless
+    `cfg.warm_source`) and its residency measured (`source_cache`); the OS's
+    count of bytes read (`os_read_bytes`, summed over ranks) shows whether the
+    copy read storage. With `cfg.repeat` > 1 every file is copied again in each
+    repetition (no resume), the files the previous repetition wrote are removed
+    first, and `stage_s` / `stage_MBps` are the medians (`spread` has the rest).
+    """
+    return _stage(cfg, world or World(), source)[1]
+
+
+def _stage(cfg: StageConfig, world: World, source: DatasetRef | None
+           ) -> tuple[_Plan, dict[str, Any]]:
+    """`stage_dataset`, with the plan it followed."""
+    plan = _plan(cfg, world, source)
+    node_bytes = _prepare_dest(plan, world)
+    reps = _copy_repetitions(plan, world)
+    error = None
+    if plan.node_leader:  # manifest last: its presence means the copy is complete
+        try:
+            _write_dest_manifest(plan, world)
+        except Exception as e:  # every rank must hear of it
+            error = e
+    agree(world, error, "staging")
+    return plan, _document(plan, world, reps, node_bytes)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One rank's part of a staging: the source, its copy's folder, the rank's share."""
+
+    cfg: StageConfig
+    source: DatasetRef
+    dest_root: Path
+    rank: int
+    ranks: list[int]  # the global ranks on this rank's node
+    mine: Sequence[FileEntry]  # this rank's files (a compact table's are never listed)
+    my_bytes: int
+    my_need: int  # bytes of `mine` the destination lacks
+    note: str | None  # why the OS cannot count the copy's storage reads, if it cannot
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.source.manifest
+
+    @property
+    def node_leader(self) -> bool:
+        """The node's first rank: it prepares the destination and writes the manifest."""
+        return self.ranks[0] == self.rank
+
+
+def _plan(cfg: StageConfig, world: World, source: DatasetRef | None) -> _Plan:
+    """Find the source, its copy's folder and this rank's share; raised on every rank."""
+    error: BaseException | None = None
+    plan = None
+    ranks = cache.node_ranks(world)
+    try:
+        source = source or cfg.locate_source()
+        _check_manifest(source.manifest, cfg)
+        dest_root = staging_root(cfg.dest, source, world)
+        if dest_root.resolve() == source.root.resolve():
+            raise ConfigError(f"--to {cfg.dest} would stage {source.root} onto itself; give "
+                              "another storage root")
+        manifest = source.manifest
+        if cfg.mode == "shard" and len(manifest.data_files) < world.size:
+            raise ConfigError(f"--mode shard needs at least one data file per rank: "
+                              f"{len(manifest.data_files)} files for {world.size} ranks; "
+                              "regenerate with a smaller --samples-per-file")
+        # the node's files, dealt to its ranks as eviction deals them: arithmetic slices of
+        # a compact table, never a list of every file
+        mine = cache.rank_share(manifest, ranks, ranks.index(world.rank), world.size,
+                                cfg.shuffle_scope)
+        plan = _Plan(cfg, source, dest_root, world.rank, ranks, mine, cache.share_bytes(mine),
+                     need_bytes(mine, dest_root),  # each rank stats its own share
+                     procio.read_bytes_unavailable(source.root))
+    except Exception as e:  # whatever it is, every rank must hear of it (no rank left waiting)
+        error = e
+    agree(world, error, "staging")
+    assert plan is not None
+    check_same_dataset(world, plan.manifest)  # every node copies the same version, or none does
+    return plan
+
+
+def _prepare_dest(plan: _Plan, world: World) -> int:
+    """The node's leader checks the destination has room for what the node's ranks copy
+    and removes a manifest there (an older dataset must not pass for this one mid-way);
+    the bytes of the node's share."""
+    shares = world.allgather((world.node, plan.my_bytes, plan.my_need))
+    error: BaseException | None = None
+    if plan.node_leader:
+        try:
+            _check_dest(plan.dest_root, sum(n for node, _, n in shares if node == world.node))
+            with contextlib.suppress(FileNotFoundError):
+                (plan.dest_root / MANIFEST_NAME).unlink()
+        except Exception as e:  # every rank must hear of it
+            error = e
+    agree(world, error, "staging")
+    return sum(b for node, b, _ in shares if node == world.node)
+
+
+def _copy_repetitions(plan: _Plan, world: World) -> list[dict[str, Any]]:
+    """Every repetition's copy (a collective each); a cold-source warning said once, first."""
+    cfg = plan.cfg
+    reps: list[dict[str, Any]] = []
+    warned = False
+    for r in range(cfg.repeat):
+        if r:  # the next repetition copies everything again, into a destination without it
+            agree(world, _remove_files(cache.share_paths(plan.manifest, plan.mine,
+                                                         plan.dest_root)), "staging")
+        rep = _copy_once(plan, world, r)
+        reps.append(rep)
+        warning = rep["source_cache"]["warning"]
+        if warning and not warned and world.rank == 0:  # loudly, before the figures
+            print(f"iobench: WARNING: {warning}", file=sys.stderr, flush=True)
+            warned = True
+    return reps
+
+
+def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
+              node_bytes: int) -> dict[str, Any]:
+    """The `iobench.stage` document of the repetitions (medians; the first one's counters)."""
+    from iobench.core.sysinfo import mount_of, provenance
+
+    cfg, manifest = plan.cfg, plan.manifest
+    first = reps[0]  # the one that met the destination as it was: the resume counters
+    total = first["counters"]
+    figures = {"stage_s": spread(r["stage_s"] for r in reps),
+               "stage_MBps": spread(r["stage_MBps"] for r in reps)}
+    os_reads = [r["os_read_bytes"] for r in reps]
+    source_cache = _merge_source_cache([r["source_cache"] for r in reps])
+    per_node = node_stage_figures(first["per_rank_full"])
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+        "kind": "stage",
+        "created": now_iso(),
+        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+                   "world_size": world.size, "num_nodes": world.num_nodes,
+                   "launcher": world.launcher},
+        "dataset": manifest.identity(),
+        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope,
+        "from": {"root": str(plan.source.root.resolve()), **asdict(mount_of(plan.source.root))},
+        "to": {"root": str(plan.dest_root.resolve()), **asdict(mount_of(plan.dest_root))},
+        # medians over the repetitions (the value itself when there is one)
+        "stage_s": figures["stage_s"]["median"] if figures["stage_s"] else None,
+        "stage_bytes": first["stage_bytes"],  # per repetition; every repetition copies as much
+        "stage_MBps": figures["stage_MBps"]["median"] if figures["stage_MBps"] else None,
+        # the least any repetition read from storage: proof that every one of them did
+        "os_read_bytes": None if plan.note or None in os_reads else min(os_reads),
+        "os_read_bytes_note": plan.note,
+        "source_cache": source_cache,
+        "repeats": cfg.repeat,
+        "spread": figures,
+        "repetitions": [{k: r[k] for k in ("repeat", "stage_s", "stage_bytes", "stage_MBps",
+                                           "os_read_bytes", "copied_files", "source_cache",
+                                           "per_rank")} for r in reps],
+        "dataset_bytes": manifest.total_bytes,
+        "node_bytes": node_bytes if world.num_nodes == 1 else None,
+        "verified": cfg.verify,
+        **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
+                                 "recopied_files", "removed_partials")},
+        "per_rank": first["per_rank_full"],
+        "per_node": per_node,
+        "slowest_node": max(per_node, key=lambda n: n["seconds"])["name"],
+        "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
+        "provenance": provenance() if world.rank == 0 else None,
+    }
+
+
+def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One repetition's copy per node: its ranks, `seconds` (its slowest rank's),
+    `copied_bytes` and `MBps` (bytes over those seconds), by node index."""
+    out = []
+    for node in sorted({r["node"] for r in per_rank}):
+        mine = [r for r in per_rank if r["node"] == node]
+        seconds = max(r["seconds"] for r in mine)
+        nbytes = sum(r["copied_bytes"] for r in mine)
+        out.append({"node": node, "name": mine[0].get("node_name") or mine[0]["host"],
+                    "host": mine[0]["host"], "ranks": [r["rank"] for r in mine],
+                    "seconds": seconds, "copied_bytes": nbytes,
+                    "MBps": nbytes / seconds / 1e6 if seconds > 0 else None})
+    return out
+
+
+def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
+    """One repetition: evict the source (unless warm_source), then copy this rank's files, timed.
+
+    A collective. Returns the repetition's figures, the same on every rank. The files
+    are handed to the copy threads a window at a time (never a task per file up front).
+    """
+    cfg, mine = plan.cfg, plan.mine
+    evicted = cache.evict_for_node(plan.manifest, world, cache.EvictOptions(
+        scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source, loud=False,
+        evict_cmd=cfg.evict_cmd))
+    counters, lock = _Counters(), threading.Lock()
+    label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
+    progress = _Progress(cfg.progress and world.rank == 0, plan.my_bytes,
+                         f"{label} (rank 0 of {world.size})" if world.size > 1 else label)
+    error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
+                                   else None)
+    io0 = procio.tree_io() if plan.note is None else None
+    world.barrier()
+    t0 = time.perf_counter_ns()
+    local = threading.local()
+    try:
+        if error is None:
+            error = _copy_all(_batches(mine, batch_files(cfg.threads)),
+                              lambda b: _stage_batch(b, plan.source.root, plan.dest_root, cfg,
+                                                     counters, lock, progress, local),
+                              cfg.threads, progress.stop)
+    except Exception as e:
+        error = error or e
+    finally:
+        progress.close()
+    rank_s = (time.perf_counter_ns() - t0) / 1e9
+    # threads share the process's counters; the rank has no child processes while copying
+    io = procio.tree_io() - io0 if io0 is not None else None
+    agree(world, error, "staging")
+    world.barrier()
+    stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
+
+    per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
+                                "node_name": world.node_name,
+                                "files": len(mine), "seconds": rank_s, **asdict(counters),
+                                "os_read_bytes": io.read_bytes if io is not None else None,
+                                "os_rchar": io.rchar if io is not None else None})
+    total = {k: sum(r[k] for r in per_rank) for k in asdict(counters)}
+    reads = [r["os_read_bytes"] for r in per_rank]
+    stage_bytes = total["copied_bytes"]
+    return {"repeat": repeat, "stage_s": stage_s, "stage_bytes": stage_bytes,
+            "stage_MBps": stage_bytes / stage_s / 1e6 if stage_s > 0 else None,
+            "os_read_bytes": None if None in reads else sum(reads),
+            "copied_files": total["copied_files"],
+            "source_cache": _source_cache(evicted, cfg.warm_source),
+            "per_rank": [{k: r[k] for k in ("rank", "node", "node_name", "seconds", "copied_bytes",
+                                            "os_read_bytes")} for r in per_rank],
+            "per_rank_full": per_rank, "counters": total}
+
+
+def _clear_leftovers(plan: _Plan, counters: _Counters) -> StorageError | None:
+    """Before any rank of the node copies, remove what an interrupted copy on this host left
+    (a partial file here is a leftover); the error, if that fails."""
+    try:
+        counters.removed_partials = _remove_partials(plan.dest_root, plan.manifest,
+                                                     socket.gethostname())
+    except OSError as e:
+        return StorageError(f"cannot clear leftovers of an interrupted copy in "
+                            f"{plan.dest_root}: {e.strerror or e}")
+    return None
+
+
+def _copy_all(entries: Iterable[T], copy: Callable[[T], None], threads: int,
+              stop: threading.Event) -> BaseException | None:
+    """Copy `entries` (files, or batches of them) with `threads` threads; the first error
+    (None when all went well).
+
+    At most WINDOW tasks per thread are queued at a time, so a rank's share of a
+    10M-file dataset is never a list of futures. After an error (or Ctrl-C) the
+    others stop after their current chunk, and nothing more is submitted.
+    """
+    error: BaseException | None = None
+    pending: set[Future[None]] = set()
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stage") as pool:
+        try:
+            for e in entries:
+                pending.add(pool.submit(copy, e))
+                if len(pending) < WINDOW * threads:
+                    continue
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                error = _first_error(done)
+                if error is not None:
+                    break
+            done, pending = wait(pending) if error is None else (set(), pending)
+            error = error or _first_error(done)
+        except BaseException:  # Ctrl-C: stop the copies, remove their temporary files
+            stop.set()
+            for f in pending:
+                f.cancel()
+            raise
+        if error is not None:
+            stop.set()  # the others stop after their current chunk
+            for f in pending:
+                f.cancel()
+    return error
+
+
+def _first_error(done: Iterable[Future[None]]) -> BaseException | None:
+    for f in done:
+        exc = None if f.cancelled() else f.exception()
+        if exc is not None and not isinstance(exc, _Stopped):
+            return exc
+    return None
+
+
+def _remove_files(paths: Iterable[str | Path]) -> BaseException | None:
+    """Remove files this rank staged (the previous repetition's); the error, if any."""
+    try:
+        for p in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+    except OSError as e:
+        return StorageError(f"cannot remove {e.filename} (staged by the previous repetition) "
+                            f"before the next: {e.strerror or e}")
+    return None
+
+
+def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
+    """The `source_cache` record of one repetition, from its eviction report."""
+    worst = rep.resident_fraction
+    over = [n["name"] for n in rep.per_node
+            if n["resident_fraction"] is not None and n["resident_fraction"] > rep.warn_above]
+    if warm:
+        warning = None if rep.status == "cold" else (
+            "WARM SOURCE (--warm-source): the source was not evicted, and "
+            + ("its page-cache residency is unknown" if worst is None else
+               f"{worst:.0%} of it was in the page cache") + " when the copy started: stage_s "
+            "and stage_MBps may measure a copy from memory, not from storage")
+    elif rep.status == "unverified":
+        warning = (f"SOURCE CACHE UNVERIFIED: the client's pages of the source were evicted, "
+                   f"but {rep.reason}. stage_s and stage_MBps may time a copy from server "
+                   "memory")
+    elif rep.status == "warm":
+        why = ("the source is on tmpfs: its data lives in the page cache and cannot be evicted"
+               if rep.storage_kind == "memory" else "the filesystem ignored "
+               "POSIX_FADV_DONTNEED, or a live process keeps the source files mapped")
+        warning = (f"COLD SOURCE FAILED: {worst:.0%} of the source is still in the page cache "
+                   f"after eviction on node(s) {over} (threshold {rep.warn_above:.0%}); {why}. "
+                   "stage_s and stage_MBps measure a copy from memory, not from storage")
+    else:  # unknown residency, or files that could not be evicted
+        warning = rep.warning
+    return {
+        "mode": "warm" if warm else "cold",
+        "method": rep.method,  # "none" with --warm-source: residency measured only
+        "resident_fraction_at_start": worst,  # worst node; None when a node cannot tell
+        "status": rep.status, "warn_above": rep.warn_above, "storage_kind": rep.storage_kind,
+        "per_node": [{"node": n["node"], "name": n["name"], "host": n["host"],
+                      "files": n["files"],
+                      "total_bytes": n["total_bytes"], "resident_bytes": n["resident_bytes"],
+                      "unknown_files": n["unknown_files"],
+                      "resident_fraction_at_start": n["resident_fraction"]}
+                     for n in rep.per_node],
+        "warning": warning, "errors": list(rep.errors), "seconds": rep.seconds,
+        "fstype": rep.fstype, "reason": rep.reason, "evict_cmd": rep.evict_cmd,
+    }
+
+
+def _merge_source_cache(caches: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's `source_cache`: the worst repetition on each count (the only one when N=1)."""
+    if len(caches) == 1:
+        return caches[0]
+
+    def worse(a: float | None, b: float | None) -> bool:  # unknown counts as the worst
+        return b is not None and (a is None or a > b)
+
+    fracs = [c["resident_fraction_at_start"] for c in caches]
+    statuses = {c["status"] for c in caches}
+    nodes: dict[int, dict[str, Any]] = {}
+    for c in caches:
+        for n in c["per_node"]:
+            old = nodes.get(n["node"])
+            if old is None or worse(n["resident_fraction_at_start"],
+                                    old["resident_fraction_at_start"]):
+                nodes[n["node"]] = n
+    where: dict[str, list[int]] = {}  # the same warning once, with the repetitions it hit
+    for k, c in enumerate(caches):
+        if c["warning"]:
+            where.setdefault(c["warning"], []).append(k + 1)
+    warnings = [f"repetition(s) {', '.join(map(str, ks))} of {len(caches)}: {w}"
+                for w, ks in where.items()]
+    return {**caches[0],
+            "resident_fraction_at_start": None if None in fracs else max(fracs),
+            "status": next(s for s in ("warm", "unknown", "unverified", "cold")
+                           if s in statuses),
+            "per_node": [nodes[k] for k in sorted(nodes)],
+            "warning": "; ".join(warnings) if warnings else None,
+            "errors": [e for c in caches for e in c["errors"]],
+            "seconds": sum(c["seconds"] for c in caches)}
+
+
+def _write_dest_manifest(plan: _Plan, world: World) -> None:
+    """The full manifest (loaders need every file's sample range), marked as staged."""
+    cfg, manifest, ranks = plan.cfg, plan.manifest, plan.ranks
+    present: list[str] | dict[str, Any] | None = None  # in shard mode only these are here
+    if cfg.mode == "shard" and manifest.compact is not None:  # the rule, not the list
+        present = {"data_files_of_ranks": list(ranks), "world_size": world.size,
+                   "rule": "sampling.files_for_rank", "aux": [e.path for e in manifest.aux_files]}
+    elif cfg.mode == "shard":
+        present = [e.path for e in cache.files_for_node(manifest, ranks, world.size, "local")]
+    extra = dict(manifest.extra)
+    extra["staged"] = {
+        "mode": cfg.mode, "shuffle_scope": cfg.shuffle_scope, "from": str(plan.source.root),
+        "world_size": world.size, "num_nodes": world.num_nodes, "node": world.node,
+        # in shard mode only these files are here: the ranks listed read nothing else
+        "files_present": present,
+        "ranks": list(ranks),
+    }
+    import dataclasses
+
+    staged = dataclasses.replace(manifest, extra=extra, root=None)
+    staged.write(plan.dest_root)
+
+
+# what a training run records of the staging that preceded it (the result's `staging`)
+STAGING_KEYS = ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes", "os_read_bytes_note",
+                "source_cache", "mode", "shuffle_scope", "from", "to", "copied_files",
+                "skipped_files", "skipped_bytes", "verified", "dataset_bytes", "per_node",
+                "slowest_node", "warnings")
+
+
+def stage_copy(source: DatasetRef, dest: str | Path, mode: str, world: World, *,
+               progress: bool = False, warm_source: bool = False, evict_cmd: str | None = None,
+               warm_cache: bool = False) -> tuple[DatasetRef, dict[str, Any]]:
+    """For `iobench train --stage-to DIR2`: stage `source` to DIR2; return the staged copy
+    (this node's) and the result's `staging` section.
+
+    The section holds stage_s, stage_bytes, stage_MBps, os_read_bytes,
+    source_cache, mode, shuffle_scope and the tiers. The source is evicted before
+    the copy unless `warm_source`. In `shard` mode the loaders must read with
+    `scope="local"` (`staging["shuffle_scope"]`). A collective: every rank calls
+    it, and a failure is raised on every rank (marked as agreed, so the CLI
+    prints it once). `warm_cache` is the training run's: staging would warm it.
+    """
+    cfg = error = None
+    try:
+        cfg = StageConfig(dataset=source.dataset, format=source.format,
+                          source=Path(source.storage), dest=Path(dest), mode=parse_mode(mode),
+                          progress=progress, warm_source=warm_source, evict_cmd=evict_cmd)
+        if warm_cache:
+            raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
+                              "once, which would warm the cache; drop one of them")
+    except IobenchError as e:
+        error = e
+    try:
+        agree(world, error, "staging")  # no rank enters the copy while another has failed
+        assert cfg is not None
+        plan, doc = _stage(cfg, world, source)
+        copy = plan.dest_root.resolve()
+        staged = load_ref(copy, str(copy.parent))
+    except IobenchError as e:
+        e.agreed = True  # every rank raised it
+        raise
+    staging = {k: doc[k] for k in STAGING_KEYS}
+    # needs an epoch time from the source tier, i.e. another run: `iobench report` pairs them
+    staging["break_even_epochs"] = None
+    return staged, staging
+
+
+def stage_for_training(config: Any, dest: str | Path, mode: str, world: World,
+                       progress: bool = False, warm_source: bool = False,
+                       evict_cmd: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """`stage_copy` of a training config's dataset (resolved once, here); returns the config
+    pointing at the staged copy, and the result's `staging` section."""
+    import dataclasses
+
+    from iobench.core.dataref import resolve
+
+    source = error = None
+    try:
+        source = resolve(config, world)
+    except IobenchError as e:
+        error = e
+    agree(world, error, "staging")
+    assert source is not None
+    staged, staging = stage_copy(source, dest, mode, world, progress=progress,
+                                 warm_source=warm_source, evict_cmd=evict_cmd,
+                                 warm_cache=config.warm_cache)
+    return dataclasses.replace(config, storage=staged.storage), staging
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What `iobench stage` did: the staging document (every rank), and where rank 0 wrote it."""
+
+    doc: dict[str, Any]
+    path: Path | None  # None on other ranks
+
+
+def run_stage(cfg: StageConfig, world: World, results: str | Path,
+              source: DatasetRef | None = None) -> StageOutcome:
+    """`iobench stage`: stage the dataset (a collective; torch.distributed set up for it
+    under torchrun), then rank 0 writes the staging result into `results`."""
+    from iobench.core.results import write_document
+
+    torchrun = world.launcher == "torchrun" and world.size > 1
+    if torchrun:  # collectives go through torch.distributed there (gloo: CPU only)
+        from iobench.core import distributed
+
+        distributed.init_process_group(world, False)
+    try:
+        doc = stage_dataset(cfg, world, source)
+    finally:
+        if torchrun:
+            distributed.destroy_process_group()
+    path = write_document(doc, results, "stage") if world.rank == 0 else None
+    return StageOutcome(doc, path)

@@ -1,0 +1,456 @@
+"""The answer a run ends with: did the storage keep the accelerator busy, what held it back, what to do.
+
+`judge(result, probe=None, break_even=None)` reads a typed training result
+(and, when there is one, a probe of the tier it read and a staging pairing)
+and returns a `Verdict` record (`status, au, threshold, bottleneck, evidence,
+advice, line, stragglers`); `verdict(doc, ...)` is the same as the document
+`summary.verdict` holds. `line` is the one line `iobench train` ends with
+(docs/metrics.md, "Verdict").
+
+Status: `keeps up` when the median AU over repetitions is at or above the
+threshold (MLPerf Storage's 0.90 by default), else `starved`. The bottleneck
+of a starved run comes from where the loader's time went (the readers' clocks
+in each batch: reading, decoding, and how busy the workers were):
+
+- `storage`: the readers were busy most of the epoch, mostly reading;
+- `cpu`: the readers were busy most of the epoch, mostly decoding and
+  preprocessing;
+- `loader`: the readers were idle much of the time while the step waited:
+  too few workers in flight, or batches cost more to hand over than to make;
+- `unknown`: the loader kept no clocks (no evidence to blame anything).
+
+Whatever the class, a starved run's evidence names a worker much slower than
+its rank's others (`worker_imbalance`: busy time per batch over 1.5x the
+median), since batches are handed over in order and one slow worker holds
+up the step.
+
+A run that keeps up is compute-bound (`none`), and the verdict says how much
+faster an accelerator the loader could still feed.
+
+On several nodes the verdict also names stragglers (`stragglers`): nodes whose
+stall, summed over the run's epochs, is over 1.5x the median node's
+(`STRAGGLER_FACTOR`) and at least 1 % of the run's wall time above it, so that
+noise on a run with almost no stall names nobody.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from iobench.core.result_types import ProbeDoc, Straggler, TrainResult, Verdict
+
+DEFAULT_THRESHOLD = 0.90  # MLPerf Storage: AU below 0.90 means storage cannot keep up
+BUSY_SATURATED = 0.75  # readers busy at least this fraction of the epoch: they set the pace
+READ_DOMINANT = 0.5  # fraction of busy time spent reading that makes storage the suspect
+LIMIT_KEY = "sample_read_MBps"  # the probe figure a shuffled loader is compared with
+SHARED_KINDS = ("parallel", "network", "fuse", "fuse-network", "other")
+STRAGGLER_FACTOR = 1.5  # a node stalled over this many times the median node is a straggler
+STRAGGLER_MIN_SHARE = 0.01  # ... and by at least this fraction of the run's wall time
+IMBALANCE = 1.5  # a worker taking this many times its rank's median time per batch is slow
+
+
+def parse_threshold(value: float) -> float:
+    """Validate `--au-threshold`: a fraction in (0, 1]."""
+    from iobench.core.errors import ConfigError
+
+    if not (0 < value <= 1 and math.isfinite(value)):
+        raise ConfigError(f"--au-threshold {value} must be a fraction in (0, 1], e.g. 0.90 "
+                          "(MLPerf Storage's)")
+    return value
+
+
+def _real(path: str | None) -> str:
+    return os.path.realpath(path) if path else ""
+
+
+def under(path: str, root: str) -> bool:
+    """Whether `path` is `root` or lies below it (both real paths)."""
+    return bool(root) and (path == root or path.startswith(root.rstrip("/") + "/"))
+
+
+def probe_for(path: str | None, probes: Sequence[ProbeDoc]) -> ProbeDoc | None:
+    """The newest probe of the deepest directory holding `path` (a dataset root)."""
+    path = _real(path)
+    best = None
+    for p in probes:
+        root = p.storage.path
+        if under(path, root) and (best is None or len(root) > len(best.storage.path)
+                                   or (len(root) == len(best.storage.path)
+                                       and p.created > best.created)):
+            best = p
+    return best
+
+
+def probe_limit(probe: ProbeDoc, sample_bytes: float | None) -> float | None:
+    """The probe's random-read MB/s at the sample size nearest the run's (log scale)."""
+    reads = [r for r in probe.summary.sample_reads if r.MBps]
+    if not reads or not sample_bytes:
+        return probe.summary.sample_read_MBps
+    return min(reads, key=lambda r: abs(math.log(r.sample_bytes / sample_bytes))).MBps
+
+
+@dataclass(frozen=True)
+class LoaderTime:
+    """Where the loader's time went over a run (seconds; see `loader_time`)."""
+
+    read_s: float
+    decode_s: float
+    handoff_s: float
+    batches: int
+    busy_fraction: float
+    busy_of_stall: float | None
+    read_share: float | None
+    handoff_share: float | None
+
+
+def loader_time(doc: TrainResult) -> LoaderTime | None:
+    """Where the loader's time went, summed over every epoch and rank that has clocks.
+
+    `busy_fraction` is the readers' busy time over the time they had (workers
+    per rank, or the main process with 0 workers, times the epoch wall);
+    `read_share` the part of busy time spent reading from storage.
+    """
+    read = decode = handoff = stall = capacity = 0.0
+    batches = 0
+    for ep in doc.epochs:
+        for r in ep.ranks:
+            lt = r.loader
+            if not lt:
+                continue
+            read += lt.read_s
+            decode += lt.decode_s
+            handoff += lt.handoff_s
+            stall += r.stall_s
+            batches += lt.batches
+            capacity += max(1, lt.workers) * ep.summary.wall_s
+    busy = read + decode
+    if not batches or capacity <= 0:
+        return None
+    return LoaderTime(read_s=read, decode_s=decode, handoff_s=handoff, batches=batches,
+                      busy_fraction=busy / capacity, busy_of_stall=busy / stall if stall else None,
+                      read_share=read / busy if busy > 0 else None,
+                      handoff_share=handoff / stall if stall > 0 else None)
+
+
+def _per_sample_files(fmt: str | None) -> bool:
+    """Whether format `fmt` stores one file per sample (False for unknown formats)."""
+    from iobench.core.formats import FORMATS
+
+    spec = FORMATS.get(fmt or "")
+    return spec is not None and spec.per_sample_files
+
+
+def node_stalls(doc: TrainResult) -> list[dict[str, Any]]:
+    """Each node's stall (its slowest rank's) summed over the run's epochs, from
+    `epochs[i].per_node` (v3 results; empty for older ones or one node)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for ep in doc.epochs:
+        for n in ep.per_node:
+            d = nodes.setdefault(n.node, {"node": n.node, "name": n.name,
+                                          "stall_s": 0.0, "wall_s": 0.0, "samples": 0})
+            d["stall_s"] += n.stall_s
+            d["wall_s"] += n.wall_s
+            d["samples"] += n.samples
+    return [nodes[k] for k in sorted(nodes)] if len(nodes) > 1 else []
+
+
+def stragglers(doc: TrainResult) -> list[dict[str, Any]]:
+    """Nodes whose total stall is over `STRAGGLER_FACTOR` x the median node's (and at least
+    `STRAGGLER_MIN_SHARE` of the run's wall time above it), slowest first; each with
+    `name`, `stall_s`, `median_stall_s` and `factor` (None when the median is 0)."""
+    nodes = node_stalls(doc)
+    if not nodes:
+        return []
+    median = statistics.median(n["stall_s"] for n in nodes)
+    wall = sum(e.summary.wall_s for e in doc.epochs)
+    out = [{"node": n["node"], "name": n["name"], "stall_s": n["stall_s"],
+            "median_stall_s": median, "factor": n["stall_s"] / median if median > 0 else None}
+           for n in nodes if n["stall_s"] > STRAGGLER_FACTOR * median
+           and n["stall_s"] - median >= STRAGGLER_MIN_SHARE * wall]
+    return sorted(out, key=lambda s: -s["stall_s"])
+
+
+def straggler_words(slow: Sequence[Mapping[str, Any]]) -> str:
+    """`straggler node(s): n2 (stall 3.1 s, 2.4x the median node's 1.3 s)`."""
+    return "straggler node(s): " + ", ".join(
+        f"{s['name']} (stall {s['stall_s']:.3g} s, "
+        + (f"{s['factor']:.1f}x" if s["factor"] is not None else "vs")
+        + f" the median node's {s['median_stall_s']:.3g} s)" for s in slow)
+
+
+def worker_imbalance(doc: TrainResult, factor: float = IMBALANCE) -> list[dict[str, Any]]:
+    """The workers much slower than their rank's others: busy time per batch (reading +
+    decoding, summed over the epochs) above `factor` x the median of that rank's workers.
+
+    Per batch, so a worker that made fewer batches (the end of an epoch) is not taken
+    for a slow one. Needs two or more workers on a rank; slowest first.
+    """
+    per: dict[int, dict[int, list[float]]] = {}  # rank -> worker -> [busy_s, batches]
+    for ep in doc.epochs:
+        for r in ep.ranks:
+            for clock in r.loader.per_worker if r.loader else ():
+                if clock.worker < 0 or not clock.batches:
+                    continue
+                acc = per.setdefault(r.rank, {}).setdefault(clock.worker, [0.0, 0])
+                acc[0] += clock.read_s + clock.decode_s
+                acc[1] += clock.batches
+    out = []
+    for rank, workers in sorted(per.items()):
+        if len(workers) < 2:
+            continue
+        times = {w: busy / n for w, (busy, n) in workers.items()}
+        med = statistics.median(times.values())
+        for w, t in times.items():
+            if med > 0 and t > factor * med:
+                out.append({"rank": rank, "worker": w, "per_batch_s": t,
+                            "median_per_batch_s": med, "ratio": t / med})
+    return sorted(out, key=lambda d: -d["ratio"])
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+@dataclass
+class _Case:
+    """What the verdict on one run is built from, and the sentences it gathers."""
+
+    doc: TrainResult
+    threshold: float
+    au: float
+    lt: LoaderTime | None
+    workers: int
+    cores: int
+    free_cores: int
+    slow: list[dict[str, Any]]
+    evidence: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+
+
+def _spread_median(doc: TrainResult, figure: str) -> float | None:
+    s = doc.summary.spread.get(figure) if doc.summary.spread else None
+    return s.median if s else None
+
+
+def verdict(doc: TrainResult | Mapping[str, Any], threshold: float = DEFAULT_THRESHOLD,
+            probe: ProbeDoc | Mapping[str, Any] | None = None,
+            break_even: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict on one training result as a result document holds it (`summary.verdict`)."""
+    return judge(TrainResult.of(doc), threshold,
+                 None if probe is None else ProbeDoc.of(probe), break_even).to_dict()
+
+
+def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDoc | None = None,
+          break_even: Mapping[str, Any] | None = None) -> Verdict:
+    """The verdict on one training result (see the module docstring)."""
+    au = _spread_median(res, "au")
+    if au is None:
+        au = _median([e.summary.au_mean for e in res.epochs])
+    if au is None:
+        return _done("unknown", None, threshold, "unknown", ["no epoch was measured"],
+                     ["run at least one epoch"])
+    workers = res.config.workers
+    cores = res.provenance.cpu_affinity or os.cpu_count() or 1
+    case = _Case(doc=res, threshold=threshold, au=au, lt=loader_time(res), workers=workers,
+                 cores=cores, free_cores=cores - (res.world.local_size or 1) * (workers + 1),
+                 slow=stragglers(res))
+    if au >= threshold:
+        return _keeps_up(case)
+    case.evidence.append(f"AU {au:.2f} < {threshold:.2f}" + (
+        f", stall {stall:.0%} of the epoch"
+        if (stall := _spread_median(res, "stall_fraction")) is not None else ""))
+    if case.slow:
+        case.evidence.append(straggler_words(case.slow))
+        case.advice.append(f"the slowest node sets the pace: look at {case.slow[0]['name']} "
+                           "first (its storage mount, network link, or other jobs sharing it)")
+    bottleneck = _classify(case)
+    if bottleneck == "storage":
+        limit = None
+        if probe is not None:
+            limit = probe_limit(probe, res.dataset.sample_bytes)
+        _advise_storage(case, limit, break_even)
+    elif bottleneck == "cpu":
+        _advise_cpu(case)
+    elif bottleneck == "loader":
+        _advise_loader(case)
+    _imbalance(case)
+    return _done("starved", au, threshold, bottleneck, case.evidence, case.advice, case.slow)
+
+
+def _keeps_up(case: _Case) -> Verdict:
+    """The verdict on a run at or above the threshold: compute-bound."""
+    doc = case.doc
+    case.evidence.append(f"AU {case.au:.2f} >= {case.threshold:.2f}")
+    if case.slow:
+        case.evidence.append(straggler_words(case.slow))
+    if case.lt:
+        case.evidence.append(f"the readers were busy {case.lt.busy_fraction:.0%} of the epoch")
+    case.advice.append("compute-bound: to find where ingest stops keeping up, rerun with a "
+                       "shorter --compute-time (a faster accelerator)")
+    device = doc.compute.device
+    if doc.compute.kind == "model" and device is not None and device.type == "cpu":
+        case.advice.append("the model trained on the CPU; emulate your GPU's step with "
+                           "--compute-time SECONDS to ask whether the storage feeds it")
+    return _done("keeps up", case.au, case.threshold, "none", case.evidence, case.advice,
+                 case.slow)
+
+
+def _classify(case: _Case) -> str:
+    """The bottleneck of a starved run, from where the loader's time went; adds the evidence."""
+    doc, lt, workers = case.doc, case.lt, case.workers
+    if lt is None and doc.config.loader == "dali":
+        # DALI reads and decodes inside its own executor: no clock of ours runs there, and
+        # its API reports memory, not time per operator, so there is nothing honest to split
+        from iobench.core.formats import DEFAULT_FORMAT
+
+        fmt = doc.dataset.format or DEFAULT_FORMAT
+        case.evidence.append("DALI reads and decodes inside its own pipeline, which keeps no "
+                             "per-batch clocks iobench can read, so the stall cannot be split "
+                             "between storage and decoding")
+        alone = "--no-decode" + ("" if doc.compute.kind == "none" else " --model none")
+        case.advice.append(f"to find out, rerun with {alone} (storage alone: "
+                           "still starved means storage is the limit) and with --loader "
+                           f"{fmt} (the PyTorch loader, whose readers keep clocks), or compare "
+                           f"both with `iobench bench-read --loaders {fmt},dali`")
+        return "unknown"
+    if lt is None:
+        case.evidence.append("the loader kept no per-batch clocks, so the time cannot be split "
+                             "between storage and decoding")
+        case.advice.append("compare with `iobench train --no-decode --model none` (storage "
+                           "alone) and `iobench bench-read` to tell storage from decoding")
+        return "unknown"
+    if lt.busy_fraction >= BUSY_SATURATED or (
+            workers == 0 and (lt.busy_of_stall or 0) >= BUSY_SATURATED):
+        share = lt.read_share or 0.0
+        if workers == 0:
+            case.evidence.append(f"with 0 workers the step itself reads: reading and decoding "
+                                 f"were {lt.busy_of_stall:.0%} of the stall, {share:.0%} of it "
+                                 f"reading from storage and {1 - share:.0%} decoding")
+            if case.free_cores > 0:
+                case.advice.append("use --workers N so that reading overlaps the step "
+                                   f"({case.free_cores} core(s) free)")
+        else:
+            case.evidence.append(f"the readers were busy {lt.busy_fraction:.0%} of the epoch, "
+                                 f"{share:.0%} of it reading from storage and {1 - share:.0%} "
+                                 "decoding")
+        return "storage" if share >= READ_DOMINANT else "cpu"
+    case.evidence.append(f"the readers were busy only {lt.busy_fraction:.0%} of the epoch "
+                         "while the step waited")
+    if lt.handoff_share is not None:
+        case.evidence.append(f"{lt.handoff_share:.0%} of the stall was batches already "
+                             "made, waiting to be handed over (queues, unpickling, copies)")
+    return "loader"
+
+
+def _advise_storage(case: _Case, limit: float | None,
+                    break_even: Mapping[str, Any] | None) -> None:
+    doc, free = case.doc, case.free_cores
+    mbps = _spread_median(doc, "read_MBps")
+    storage = doc.provenance.storage
+    if mbps is not None:
+        tier = f"{storage.fstype} ({storage.kind})" if storage.fstype else "this tier"
+        read = f"reads at {mbps:.0f} MB/s" if mbps >= 10 else f"reads at {mbps:.3g} MB/s"
+        if limit:
+            read += f" = {mbps / limit:.2f} of {tier}'s probed limit ({limit:.0f} MB/s)"
+        case.evidence.append(read)
+    if break_even is not None and break_even.get("break_even_epochs") is not None:
+        be = break_even["break_even_epochs"]
+        case.advice.append("staging to node-local storage never pays off here" if math.isinf(be)
+                           else f"staging to node-local storage pays off after {be:.1f} epochs")
+    elif storage.kind in SHARED_KINDS:
+        case.advice.append("stage the dataset to node-local storage (iobench train --stage-to "
+                           "DIR) and compare the two runs for the break-even")
+    if _per_sample_files(doc.dataset.format):
+        case.advice.append("many small files: a record format (HDF5, LMDB, Zarr) reads them "
+                           "in larger requests")
+    if 0 < case.workers < 4 and free > 0:
+        case.advice.append(f"more --workers keep more reads in flight ({free} core(s) free)")
+
+
+def _advise_cpu(case: _Case) -> None:
+    if case.free_cores > 0 and case.workers > 0:
+        case.advice.append(f"more --workers: {case.free_cores} core(s) are free")
+    else:
+        case.advice.append(f"the {case.cores} core(s) are all in use: decode on the GPU with "
+                           "DALI (--loader dali, on a GPU node), or lighter preprocessing")
+    if case.doc.dataset.dataset == "imagenet":
+        case.advice.append("JPEG decoding dominates: DALI's nvJPEG decodes on the GPU")
+
+
+def _advise_loader(case: _Case) -> None:
+    handoff = case.lt is not None and (case.lt.handoff_share or 0) >= 0.5
+    if handoff and case.workers > 0 and case.doc.config.worker_type == "process":
+        case.advice.append("batches cost more to move between processes than to make: try "
+                           "--worker-type thread (no copy between processes)")
+    else:
+        case.advice.append("more --workers (or prefetch) keep batches in flight"
+                           + (f" ({case.free_cores} core(s) free)" if case.free_cores > 0
+                              else ""))
+
+
+def _imbalance(case: _Case) -> None:
+    slow_workers = worker_imbalance(case.doc)
+    if not slow_workers:
+        return
+    s = slow_workers[0]
+    more = f" (and {len(slow_workers) - 1} more)" if len(slow_workers) > 1 else ""
+    case.evidence.append(f"imbalance: worker {s['worker']} of rank {s['rank']} took "
+                         f"{s['ratio']:.1f}x its rank's median time per batch "
+                         f"({s['per_batch_s'] * 1e3:.0f} ms vs "
+                         f"{s['median_per_batch_s'] * 1e3:.0f} ms){more}")
+    case.advice.append("batches are handed over in order, so a slow worker holds up the "
+                       "rest: look at what it reads (files on a slower disk or server, larger "
+                       "samples) or at what else runs on its core")
+
+
+_STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (decoding)",
+                 "loader": "starved by the loader", "unknown": "starved (cause unknown)"}
+
+
+def _done(status: str, au: float | None, threshold: float, bottleneck: str,
+          evidence: list[str], advice: list[str],
+          slow: Sequence[Mapping[str, Any]] = ()) -> Verdict:
+    head = "keeps up" if status == "keeps up" else _STATUS_WORDS.get(bottleneck, status)
+    line = f"verdict: {head} - " + "; ".join(evidence + advice)
+    return Verdict(status=status, au=au, threshold=threshold, bottleneck=bottleneck,
+                   evidence=tuple(evidence), advice=tuple(advice), line=line,
+                   stragglers=tuple(Straggler(**s) for s in slow))
+
+
+def for_run(doc: TrainResult | Mapping[str, Any], results_dir: str,
+            threshold: float) -> dict[str, Any]:
+    """The verdict on a run just measured, with what the results directory adds: the
+    newest probe of the tier it read, and a staging pairing with a run on the other tier."""
+    from iobench.core.breakeven import staging_pairs
+    from iobench.core.jsonio import read_json
+    from iobench.core.results import (
+        PROBE_SCHEMA,
+        PROBE_SCHEMA_VERSION,
+        find_documents,
+        load_typed,
+        schema_of,
+    )
+
+    res = TrainResult.of(doc)
+    probes: list[ProbeDoc] = []
+    others: list[TrainResult] = []
+    try:
+        found = find_documents([results_dir])
+        others = [load_typed(p) for p in found.results]
+        probes = [ProbeDoc.from_dict(read_json(p, schema=PROBE_SCHEMA,
+                                               max_version=PROBE_SCHEMA_VERSION), str(p))
+                  for p, _ in found.skipped if schema_of(p) == PROBE_SCHEMA]
+    except Exception:  # a damaged neighbour must not cost the run its verdict
+        pass
+    probe = probe_for(res.dataset.root, probes)
+    runs = [d for d in others if d.run_id != res.run_id] + [res]
+    pairs = [b for b in staging_pairs(runs) if res.run_id in (b["slow_run_id"],
+                                                              b["fast_run_id"])
+             and not b["refused"]]
+    return judge(res, threshold, probe, pairs[-1] if pairs else None).to_dict()
