@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from iobench.core.errors import ConfigError
+from iobench.core.models import channels_last as to_channels_last
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def compute_rate(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
     def step() -> None:
         inp = finish(x) if finish is not None else (x if x.is_floating_point() else x.float())
-        if channels_last and inp.dim() == 4:
-            inp = inp.contiguous(memory_format=torch.channels_last)
+        if channels_last:
+            inp = to_channels_last(inp)
         with ctx:
             loss = loss_fn(m(inp).float(), y)
         opt.zero_grad(set_to_none=True)

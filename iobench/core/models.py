@@ -211,3 +211,19 @@ def build_model(name: str, num_outputs: int) -> nn.Module:
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters (count)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """`t` in channels-last order where it has one: a 4-D image batch (NHWC) or a 5-D volume
+    batch (NDHWC, `channels_last_3d`); other tensors as they are."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return t if fmt is None else t.contiguous(memory_format=fmt)
+
+
+def channels_last_model(model: nn.Module) -> nn.Module:
+    """`model` with its convolution weights in channels-last order (`--channels-last`):
+    `channels_last_3d` for a model of 3-D convolutions (cosmoflow), `channels_last` else."""
+    three_d = any(isinstance(m, nn.Conv3d) for m in model.modules())
+    fmt = torch.channels_last_3d if three_d else torch.channels_last
+    # torch's stub of Module.to lacks the memory_format keyword that it takes
+    return model.to(memory_format=fmt)  # type: ignore[call-overload,no-any-return]

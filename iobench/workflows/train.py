@@ -39,7 +39,14 @@ from iobench.core.formats import FORMATS, loader_formats, parse_format
 from iobench.core.interrupts import Interrupted, pending
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock, epoch_summary, node_summaries, rank_figures
-from iobench.core.models import build_model, count_parameters, parse_model, resolve_model
+from iobench.core.models import (
+    build_model,
+    channels_last,
+    channels_last_model,
+    count_parameters,
+    parse_model,
+    resolve_model,
+)
 from iobench.core.options import parse_evict_cmd, parse_repeat
 from iobench.core.placement import check_same_dataset
 from iobench.core.results import SCHEMA, SCHEMA_VERSION, new_run_id
@@ -447,8 +454,7 @@ class _Compute:
         self.params = count_parameters(model)
         model = model.to(device)
         if config.channels_last:
-            # torch's stub of Module.to lacks the memory_format keyword that it takes
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+            model = channels_last_model(model)
         if world.size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -499,8 +505,8 @@ class _Compute:
             x = finish(x)
         elif not x.is_floating_point():
             x = x.float()
-        if self.config.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        if self.config.channels_last:
+            x = channels_last(x)
         with self.autocast:
             out = self.model(x)
             loss = self.loss_fn(out.float(), y)

@@ -25,7 +25,7 @@ import torch
 
 from iobench.core.datasets import DATASETS
 from iobench.core.demand import compute_rate
-from iobench.core.models import MODELS, build_model, parse_model
+from iobench.core.models import MODELS, build_model, channels_last_model, parse_model
 from iobench.loaders._preprocess import CROP, FINISH
 
 # the compact batch each dataset's loaders deliver, per sample: (shape, dtype)
@@ -41,7 +41,7 @@ def one(model_name: str, batch: int, a: argparse.Namespace, device: torch.device
     torch.manual_seed(0)
     model = build_model(model_name, outputs).to(device)
     if a.channels_last:
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        model = channels_last_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr_for(batch), momentum=0.9, nesterov=True)
     shape, dtype = COMPACT[dataset]
     x = (torch.randint(0, 256, (batch, *shape), dtype=dtype) if dtype == torch.uint8
