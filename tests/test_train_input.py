@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import cli
@@ -81,3 +82,19 @@ def test_cosmoflow_default_batch_fits_and_few_steps_warn(tmp_path: Path) -> None
     assert doc["config"]["batch_size"] == 1
     assert doc["epochs"][0]["ranks"][0]["steps"] == 4
     assert any("4 step(s) per rank" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_more_ranks_on_a_node_than_gpus_is_one_agreed_line(monkeypatch):
+    """Two ranks on a one-GPU node once both took `cuda:{local rank}` (cuda:1 does not exist);
+    now every rank refuses together, naming the launcher options."""
+    from iobench.core.errors import ConfigError
+    from iobench.workflows.train import rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="2 ranks per node but this node has 1 GPU") as e:
+        rank_device(World(rank=1, size=2, local_rank=1, local_size=2))
+    assert e.value.agreed and "--nproc-per-node 1" in str(e.value)
+    assert rank_device(World()) == torch.device("cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rank_device(World(rank=1, size=2, local_rank=1, local_size=2)).type == "cpu"

@@ -327,8 +327,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     0's) are stored as `tier_bytes`. `dataset` is the dataset to read, when the
     caller resolved it already (`iobench.core.dataref`); else `config` names it.
     """
-    use_cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{world.local_rank}" if use_cuda else "cpu")
+    device = rank_device(world)
     dataset, mount = _open_dataset(config, world, dataset)
     manifest = dataset.manifest
     check_same_dataset(world, manifest)  # a node with a stale copy fails now, not hours in
@@ -393,6 +392,21 @@ def _repetitions(run: _Run, loader_factory: LoaderFactory,
             run.repetition(rep, loader, startup)
         finally:
             loader.close()
+
+
+def rank_device(world: World) -> torch.device:
+    """This rank's GPU (its local rank's), or the CPU where torch sees none. More ranks on a
+    node than it has GPUs is refused on every rank of the node together, in one line."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if world.local_size > gpus:
+        e = ConfigError(f"{world.local_size} ranks per node but this node has {gpus} GPU(s): "
+                        f"start at most {gpus} per node (torchrun --nproc-per-node {gpus}, "
+                        f"srun --ntasks-per-node {gpus}, mpiexec -ppn {gpus})")
+        e.agreed = True  # every rank of the job checks the same counts before any collective
+        raise e
+    return torch.device(f"cuda:{world.local_rank}")
 
 
 class RunInterrupted(Interrupted):
