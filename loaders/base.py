@@ -53,6 +53,10 @@ class LoaderConfig:
     # one), as production pipelines do; "loader" converts in the loader's workers, so
     # float32 (2-4x the bytes) crosses processes.
     convert: str = "device"
+    # Steps each epoch is read for, when the consumer stops early (`train --max-steps`): a
+    # loader may end its epoch there instead of reading batches nobody takes (DALI then
+    # keeps its pipeline for the next epoch rather than rebuilding it). None: whole epochs.
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -69,6 +73,8 @@ class LoaderConfig:
                               f"shuffle_window={self.shuffle_window} must be >= 1")
         if self.prefetch < 1:
             raise ConfigError(f"prefetch={self.prefetch} must be >= 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps={self.max_steps} must be >= 1")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}; choose one of {DEVICES}")
         if self.convert not in CONVERTS:

@@ -103,15 +103,16 @@ class _Source:
     Picklable (spawned DALI workers get a copy)."""
 
     def __init__(self, order: EpochOrder, first_epoch: int, batch_size: int, seed: int,
-                 cifar_aug: bool) -> None:
+                 cifar_aug: bool, max_steps: int | None = None) -> None:
         self.order, self.first_epoch = order, first_epoch
         self.batch_size, self.seed, self.cifar_aug = batch_size, seed, cifar_aug
+        self.max_steps = max_steps  # the consumer takes no more batches an epoch
 
     def __call__(self, info: Any) -> tuple[Any, ...]:
         epoch = self.first_epoch + info.epoch_idx
         idx = self.order(epoch)
         start = info.iteration * self.batch_size
-        if start >= len(idx):
+        if start >= len(idx) or (self.max_steps is not None and info.iteration >= self.max_steps):
             raise StopIteration
         b = idx[start:start + self.batch_size]
         outs = (*self._data(b), b.copy())
@@ -344,7 +345,7 @@ class DaliLoader(Loader):
         fn, types = self._dali.fn, self._dali.types
         c, ds, files = self.config, self.manifest.dataset, self.native
         cifar_aug = ds == "cifar10" and c.decode
-        args = (self.order, first_epoch, c.batch_size, c.seed, cifar_aug)
+        args = (self.order, first_epoch, c.batch_size, c.seed, cifar_aug, c.max_steps)
         src: _Source
         if files:
             assert self._paths is not None, "set for the files format but .npy"
@@ -458,7 +459,9 @@ class DaliLoader(Loader):
         idx_all = self.order(epoch)
         pipe = self._pipeline_for(epoch, idx_all)
         finish = FINISH.get(m.dataset) if c.decode else None
-        for k in range(self.steps_per_epoch()):
+        steps = self.steps_per_epoch()
+        # the source ends an epoch at max_steps too: then the pipeline carries on to the next
+        for k in range(steps if c.max_steps is None else min(steps, c.max_steps)):
             idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
             n = len(idx)
             outs = self._run(pipe, idx_all, k)

@@ -103,3 +103,19 @@ def test_undecoded_jpegs_are_the_pytorch_loaders_bytes(tiny_root, fmt):
             got, want = list(d.epoch(epoch)), list(t.epoch(epoch))
             assert len(got[-1].indices) < 4  # 10 images in batches of 4
             same(got, want)
+
+
+@pytest.mark.parametrize(("dataset", "fmt"), [("imagenet", "files"), ("cifar10", "hdf5")])
+def test_epochs_cut_at_max_steps_keep_one_pipeline(tiny_root, dataset, fmt):
+    """`train --max-steps` takes only the first steps of each epoch: the source ends the
+    epoch there, so the next epoch runs on the same pipeline (a rebuild cost 1.9 s of stall
+    per epoch on the H200) and delivers what an uncut loader's first steps are."""
+    root = tiny_root(dataset, fmt)
+    whole, cut = cfg(workers=1, batch_size=4), cfg(workers=1, batch_size=4, max_steps=2)
+    with make_loader("dali", root, whole) as w, make_loader("dali", root, cut) as c:
+        assert c.steps_per_epoch() > 2
+        got = list(c.epoch(0))
+        pipe = c._pipe
+        got += list(c.epoch(1)) + list(c.epoch(2))
+        assert c._pipe is pipe and len(got) == 6
+        same(got, [b for e in range(3) for b in list(w.epoch(e))[:2]])

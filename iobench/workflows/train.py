@@ -185,7 +185,7 @@ class TrainConfig:
                             worker_type=self.worker_type, shuffle=self.shuffle, seed=self.seed,
                             decode=self.decode, pin_memory=device == "gpu",
                             persistent_workers=True, device=device,
-                            library_cache=self.warm_cache)
+                            library_cache=self.warm_cache, max_steps=self.max_steps)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
