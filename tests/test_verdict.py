@@ -136,6 +136,21 @@ def cifar(tmp_path_factory) -> Path:
     return s
 
 
+def test_a_real_models_run_states_its_measured_demand(cifar: Path, tmp_path: Path) -> None:
+    """train measures the model's compute-only rate (its input resident on the device) and
+    the verdict sets it against what the loader delivered."""
+    assert cli("train", "--loader", "hdf5", "--storage", cifar, "--model", "cnn",
+               "--epochs", "1", "--max-steps", "4", "--batch-size", "32",
+               "--results", tmp_path) == 0
+    doc = results.load_typed(results.find_results([tmp_path])[0])
+    d = doc.compute.demand
+    assert d is not None and d.batch_size == 32 and d.samples_per_s > 0 and d.steps >= 1
+    assert abs(d.samples_per_s * d.ms_per_step / 1e3 - 32) < 1e-6
+    line = doc.summary.verdict.line
+    assert f"cnn (batch 32) on this {doc.compute.device.name} needs" in line
+    assert "the loader delivered" in line
+
+
 def test_every_train_ends_with_a_verdict(cifar: Path, tmp_path: Path, capsys) -> None:
     assert cli("train", "--loader", "hdf5", "--storage", cifar, "--compute-time", "0.2",
                "--epochs", "1", "--max-steps", "4", "--results", tmp_path) == 0

@@ -375,6 +375,21 @@ class Device(Record):
     """Where the model ran (`compute.device`)."""
 
     type: str
+    name: str | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemandInfo(Record):
+    """The model's compute-only rate on this rank (`compute.demand`, `iobench.core.demand`):
+    samples/s with its input resident on the device, i.e. what the accelerator asks of the
+    loader."""
+
+    samples_per_s: float
+    ms_per_step: float
+    batch_size: int
+    device: str
+    warmup: int
+    steps: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,6 +402,8 @@ class Compute(Record):
     device: Device | None = key(default=None, optional=True)
     task: str | None = key(default=None, optional=True)
     decode: bool | None = key(default=None, optional=True)
+    amp: bool | None = key(default=None, optional=True)
+    demand: DemandInfo | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -619,6 +619,9 @@ class _Run:
         self.t_run = time.perf_counter()
         self.run_id = new_run_id(world.hostname)  # named by its start time
         self._last_live = 0  # when `hooks.live` was last called (perf_counter ns)
+        # a real model's last batch (on the device), then its compute-only rate on it
+        self._last_batch: tuple[torch.Tensor, torch.Tensor, Any] | None = None
+        self.demand: dict[str, Any] | None = None
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
         """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
@@ -649,6 +652,23 @@ class _Run:
                                   "ranks": startups})
         for epoch in range(self.config.epochs):
             self._epoch(rep, epoch, loader)
+        if rep == 0 and self._last_batch is not None:
+            self.demand = self._measure_demand(self.compute, *self._last_batch)
+        self._last_batch = None
+
+    def _measure_demand(self, compute: _Compute, x: torch.Tensor, y: torch.Tensor,
+                        finish: Any) -> dict[str, Any]:
+        """The model's compute-only rate on this rank: a few steps on the last batch, already
+        on the device (copies of the model and optimizer; `iobench.core.demand`). After the
+        epochs, so no epoch's clock holds it."""
+        from iobench.core.demand import compute_rate
+
+        self._at("measuring the model's compute-only rate")
+        gpu = self.device.type == "cuda"
+        d = compute_rate(compute.model, compute.opt, compute.loss_fn, x, y, finish=finish,
+                         autocast=compute.autocast, channels_last=self.config.channels_last,
+                         warmup=5 if gpu else 1, steps=20 if gpu else 3)
+        return d.to_dict()
 
     def _epoch(self, rep: int, epoch: int, loader: Loader) -> None:
         config, world = self.config, self.world
@@ -739,6 +759,8 @@ class _Run:
         faults.at_step(self.fault, self.world.rank, epoch, step)
         end = compute.step(x, y, t_ready, batch.finish)
         clock.compute_done(len(batch.indices), batch.payload_bytes, end)
+        if compute.kind == "model":
+            self._last_batch = (x, y, batch.finish)
 
     def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],
                 stats: list[tuple[float, int, int]], report: cache.EvictReport,
@@ -832,7 +854,8 @@ class _Run:
                 "channels_last": config.channels_last,
                 "decode": config.decode, "torch_threads": compute.threads,
                 "device": device,
-                "steps": _steps_mode(config, self.world)}
+                "steps": _steps_mode(config, self.world),
+                **({"demand": self.demand} if self.demand is not None else {})}
 
     def _cache_section(self, server: dict[str, Any] | None) -> dict[str, Any]:
         config = self.config

@@ -265,6 +265,8 @@ def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDo
     case.evidence.append(f"AU {au:.2f} < {threshold:.2f}" + (
         f", stall {stall:.0%} of the epoch"
         if (stall := _spread_median(res, "stall_fraction")) is not None else ""))
+    if (needs := demand_words(res)) is not None:
+        case.evidence.append(needs)
     if case.slow:
         case.evidence.append(straggler_words(case.slow))
         case.advice.append(f"the slowest node sets the pace: look at {case.slow[0]['name']} "
@@ -283,10 +285,27 @@ def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDo
     return _done("starved", au, threshold, bottleneck, case.evidence, case.advice, case.slow)
 
 
+def demand_words(res: TrainResult) -> str | None:
+    """What the accelerator asks against what the loader gave: "resnet50 (batch 128, bf16)
+    on this NVIDIA H200 needs 3,700 samples/s; the loader delivered 2,471", from the model's
+    measured compute-only rate (`compute.demand`, per rank, times the ranks)."""
+    c = res.compute
+    delivered = _spread_median(res, "samples_per_s")
+    if c.demand is None or delivered is None:
+        return None
+    where = c.device.name if c.device is not None and c.device.name else c.demand.device
+    needs = c.demand.samples_per_s * res.world.size
+    return (f"{c.model} (batch {c.demand.batch_size}{', bf16' if c.amp else ''}) on this "
+            f"{where} needs {needs:,.0f} samples/s ({c.demand.ms_per_step:.1f} ms a step with "
+            f"its input on the device); the loader delivered {delivered:,.0f}")
+
+
 def _keeps_up(case: _Case) -> Verdict:
     """The verdict on a run at or above the threshold: compute-bound."""
     doc = case.doc
     case.evidence.append(f"AU {case.au:.2f} >= {case.threshold:.2f}")
+    if (needs := demand_words(doc)) is not None:
+        case.evidence.append(needs)
     if case.slow:
         case.evidence.append(straggler_words(case.slow))
     if case.lt:
