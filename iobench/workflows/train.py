@@ -759,8 +759,11 @@ class _Run:
         faults.at_step(self.fault, self.world.rank, epoch, step)
         end = compute.step(x, y, t_ready, batch.finish)
         clock.compute_done(len(batch.indices), batch.payload_bytes, end)
-        if compute.kind == "model":
-            self._last_batch = (x, y, batch.finish)
+        if (compute.kind == "model" and step == steps_total - 1
+                and epoch == self.config.epochs - 1 and self.demand is None):
+            # the run's last planned step, after its clock stopped: a copy, so that no
+            # loader buffer stays held (`_measure_demand` times steps on it)
+            self._last_batch = (x.clone(), y.clone(), batch.finish)
 
     def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],
                 stats: list[tuple[float, int, int]], report: cache.EvictReport,
