@@ -249,3 +249,22 @@ def test_the_verdict_names_straggler_nodes_over_1_5x_the_median() -> None:
     # one node, or a result before per-node figures: nothing to compare
     assert verdict(_nodes(_doc(0.62, read_s=17.0), [3.0]))["stragglers"] == []
     assert verdict(_doc(0.62, read_s=17.0))["stragglers"] == []
+
+
+def test_au_is_printed_with_the_digits_that_tell_it_from_the_threshold():
+    from iobench.workflows.verdict import au_words
+
+    assert au_words(0.62, 0.9, "<") == "0.62 < 0.90"
+    assert au_words(0.898, 0.9, "<") == "0.898 < 0.900"  # once "AU 0.90 < 0.90"
+    assert au_words(0.9004, 0.9, ">=") == "0.9004 >= 0.9000"
+    assert au_words(0.9, 0.9, ">=") == "0.90 >= 0.90"
+
+
+def test_pure_ingest_reports_its_rate_not_a_starved_accelerator(cifar: Path,
+                                                                 tmp_path: Path) -> None:
+    """--model none has no accelerator to starve (it once read 'starved ... AU 0.00')."""
+    assert cli("train", "--loader", "hdf5", "--storage", cifar, "--model", "none",
+               "--epochs", "1", "--max-steps", "4", "--results", tmp_path) == 0
+    v = results.load_typed(results.find_results([tmp_path])[0]).summary.verdict
+    assert v.status == "ingest" and v.line.startswith("verdict: pure ingest - no accelerator")
+    assert "samples/s" in v.line and "starved" not in v.line

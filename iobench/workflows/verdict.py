@@ -260,9 +260,11 @@ def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDo
     case = _Case(doc=res, threshold=threshold, au=au, lt=loader_time(res), workers=workers,
                  cores=cores, free_cores=cores - (res.world.local_size or 1) * (workers + 1),
                  slow=stragglers(res))
+    if res.compute.kind == "none":
+        return _ingest(case)
     if au >= threshold:
         return _keeps_up(case)
-    case.evidence.append(f"AU {au:.2f} < {threshold:.2f}" + (
+    case.evidence.append(f"AU {au_words(au, threshold, '<')}" + (
         f", stall {stall:.0%} of the epoch"
         if (stall := _spread_median(res, "stall_fraction")) is not None else ""))
     if (needs := demand_words(res)) is not None:
@@ -300,10 +302,35 @@ def demand_words(res: TrainResult) -> str | None:
             f"its input on the device); the loader delivered {delivered:,.0f}")
 
 
+def au_words(au: float, threshold: float, op: str) -> str:
+    """`0.62 < 0.90`, with as many digits as it takes for the two to differ in print
+    (0.898 against 0.90 is `0.898 < 0.900`, never `0.90 < 0.90`)."""
+    digits = 2
+    while digits < 6 and au != threshold and f"{au:.{digits}f}" == f"{threshold:.{digits}f}":
+        digits += 1
+    return f"{au:.{digits}f} {op} {threshold:.{digits}f}"
+
+
+def _ingest(case: _Case) -> Verdict:
+    """`--model none`: pure ingest, with no accelerator to starve; its rate is the answer."""
+    doc = case.doc
+    rate, mbps = _spread_median(doc, "samples_per_s"), _spread_median(doc, "read_MBps")
+    case.evidence.append("no accelerator (--model none), so AU does not apply"
+                         + (f"; the loader delivered {rate:,.0f} samples/s"
+                            if rate is not None else "")
+                         + (f", {mbps:,.0f} MB/s" if mbps is not None else ""))
+    if case.lt:
+        case.evidence.append(f"the readers were busy {case.lt.busy_fraction:.0%} of the epoch")
+    case.advice.append("to ask whether this feeds an accelerator, give its step time "
+                       "(--compute-time SECONDS), a real model, or run `iobench diagnose`")
+    return _done("ingest", case.au, case.threshold, "none", case.evidence, case.advice,
+                 case.slow)
+
+
 def _keeps_up(case: _Case) -> Verdict:
     """The verdict on a run at or above the threshold: compute-bound."""
     doc = case.doc
-    case.evidence.append(f"AU {case.au:.2f} >= {case.threshold:.2f}")
+    case.evidence.append(f"AU {au_words(case.au, case.threshold, '>=')}")
     if (needs := demand_words(doc)) is not None:
         case.evidence.append(needs)
     if case.slow:
@@ -435,7 +462,8 @@ _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (de
 def _done(status: str, au: float | None, threshold: float, bottleneck: str,
           evidence: list[str], advice: list[str],
           slow: Sequence[Mapping[str, Any]] = ()) -> Verdict:
-    head = "keeps up" if status == "keeps up" else _STATUS_WORDS.get(bottleneck, status)
+    head = ({"keeps up": "keeps up", "ingest": "pure ingest"}.get(status)
+            or _STATUS_WORDS.get(bottleneck, status))
     line = f"verdict: {head} - " + "; ".join(evidence + advice)
     return Verdict(status=status, au=au, threshold=threshold, bottleneck=bottleneck,
                    evidence=tuple(evidence), advice=tuple(advice), line=line,
