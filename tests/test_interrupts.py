@@ -134,14 +134,32 @@ def test_a_signal_between_epochs_or_while_writing(storage, tmp_path, fault, epoc
     assert doc["warnings"][0].startswith("INTERRUPTED")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_at_start_up_ends_cleanly(storage, tmp_path, sig) -> None:
+# start-up: while the parser imports torch (one rank could leave alone there and its peer
+# wait for it at the rendezvous: a hang), at the rendezvous, while loader workers start
+@pytest.mark.parametrize("sig, after_s", [(signal.SIGINT, 1.0), (signal.SIGINT, 2.5),
+                                          (signal.SIGINT, 3.0), (signal.SIGTERM, 3.0)])
+def test_a_signal_at_start_up_ends_cleanly(storage, tmp_path, sig, after_s) -> None:
     proc = _start(storage, tmp_path / "r")
-    time.sleep(3)  # ranks starting: imports, rendezvous, loader workers
+    time.sleep(after_s)
     os.killpg(proc.pid, sig)
     rc, _, err, _ = _finish(proc, 30)
     assert rc != 0 and "Traceback" not in err, (rc, err[-3000:])
     assert all(d["status"] != "complete" for d in _results(tmp_path / "r"))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_one_rank_interrupted_before_the_ranks_meet_stops_them_all(storage, tmp_path,
+                                                                   rank) -> None:
+    """SIGINT reaches one rank alone while it starts (its parser imports torch) and its peer
+    goes on to the rendezvous: that rank must not leave alone (its peer would wait for it
+    there); both stop together at their first collective, 130 each, one line."""
+    proc = _start(storage, tmp_path / "r", fault=f"rank={rank},action=sigint-start")
+    rc, out, err, _ = _finish(proc, 60)
+    assert rc == 130, (rc, err[-2000:])
+    assert _rank_codes(out) == [130, 130]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.count("iobench: interrupted (SIGINT)") == 1, err[-2000:]
+    assert not _results(tmp_path / "r")
 
 
 def _descends(pid: int, ancestor: int) -> bool:

@@ -8,6 +8,7 @@ testable in-process; `run()` is the console-script entry point.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 from iobench import __version__
 from iobench.core.errors import IobenchError
-from iobench.core.interrupts import Interrupted
+from iobench.core.interrupts import Interrupted, interrupts
 
 # name -> (module, one-line help). Adding a subcommand is one line here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -79,12 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         command = next((a for a in argv if not a.startswith("-")), None)
-        parser = build_parser(command if command in SUBCOMMANDS else None)
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
-        return int(args._module.main(args) or 0)
+        with _signals(command):
+            parser = build_parser(command if command in SUBCOMMANDS else None)
+            args = parser.parse_args(argv)
+            if args.command is None:
+                parser.print_help()
+                return 2
+            return int(args._module.main(args) or 0)
     except IobenchError as e:
         print(f"iobench: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -106,6 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 INTERNAL_ERROR = 70  # EX_SOFTWARE
+
+
+def _signals(command: str | None) -> contextlib.AbstractContextManager[None]:
+    """`iobench train` may be one of several ranks: from its first moment (its parser imports
+    torch, seconds), an interrupt waits for the ranks' first collective, so no rank leaves
+    alone while a peer waits for it at the rendezvous (`iobench.core.interrupts`); a single
+    process acts on it as soon as it knows it is alone (`cli.train`)."""
+    return interrupts(defer=True) if command == "train" else contextlib.nullcontext()
 
 
 def _write_traceback(e: BaseException) -> str:

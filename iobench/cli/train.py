@@ -213,10 +213,15 @@ def build_request(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from iobench.core import faults
+    from iobench.core.interrupts import act_now
     from iobench.core.world import get_world
     from iobench.workflows.train_run import train_job
 
+    faults.at_start()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
     world = get_world()
+    if world.size == 1:  # alone: an interrupt acts at once (it was deferred until now)
+        act_now()
     try:
         config, stage, workload = build_request(args)
     except IobenchError as e:

@@ -5,8 +5,10 @@ to check how a failure or a signal at a known point is handled (tests/test_inter
 tests/test_train_mpi.py). Actions: `raise` (a RuntimeError), `kill` (SIGKILL to this
 rank), `sigint`/`sigterm` (to the launcher, as a terminal's Ctrl-C or a scheduler would)
 at a training step, or between epochs with step -1; `sigint-write` (SIGINT while rank 0
-writes the result). Production code calls `planned` once and `at_step` /
-`at_result_write` at its hook points; nothing else reads the variable.
+writes the result); `sigint-start` (SIGINT to rank R alone as it starts, before the ranks
+meet, while its peers go on to the rendezvous). Production code calls `planned` once and
+`at_step` / `at_result_write` / `at_start` at its hook points; nothing else reads the
+variable.
 """
 
 from __future__ import annotations
@@ -59,6 +61,16 @@ def at_result_write() -> None:
     fault = planned()
     if fault is not None and fault.action == "sigint-write":
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def at_start() -> None:
+    """SIGINT to this process alone before the ranks meet, if the environment asks for it
+    for this rank (as the launcher numbers it: MPI's PMI_RANK, torchrun's RANK)."""
+    fault = planned()
+    rank = os.environ.get("PMI_RANK", os.environ.get("RANK", "0"))
+    if fault is not None and fault.action == "sigint-start" and str(fault.rank) == rank:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the handler runs here
 
 
 def _launcher_pid() -> int:

@@ -21,7 +21,7 @@ import torch
 from iobench.core import distributed, faults, results
 from iobench.core.dataref import DatasetRef, resolve
 from iobench.core.errors import ConfigError, IobenchError
-from iobench.core.interrupts import Interrupted, act_now, interrupts
+from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock
 from iobench.core.placement import parse_mode
@@ -74,12 +74,12 @@ def train_job(config: TrainConfig, world: World, *, stage: StagePlan | None = No
               hooks: TrainHooks | None = None) -> TrainOutcome:
     """`iobench train` on this rank, with the job's abort policy: an error every rank
     raised is raised on rank 0 (printed once); one rank's own failure ends every rank
-    (exit status 3); an interrupt keeps what completed (`TrainOutcome.interrupted`)."""
+    (exit status 3); an interrupt keeps what completed (`TrainOutcome.interrupted`).
+    Call it inside `interrupts(defer=world.size > 1)`: several ranks act on an interrupt
+    together, at a collective (`iobench.core.interrupts`; the CLI enters it first thing)."""
     try:
-        # several ranks act on an interrupt together, at a collective (iobench.core.interrupts)
-        with interrupts(defer=world.size > 1):
-            return run_training(config, world, stage=stage, workload=workload,
-                                hooks=hooks or TrainHooks())
+        return run_training(config, world, stage=stage, workload=workload,
+                            hooks=hooks or TrainHooks())
     except RunInterrupted as e:  # the result of the epochs that completed, marked interrupted
         path = None
         if e.partial is not None and e.partial["epochs"]:
