@@ -32,7 +32,6 @@ import errno
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from iobench.core.errors import ConfigError, StorageError, UnsupportedError
+from iobench.core.launch import capture, last_line_of
 
 if TYPE_CHECKING:
     from iobench.core.manifest import FileEntry, Manifest
@@ -313,6 +313,8 @@ LUSTRE_LRU_CLEAR = ("lctl", "set_param", "-n", "ldlm.namespaces.*.lru_size=clear
 _EMULATED_FSTYPE = "fuse.iobench-pfs"
 #: how long a site's --evict-cmd may run (seconds)
 EVICT_CMD_TIMEOUT_S = 600.0
+#: how long a client command (Lustre's lock LRU clear) may run (seconds)
+CLIENT_CMD_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -376,28 +378,24 @@ def run_evict_cmd(command: str, root: str | Path | None, node: int,
     """Run a site's eviction command (a shell command line) and say how it went.
 
     The command sees IOBENCH_DATASET_ROOT (the dataset being evicted) and
-    IOBENCH_NODE in its environment. Returns `command`, `returncode`,
-    `seconds` and the last line of its output (`output`); a command that
-    cannot start or runs past `timeout_s` has returncode None.
+    IOBENCH_NODE in its environment; it runs as every child of iobench does
+    (`iobench.core.launch.capture`: its own process group, killed at `timeout_s`
+    seconds, and what it leaves running killed when it exits). Returns `command`,
+    `returncode`, `seconds` and the last line of its output (`output`, at most 300
+    characters); a command that cannot start or runs past `timeout_s` has returncode None.
     """
     env = {**os.environ, "IOBENCH_NODE": str(node)}
     if root is not None:
         env["IOBENCH_DATASET_ROOT"] = str(root)
-    t0 = time.perf_counter_ns()
-    try:
-        r = subprocess.run(command, shell=True, capture_output=True, text=True,
-                           timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
-        code: int | None = r.returncode
-        lines = (r.stderr.strip() or r.stdout.strip()).splitlines()
-        if code == 0:  # a successful command's own report is usually its last line
-            lines = (r.stderr + "\n" + r.stdout).strip().splitlines()
-        out = lines[-1] if lines else ""
-    except subprocess.TimeoutExpired:
-        code, out = None, f"did not finish within {timeout_s:g} s"
-    except OSError as e:
-        code, out = None, f"cannot run it: {e.strerror or e}"
-    return {"command": command, "returncode": code,
-            "seconds": (time.perf_counter_ns() - t0) / 1e9, "output": out}
+    r = capture(command, timeout_s, shell=True, env=env)
+    if r.timed_out:
+        out = f"did not finish within {timeout_s:g} s"
+    elif r.ok:  # a successful command's own report is usually its last line, on either stream
+        out = last_line_of((r.stderr + "\n" + r.stdout).strip(), 300) if (
+            r.stderr.strip() or r.stdout.strip()) else ""
+    else:
+        out = r.last_line()
+    return {"command": command, "returncode": r.code, "seconds": r.seconds, "output": out}
 
 
 def parse_evict_cmd(command: str | None) -> str | None:
@@ -765,11 +763,9 @@ def _run_client_commands(plan: EvictionPlan) -> list[str]:
     (the status then says unverified: not worth failing the run)."""
     notes = []
     for cmd in client_commands(plan):
-        try:
-            r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
-            why = None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            why = str(e)
+        r = capture(list(cmd), CLIENT_CMD_TIMEOUT_S)
+        why = None if r.ok else (f"did not finish within {CLIENT_CMD_TIMEOUT_S:g} s"
+                                 if r.timed_out else r.last_line() or f"exit status {r.code}")
         if why is not None:
             notes.append(f"`{' '.join(cmd)}` failed: {why}")
     return notes

@@ -85,9 +85,12 @@ class PfsConfig:
         return cls(**d)
 
 
+RUN_DIR_ENV = "IOBENCH_PFS_RUN_DIR"
+
+
 def run_dir() -> Path:
     """Where pid, state and log files live: $IOBENCH_PFS_RUN_DIR, /run/iobench-pfs (root) or /tmp."""
-    env = os.environ.get("IOBENCH_PFS_RUN_DIR")
+    env = os.environ.get(RUN_DIR_ENV)
     if env:
         return Path(env)
     if os.geteuid() == 0 and os.access("/run", os.W_OK):

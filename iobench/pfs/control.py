@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iobench.core.errors import ConfigError, StorageError, UnsupportedError
+from iobench.core import launch
+from iobench.core.errors import ConfigError, IobenchError, StorageError, UnsupportedError
 from iobench.core.launch import python_argv
-from iobench.pfs.config import PfsConfig, StatePaths, state_paths
+from iobench.pfs.config import RUN_DIR_ENV, PfsConfig, StatePaths, state_paths
 from iobench.pfs.profiles import Profile, get_profile
 from iobench.pfs.stats import STATS_NAME, parse_stats
 
 FSTYPE = "fuse.iobench-pfs"
-MOUNT_TIMEOUT_S = 20.0
+MOUNT_TIMEOUT_S = 20.0  # how long the daemon may take to mount (seconds)
+UMOUNT_TIMEOUT_S = 60.0  # how long umount or fusermount may take (seconds)
 
 
 # ---- preconditions ---------------------------------------------------------------------------
@@ -296,48 +298,74 @@ def mount_config(config: PfsConfig) -> PfsMount:
 
 
 def _start(config: PfsConfig) -> PfsMount:
+    """Start the daemon (a process group of its own, as every child: `core.launch.start`) and
+    wait up to MOUNT_TIMEOUT_S for its mount; on any failure, an interrupt included, its group
+    is killed and nothing is left mounted."""
+    paths = _prepare_state(config)
+    try:
+        with open(paths.log, "w") as log:
+            proc = launch.start([*python_argv("iobench.pfs._daemon"),
+                                 json.dumps(config.to_dict())], stdout=log, stderr=log,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except OSError as e:
+        raise _run_dir_error(paths, e) from e
+    try:
+        _wait_mounted(config, paths, proc)
+    except BaseException:
+        if proc.returncode is None:  # SIGTERM: its FUSE loop unmounts; then SIGKILL
+            launch.kill_group(proc.pid, signal.SIGTERM)
+            launch.wait_exit(proc.pid, 5.0)
+            launch.end(proc)
+        with contextlib.suppress(OSError, IobenchError):
+            if _is_mountpoint(config.mountpoint) == FSTYPE:
+                _umount(config.mountpoint, lazy=True)
+        raise
+    return PfsMount(mountpoint=config.mountpoint, backing=config.backing, pid=proc.pid,
+                    profile=config.profile, paths=paths)
+
+
+def _prepare_state(config: PfsConfig) -> StatePaths:
+    """The daemon's pid, stats and log files (in `run_dir()`), an old daemon's left-overs
+    removed; a StorageError naming IOBENCH_PFS_RUN_DIR when that folder cannot be written."""
     paths = state_paths(config.mountpoint)
-    paths.pid.parent.mkdir(parents=True, exist_ok=True)
-    old = _read_pid(paths)
-    if old is not None:
-        if _alive(old) and _is_our_daemon(old):
-            raise StorageError(f"a daemon for {config.mountpoint} still runs (pid {old}) without "
-                               "a mount; stop it with "
-                               f"`iobench emulate-pfs --unmount {config.mountpoint}`")
-        paths.pid.unlink(missing_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        paths.final_stats.unlink()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(paths.log, "w") as log:
-        proc = subprocess.Popen(
-            [*python_argv("iobench.pfs._daemon"), json.dumps(config.to_dict())],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            env=env, close_fds=True)
+    try:
+        paths.pid.parent.mkdir(parents=True, exist_ok=True)
+        old = _read_pid(paths)
+        if old is not None:
+            if _alive(old) and _is_our_daemon(old):
+                raise StorageError(f"a daemon for {config.mountpoint} still runs (pid {old}) "
+                                   "without a mount; stop it with "
+                                   f"`iobench emulate-pfs --unmount {config.mountpoint}`")
+            paths.pid.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            paths.final_stats.unlink()
+    except StorageError:
+        raise
+    except OSError as e:
+        raise _run_dir_error(paths, e) from e
+    return paths
+
+
+def _run_dir_error(paths: StatePaths, e: OSError) -> StorageError:
+    return StorageError(f"cannot write the emulator's state in {paths.pid.parent} "
+                        f"({e.strerror or e}): set {RUN_DIR_ENV} to a writable folder")
+
+
+def _wait_mounted(config: PfsConfig, paths: StatePaths, proc: subprocess.Popen[bytes]) -> None:
+    """Return once the daemon has mounted; a StorageError when it exits first or takes longer
+    than MOUNT_TIMEOUT_S (the caller then stops it)."""
     deadline = time.monotonic() + MOUNT_TIMEOUT_S
     while True:
-        if proc.poll() is not None:
-            with contextlib.suppress(OSError):
-                if _is_mountpoint(config.mountpoint) == FSTYPE:
-                    _umount(config.mountpoint, lazy=True)
+        if launch.wait_exit(proc.pid, 0.02):
+            launch.end(proc)
             raise StorageError(f"the iobench-pfs daemon exited (status {proc.returncode}) before "
                                f"mounting {config.mountpoint}: {_log_tail(paths) or 'no output'} "
                                f"(log: {paths.log})")
         if _read_pid(paths) == proc.pid and _is_mountpoint(config.mountpoint) == FSTYPE:
-            break
+            return
         if time.monotonic() > deadline:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            with contextlib.suppress(OSError):
-                _umount(config.mountpoint, lazy=True)
             raise StorageError(f"the iobench-pfs daemon did not mount {config.mountpoint} within "
                                f"{MOUNT_TIMEOUT_S:g} s: {_log_tail(paths) or 'no output'}")
-        time.sleep(0.02)
-    return PfsMount(mountpoint=config.mountpoint, backing=config.backing, pid=proc.pid,
-                    profile=config.profile, paths=paths)
 
 
 # ---- unmount ---------------------------------------------------------------------------------
@@ -351,11 +379,13 @@ def _umount(mountpoint: str, *, lazy: bool) -> None:
             raise UnsupportedError("neither umount (as root) nor fusermount3 is available to "
                                    f"unmount {mountpoint}: `apt-get install fuse3`")
         cmd = [tool, "-u", *(["-z"] if lazy else []), mountpoint]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        msg = (r.stderr or r.stdout).strip().splitlines()
-        raise OSError(errno.EBUSY if "busy" in " ".join(msg).lower() else errno.EIO,
-                      msg[-1] if msg else f"{cmd[0]} failed with status {r.returncode}")
+    r = launch.capture(cmd, UMOUNT_TIMEOUT_S)
+    if r.timed_out:
+        raise OSError(errno.ETIMEDOUT, f"{cmd[0]} did not finish within {UMOUNT_TIMEOUT_S:g} s")
+    if not r.ok:
+        msg = r.last_line()
+        raise OSError(errno.EBUSY if "busy" in msg.lower() else errno.EIO,
+                      msg or f"{cmd[0]} failed with status {r.code}")
 
 
 def unmount(mountpoint: str | Path, *, lazy: bool = False, timeout_s: float = 10.0
@@ -408,13 +438,22 @@ def _stop_daemon(pid: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
         if sig is not None and _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+            _signal_daemon(pid, sig)
             deadline = time.monotonic() + 5.0
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         if not _alive(pid):
             break
+
+
+def _signal_daemon(pid: int, signum: int) -> None:
+    """Signal the daemon and what it started: its process group when it leads one (it is
+    started in a session of its own), else the daemon alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
 
 
 def status(mountpoint: str | Path) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from iobench.core.dataref import DatasetRef, locate, user_data
 from iobench.core.datasets import parse_dataset
 from iobench.core.errors import ConfigError, IobenchError
 from iobench.core.formats import BASELINE_FORMAT, parse_format
+from iobench.core.launch import capture
 from iobench.core.manifest import Manifest
 from iobench.core.options import parse_evict_cmd, parse_repeat
 from iobench.core.spread import fmt_spread, spread
@@ -60,6 +60,7 @@ MEDIAN_KEYS: tuple[str, ...] = ("wall_s", "samples_per_s", "read_MBps", "wait_p5
 #: counts: the median repetition's own value (an integer, not a mean of two)
 COUNT_KEYS: tuple[str, ...] = ("epochs", "samples", "batch_bytes", "os_read_bytes")
 DD_MIN_FILE = 1 << 20  # bytes; below this mean file size dd's start-up dominates
+DD_TIMEOUT_S = 600.0  # how long one dd may read one file (seconds)
 
 
 @dataclass(frozen=True)
@@ -253,22 +254,23 @@ def dd_baseline(manifest: Manifest, max_files: int, seed: int = 0) -> dict[str, 
              if len(data) > max_files else range(len(data)))
     files = [data[i] for i in picks]
     paths = [str(manifest.path_of(f)) for f in files]
-    probe = subprocess.run([dd, f"if={paths[0]}", "of=/dev/null", "bs=4096", "count=1",
-                            "iflag=direct", "status=none"], capture_output=True, text=True)
+    probe = capture([dd, f"if={paths[0]}", "of=/dev/null", "bs=4096", "count=1",
+                     "iflag=direct", "status=none"], DD_TIMEOUT_S)
     flags = ["iflag=direct"]
     mode = "direct"
-    if probe.returncode != 0:
+    if not probe.ok:
         flags = []
-        why = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        why = probe.last_line() or "?"
         mode = f"buffered after page eviction (O_DIRECT refused: {why})"
     cache.evict(paths)
     total = 0
     t0 = time.perf_counter_ns()
     for p in paths:
-        r = subprocess.run([dd, f"if={p}", "of=/dev/null", "bs=16M", "status=none", *flags],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            return {"available": False, "why": f"dd failed on {p}: {r.stderr.strip()}"}
+        r = capture([dd, f"if={p}", "of=/dev/null", "bs=16M", "status=none", *flags],
+                    DD_TIMEOUT_S)
+        if not r.ok:
+            why = f"timed out after {DD_TIMEOUT_S:g} s" if r.timed_out else r.last_line()
+            return {"available": False, "why": f"dd failed on {p}: {why}"}
         total += os.path.getsize(p)
     secs = (time.perf_counter_ns() - t0) / 1e9
     return {"available": True, "mode": mode, "files": len(paths), "bytes": total,

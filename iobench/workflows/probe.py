@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ import numpy as np
 
 from iobench.core import cache
 from iobench.core.errors import ConfigError, StorageError, UnsupportedError
+from iobench.core.launch import capture
 from iobench.core.results import PROBE_SCHEMA, PROBE_SCHEMA_VERSION
 from iobench.core.threads import run_threads
 
@@ -56,6 +56,7 @@ IMAGENET_MEAN_JPEG = 110_000  # bytes: ILSVRC-2012 train mean, when no dataset i
 # FUSE clients keep names and attributes 1 s by default (GlusterFS's entry-timeout): the cold
 # opens wait that out after creating the files, as an epoch opens each file once
 NAME_CACHE_SETTLE_S = 1.5
+FIO_OUTPUT_BYTES = 1 * MiB  # fio's JSON report of one group is a few KB: room enough
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -365,17 +366,19 @@ class _FioEngine:
             _site_evict(cfg)  # a server may answer even O_DIRECT reads from its memory
             # O_DIRECT re-reads still go to the device; buffered: evicted, each block read once
             args += ["--time_based" if self.direct else "--invalidate=1", "--readonly"]
-        try:
-            proc = subprocess.run(args, capture_output=True, text=True,
-                                  timeout=cfg.runtime_s * 10 + 300)
-        except subprocess.TimeoutExpired as e:
-            raise StorageError(f"fio did not finish {name} on {where} in time; the storage "
-                               "may hang; --engine python measures without fio") from e
-        if proc.returncode != 0:
-            msg = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        limit_s = cfg.runtime_s * 10 + 300  # fio's own runtime, its file layout, the fsync
+        proc = capture(args, limit_s, keep_bytes=FIO_OUTPUT_BYTES)
+        if proc.timed_out:
+            raise StorageError(f"fio did not finish {name} on {where} in {limit_s:g} s; the "
+                               "storage may hang; --engine python measures without fio")
+        if not proc.ok:
             raise StorageError(f"fio failed on {name} in {where}: "
-                               f"{msg[-1] if msg else proc.returncode}; --engine python "
-                               "measures without fio")
+                               f"{proc.last_line() or f'exit status {proc.code}'}; --engine "
+                               "python measures without fio")
+        if "{" not in proc.stdout or proc.truncated:
+            raise StorageError(f"fio printed no JSON report for {name} in {where}: "
+                               f"{proc.last_line() or 'no output'}; --engine python measures "
+                               "without fio")
         text = proc.stdout[proc.stdout.index("{"):]  # fio may print notes before the JSON
         job = json.loads(text)["jobs"][0]
         side = job["write" if rw == "write" else "read"]
@@ -404,11 +407,8 @@ def fio_version() -> str | None:
     exe = fio_path()
     if exe is None:
         return None
-    try:
-        return subprocess.run([exe, "--version"], capture_output=True, text=True,
-                              timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    r = capture([exe, "--version"], 30)
+    return (r.stdout.strip() or None) if r.ok else None
 
 
 # ------------------------------------------------------------------------------- metadata
