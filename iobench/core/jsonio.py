@@ -53,9 +53,26 @@ def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
 def read_json(path: str | Path, *, schema: str, max_version: int) -> dict[str, Any]:
     """Read a document written by iobench, checking its `schema` and version."""
     path = Path(path)
+    doc = load_json(path)
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise DatasetError(f"{path} is not an iobench {schema!r} document "
+                           f"(schema={doc.get('schema') if isinstance(doc, dict) else None!r})")
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or version > max_version:
+        raise DatasetError(f"{path} has schema_version={version!r}; this iobench reads up to "
+                           f"{max_version}: upgrade iobench")
+    return doc
+
+
+def load_json(path: str | Path) -> Any:
+    """The JSON value in `path`, a regular file (`regular.open_regular`: a FIFO never blocks);
+    a DatasetError in one line when it is not a regular file, unreadable, not UTF-8, not JSON
+    or nested too deeply."""
+    from iobench.core.regular import open_regular
+
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        with open_regular(path) as f:
+            return json.loads(f.read().decode("utf-8"))
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); "
                            "it was damaged or not written by iobench") from e
@@ -69,14 +86,6 @@ def read_json(path: str | Path, *, schema: str, max_version: int) -> dict[str, A
         raise DatasetError(f"{path} is a directory, not a JSON document") from None
     except OSError as e:
         raise DatasetError(f"cannot read {path}: {e.strerror or e}") from e
-    if not isinstance(doc, dict) or doc.get("schema") != schema:
-        raise DatasetError(f"{path} is not an iobench {schema!r} document "
-                           f"(schema={doc.get('schema') if isinstance(doc, dict) else None!r})")
-    version = doc.get("schema_version")
-    if not isinstance(version, int) or version > max_version:
-        raise DatasetError(f"{path} has schema_version={version!r}; this iobench reads up to "
-                           f"{max_version}: upgrade iobench")
-    return doc
 
 
 def _default(o: Any) -> Any:

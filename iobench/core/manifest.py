@@ -20,6 +20,7 @@ import numpy as np
 
 from iobench.core.errors import DatasetError, DatasetNotFoundError
 from iobench.core.jsonio import read_json, write_json_atomic
+from iobench.core.regular import file_kind
 from iobench.core.schema import Count, Enum, Int, List, Map, Opt, SchemaError, Str, check
 
 MANIFEST_NAME = "iobench.json"
@@ -696,18 +697,6 @@ class Manifest:
                 raise DatasetError(f"manifest in {self.root} lists {rel!r}, which resolves to "
                                    f"{real}, outside the dataset: refused (a symbolic link out "
                                    "of the tree); remove it or regenerate the dataset")
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words (for errors naming it)."""
-    import stat
-
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def bad_label(labels: Any, num_classes: int) -> int | None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from iobench.core.errors import StorageError
-from iobench.core.jsonio import read_json, write_json_atomic
+from iobench.core.jsonio import load_json, read_json, write_json_atomic
+from iobench.core.regular import NotRegularFile, read_regular
 from iobench.core.result_types import (
     READABLE_VERSIONS,
     SCHEMA,
@@ -32,7 +33,8 @@ from iobench.core.schema import SchemaError, check
 
 __all__ = ["READABLE_VERSIONS", "RESULT_SPEC", "SCHEMA", "SCHEMA_VERSION", "Found", "ResultError",
            "TrainResult", "find_documents", "find_results", "load_result", "load_typed",
-           "new_run_id", "now_iso", "schema_of", "validate", "write_document", "write_result"]
+           "new_run_id", "now_iso", "read_document", "schema_of", "validate", "write_document",
+           "write_result"]
 
 RESULT_SPEC = TrainResult.spec()  # derived from the typed records (iobench.core.result_types)
 
@@ -103,12 +105,18 @@ def load_typed(path: str | Path) -> TrainResult:
     return TrainResult.parse(load_result(path))
 
 
+def read_document(path: str | Path) -> Any:
+    """The JSON value of a document file a user or a directory listing names: only a regular
+    file is opened (a FIFO never blocks); a DatasetError in one line when it is not one, or
+    is unreadable, not UTF-8 or not JSON (`jsonio.load_json`)."""
+    return load_json(path)
+
+
 def schema_of(path: Path) -> str | None:
     """The `schema` of an iobench JSON document (cheap: its first bytes), or None."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(300).decode("utf-8", "replace")
-    except OSError:
+        head = read_regular(path, 300).decode("utf-8", "replace")
+    except (OSError, NotRegularFile):
         return None
     m = re.search(r'"schema":\s*"(iobench\.[a-z_]+)"', head)
     return m.group(1) if m else None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ import numpy as np
 from iobench.core.errors import ConfigError, DatasetError, IobenchError
 from iobench.core.formats import FILES, FORMATS, HDF5, LMDB, NETCDF, netcdf4, user_format
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest, check_manifest
+from iobench.core.regular import NotRegularFile, file_kind, open_regular, read_regular
 
 USER_DATASET = "user"  # the manifest's `dataset` for data iobench did not generate
 # what --data takes, from the format registry (`FormatSpec.user_suffixes`)
@@ -77,14 +79,16 @@ def detect_format(path: str | Path) -> str:
             raise _fail(f"{p} is an empty folder; give {KINDS}")
         if all(e.is_dir() for e in entries):
             return FILES
-        kinds = {_file_kind(e) if e.is_file() else "folder" for e in entries}
+        kinds = {_entry_kind(e) for e in entries}
         if len(kinds) == 1 and kinds <= {HDF5, NETCDF}:
             return kinds.pop()
-        shown = ", ".join(f"{e.name} ({_file_kind(e) if e.is_file() else 'folder'})"
-                          for e in entries[:4])
+        shown = ", ".join(f"{e.name} ({_entry_kind(e)})" for e in entries[:4])
         raise _fail(f"{p} mixes kinds of entries ({shown}{', ...' if len(entries) > 4 else ''}"
                     "): a folder must hold only .h5 files, only .nc files, or only class "
                     "folders; point --data at one file or a folder of one kind")
+    special = _special(p)
+    if special is not None:
+        raise _fail(f"{p} is {special}, not a regular file; give {KINDS}")
     kind = _file_kind(p)
     if kind == "other":
         raise _fail(f"{p} is not a file iobench can read (expected the suffix "
@@ -93,15 +97,32 @@ def detect_format(path: str | Path) -> str:
     return kind
 
 
+def _special(p: Path) -> str | None:
+    """What `p` is when it is neither a regular file nor a folder ("a FIFO"), else None (a
+    missing or unreadable path: the caller's own error names it)."""
+    try:
+        mode = p.stat().st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else file_kind(mode)
+
+
+def _entry_kind(e: Path) -> str:
+    """What an entry of a --data folder is: a format, "folder", "other", or what a special
+    file is ("a FIFO": never opened)."""
+    if e.is_dir():
+        return "folder"
+    return _special(e) or _file_kind(e)
+
+
 def _file_kind(p: Path) -> str:
     kind = user_format(p.suffix)
     if kind in (HDF5, NETCDF, LMDB):
         return kind
     try:
-        with open(p, "rb") as f:
-            if f.read(8) == HDF5_SIGNATURE:
-                return HDF5
-    except OSError:
+        if read_regular(p, 8) == HDF5_SIGNATURE:
+            return HDF5
+    except (OSError, NotRegularFile):
         pass
     return "other"
 
@@ -482,6 +503,10 @@ def _imagefolder(p: Path) -> tuple[Any, ...]:
                 if name.startswith("."):
                     continue
                 f = Path(dirpath) / name
+                special = _special(f)
+                if special is not None:  # a FIFO would hang the reader that opens it
+                    raise _fail(f"{p}: {f.relative_to(p)} is {special}, not a regular file; "
+                                "an ImageFolder tree holds JPEG files only: remove it")
                 if f.suffix.lower() not in JPEG_SUFFIXES:
                     raise _fail(f"{p}: {f.relative_to(p)} is not a JPEG; iobench reads "
                                 "ImageFolder trees of .jpg/.jpeg files (class/xxx.jpg)")
@@ -492,7 +517,7 @@ def _imagefolder(p: Path) -> tuple[Any, ...]:
         for f in found:
             files.append(FileEntry(path=f.relative_to(p).as_posix(), bytes=f.stat().st_size,
                                    sha256="", first_sample=len(files), num_samples=1))
-    with open(p / files[0].path, "rb") as fh:
+    with open_regular(p / files[0].path) as fh:
         if not fh.read(3) == JPEG_MAGIC:
             raise _fail(f"{p / files[0].path} does not start as a JPEG does; iobench reads "
                         "ImageFolder trees of JPEG files")

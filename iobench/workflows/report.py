@@ -18,7 +18,6 @@ import base64
 import contextlib
 import html
 import io
-import json
 import math
 import os
 from collections import defaultdict
@@ -103,10 +102,12 @@ def load_directory(results_dir: str | Path) -> Collection:
 def _read_document(p: Path, known: Mapping[str, int], col: Collection) -> dict[str, Any] | None:
     """The iobench document in `p` of a version this reader reads; None (listed in
     `col.skipped` unless it is not iobench's) otherwise."""
+    from iobench.core.errors import DatasetError
+    from iobench.core.results import read_document
+
     try:
-        with open(p) as f:
-            doc = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        doc = read_document(p)
+    except DatasetError as e:
         col.skipped.append((p.name, f"unreadable: {e}"))
         return None
     if not isinstance(doc, dict) or doc.get("schema") not in known:
