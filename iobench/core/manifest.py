@@ -20,7 +20,7 @@ import numpy as np
 
 from iobench.core.errors import DatasetError, DatasetNotFoundError
 from iobench.core.jsonio import read_json, write_json_atomic
-from iobench.core.regular import file_kind
+from iobench.core.regular import file_kind as file_kind  # re-exported: generators.verify
 from iobench.core.schema import Count, Enum, Int, List, Map, Opt, SchemaError, Str, check
 
 MANIFEST_NAME = "iobench.json"
