@@ -32,6 +32,7 @@ def make_loader(name: str, dataset: Manifest | str | Path, config: LoaderConfig,
         also = " or dali" if manifest.format in loader_formats("dali") else ""
         raise DatasetError(f"loader {name!r} cannot read {manifest.root}: it is a "
                            f"{manifest.format!r} dataset; use --loader {manifest.format}{also}")
+    FORMATS[manifest.format].require()  # what the format's reader imports (dali's too)
     target, hint = LOADERS[name]
     loader: Loader = load_class(target, hint)(manifest, config, rank=rank, world=world)
     return loader

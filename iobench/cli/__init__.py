@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from iobench import __version__
-from iobench.core.errors import IobenchError
+from iobench.core.errors import IobenchError, storage_error
 from iobench.core.interrupts import Interrupted, interrupts
 
 # name -> (module, one-line help). Adding a subcommand is one line here.
@@ -97,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"iobench: interrupted ({e})", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # the last line of defence: a bug, said in one line
+        storage = storage_error(e)  # unless the storage failed (a dead mount, a full disk)
+        if storage is not None:
+            print(f"iobench: error: {storage}", file=sys.stderr)
+            return storage.exit_code
         if debug:
             raise
         where = _write_traceback(e)

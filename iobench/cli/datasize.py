@@ -21,14 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from iobench.cli._workload import workload_of
     from iobench.core.errors import ConfigError
+    from iobench.core.workloads import parse_accelerators, parse_host_memory
 
     run = workload_of(args, runnable=False)
     assert run is not None  # --workload is required
-    if args.accelerators < 1:
-        raise ConfigError(f"--accelerators {args.accelerators} must be >= 1")
-    if args.hosts < 0 or not args.host_memory_gb >= 0:
-        raise ConfigError(f"--hosts {args.hosts} and --host-memory-gb {args.host_memory_gb} "
-                          "must be >= 0")
+    parse_accelerators(args.accelerators)
+    parse_host_memory(args.hosts, args.host_memory_gb)
     if (args.hosts > 0) != (args.host_memory_gb > 0):
         raise ConfigError("--hosts and --host-memory-gb go together: give both (or neither)")
     w = run.workload
@@ -37,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
     nbytes = samples * w.sample_bytes
     steps = 500 * run.batch * args.accelerators
     rule = "500 steps x batch x accelerators" if samples == steps else \
-        f"5 x {args.hosts} host(s) x {args.host_memory_gb:g} GiB"
+        f"5 x {args.hosts} host(s) x {args.host_memory_gb:,.10g} GiB"
     print(f"{w.name} on {args.accelerators} x {run.accelerator}: {samples:,} samples in "
           f"{files:,} files, {nbytes / 1e9:,.1f} GB ({nbytes / 2**30:,.1f} GiB) of "
           f"{w.sample_bytes:,} B samples; set by {rule}")

@@ -5,6 +5,8 @@ users can catch `FileNotFoundError` or `ValueError` as usual, while the CLI
 catches `IobenchError` once and prints its message as one line.
 """
 
+import errno
+
 
 class IobenchError(Exception):
     """Base of every error that is the user's to fix; the message says how."""
@@ -40,3 +42,35 @@ class DistributedError(IobenchError, RuntimeError):
 
 class UnsupportedError(IobenchError, RuntimeError):
     """A feature needs something this machine lacks (FUSE, a GPU, DALI...)."""
+
+
+# errno values that say the storage or the machine failed, not iobench: the fix for each
+STORAGE_ERRNOS: dict[int, str] = {
+    errno.ENOTCONN: "a FUSE mount whose daemon is gone: unmount it (`fusermount3 -u -z MNT`, "
+                    "or `iobench emulate-pfs --unmount MNT --lazy`) and mount it again",
+    errno.ESTALE: "a stale network file handle: remount the filesystem",
+    errno.EIO: "an I/O error from the storage: check the device or the filesystem's servers",
+    errno.ENOSPC: "the filesystem is full: free space or choose another location",
+    errno.EDQUOT: "your quota is exhausted: free space or choose another location",
+    errno.EROFS: "a read-only filesystem: choose a writable location",
+    errno.EACCES: "permission denied: fix the permissions or choose another location",
+    errno.EPERM: "operation not permitted: fix the permissions or choose another location",
+    errno.ETIMEDOUT: "the storage timed out: check its servers and the network",
+    errno.EHOSTDOWN: "the storage's host is down: check its servers and the network",
+    errno.EHOSTUNREACH: "the storage's host is unreachable: check the network",
+    errno.ENOLINK: "the link to the storage is severed: check its servers and the network",
+    errno.ENODEV: "no such device: the filesystem is gone or unmounted",
+    errno.ENXIO: "no such device or address: the filesystem is gone or unmounted",
+    errno.EREMOTEIO: "a remote I/O error from the storage's servers",
+}
+
+
+def storage_error(e: BaseException) -> StorageError | None:
+    """`e` as a StorageError of one line (the path, the system's words, the fix) when it is an
+    OSError whose errno says the storage failed (a dead FUSE mount, a full disk: STORAGE_ERRNOS),
+    else None (an OSError of another kind stays a bug to report)."""
+    if not isinstance(e, OSError) or isinstance(e, IobenchError) or e.errno not in STORAGE_ERRNOS:
+        return None
+    where = f"{e.filename}: " if e.filename is not None else ""
+    return StorageError(f"{where}{e.strerror or errno.errorcode.get(e.errno, e.errno)}: "
+                        f"{STORAGE_ERRNOS[e.errno]}")

@@ -14,6 +14,7 @@ h5py, netCDF4, zarr or torch. Adding a format is one writer file
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,9 @@ class FormatSpec:
     dali: str | None = "external_source"
     # suffixes (lower case) of the user's own files that `--data` reads as this format
     user_suffixes: tuple[str, ...] = ()
+    # the libraries its writer and reader import when they run (never at import time, so the
+    # classes import without them): checked when a class is loaded, to name `install`
+    modules: tuple[str, ...] = ()
 
     @property
     def compressed(self) -> bool:
@@ -63,13 +67,24 @@ class FormatSpec:
     def per_sample_files(self) -> bool:
         return self.samples_per_file == 1
 
+    def require(self) -> None:
+        """An UnsupportedError naming `install` when a library of this format is missing (its
+        writer and reader import them only when they run: a worker would fail mid-epoch)."""
+        for library in self.modules:
+            if not _installed(library):
+                raise UnsupportedError(f"the {self.name} format needs a missing package "
+                                       f"({library}): {self.install}")
+
     def writer_class(self) -> type:
+        self.require()
         return load_class(self.writer, self.install)
 
     def reader_class(self) -> type:
+        self.require()
         return load_class(self.reader, self.install)
 
     def loader_class(self) -> type:
+        self.require()
         return load_class(self.loader, self.install)
 
 
@@ -84,6 +99,15 @@ def load_class(target: str, install: str) -> type:
         raise UnsupportedError(f"{target} needs a missing package ({e.name}): {install}") from e
 
 
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported (found, not blocked), without importing it (netCDF4
+    must not start before `netcdf4()` sets HDF5's locking off)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 _G, _L = "iobench.generators", "iobench.loaders"
 # the names other modules use for a particular format (the MLPerf workload table, `--data`'s
 # detection): imported from here, so that no module but this one spells a format's name
@@ -93,23 +117,24 @@ FORMATS: dict[str, FormatSpec] = {f.name: f for f in (
     FormatSpec(HDF5, (".h5",), f"{_G}.hdf5:HDF5Writer", f"{_L}.hdf5:HDF5Reader",
                f"{_L}.hdf5:HDF5Loader", "pip install h5py", "h5py",
                compressions=("none", "gzip", "lzf"),
-               user_suffixes=(".h5", ".hdf5", ".hdf", ".he5")),
+               user_suffixes=(".h5", ".hdf5", ".hdf", ".he5"), modules=("h5py",)),
     FormatSpec(NETCDF, (".nc",), f"{_G}.netcdf:NetCDFWriter", f"{_L}.netcdf:NetCDFReader",
                f"{_L}.netcdf:NetCDFLoader", "pip install netCDF4", "netCDF4",
-               compressions=("none", "gzip"), user_suffixes=(".nc", ".nc4", ".cdf")),
+               compressions=("none", "gzip"), user_suffixes=(".nc", ".nc4", ".cdf"),
+               modules=("netCDF4",)),
     FormatSpec(LMDB, (".lmdb",), f"{_G}.lmdb:LMDBWriter", f"{_L}.lmdb:LMDBReader",
                f"{_L}.lmdb:LMDBLoader", "pip install lmdb", "py-lmdb", maps_files=True,
-               user_suffixes=(".lmdb", ".mdb")),
+               user_suffixes=(".lmdb", ".mdb"), modules=("lmdb",)),
     FormatSpec(FILES, (".JPEG", ".png", ".npy"), f"{_G}.files:FilesWriter",
                f"{_L}.files:FilesReader", f"{_L}.files:FilesLoader",
                "pip install simplejpeg pillow", "Pillow, numpy", samples_per_file=1,
-               dali="native", user_suffixes=(".jpg", ".jpeg")),
+               dali="native", user_suffixes=(".jpg", ".jpeg"), modules=("simplejpeg", "PIL")),
     # DALI's readers.numpy reads .npy, not .npz: DALI reads npz through NPZReader
     FormatSpec(NPZ, (".npz",), f"{_G}.npz:NPZWriter", f"{_L}.npz:NPZReader",
                f"{_L}.npz:NPZLoader", "pip install numpy", "numpy", samples_per_file=1),
     FormatSpec(ZARR, (), f"{_G}.zarr:ZarrWriter", f"{_L}.zarr:ZarrReader",
                f"{_L}.zarr:ZarrLoader", "pip install 'iobench[zarr]'", "zarr (v3)", chunked=True,
-               compressions=("none", "zstd", "gzip")),
+               compressions=("none", "zstd", "gzip"), modules=("zarr", "numcodecs")),
 )}
 
 DEFAULT_FORMAT = HDF5

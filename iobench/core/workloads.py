@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from iobench.core.errors import ConfigError
 from iobench.core.formats import FILES, HDF5, NPZ
@@ -19,6 +20,10 @@ ACCELERATORS: tuple[str, ...] = ("a100", "h100", "b200", "mi355")
 GIB = 1 << 30
 MIN_STEPS_PER_ACCELERATOR = 500  # MLPerf's rule: at least 500 steps of every accelerator
 HOST_MEMORY_FACTOR = 5  # ... and at least 5x the client hosts' memory
+# bounds beyond any machine, so that a typo is refused rather than answered with 30 digits
+MAX_ACCELERATORS = 1_000_000
+MAX_HOSTS = 1_000_000
+MAX_HOST_MEMORY_GB = 1 << 20  # GiB per host: 1 PiB
 
 
 @dataclass(frozen=True)
@@ -125,20 +130,50 @@ class WorkloadRun:
 
     def required_samples(self, accelerators: int, hosts: int = 0,
                          host_memory_gb: float = 0.0) -> int:
-        """MLPerf's minimum dataset: max(500 x batch x N, H x G x 5 GiB / sample bytes)."""
+        """MLPerf's minimum dataset: max(500 x batch x N, H x G x 5 GiB / sample bytes), in
+        exact integer arithmetic (G as the decimal it was written as, rounded up once); a
+        ConfigError for counts beyond any machine (`parse_accelerators`, `parse_host_memory`)."""
+        parse_accelerators(accelerators)
+        hosts, gib = parse_host_memory(hosts, host_memory_gb)
         steps = MIN_STEPS_PER_ACCELERATOR * self.batch * accelerators
-        memory = math.ceil(hosts * host_memory_gb * HOST_MEMORY_FACTOR * GIB
-                           / self.workload.sample_bytes)
-        return max(steps, memory)
+        memory = hosts * gib * HOST_MEMORY_FACTOR * GIB  # bytes, exact
+        return max(steps, -(-memory.numerator // (memory.denominator
+                                                  * self.workload.sample_bytes)))
 
     def required_files(self, samples: int) -> int:
-        return math.ceil(samples / self.workload.samples_per_file)
+        return -(-samples // self.workload.samples_per_file)  # integers: exact at any size
 
     def describe(self) -> str:
         w = self.workload
         return (f"{w.name} on {self.accelerator}: batch {self.batch}, compute "
                 f"{self.compute_s} s/step, samples of {w.sample_bytes:,} B, AU >= "
                 f"{w.au_threshold:.2f}")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_accelerators(accelerators: int) -> int:
+    """A count of accelerators: a whole number from 1 to MAX_ACCELERATORS; else a ConfigError."""
+    if not _whole(accelerators) or not 1 <= accelerators <= MAX_ACCELERATORS:
+        raise ConfigError(f"--accelerators {accelerators!r} must be a whole number from 1 to "
+                          f"{MAX_ACCELERATORS:,}")
+    return accelerators
+
+
+def parse_host_memory(hosts: int, host_memory_gb: float) -> tuple[int, Fraction]:
+    """(hosts, GiB of memory per host as an exact fraction: the decimal it was written as)
+    for the 5x host memory rule; a ConfigError for a count or size beyond any machine, a
+    negative one, or one that is not a finite number."""
+    if not _whole(hosts) or not 0 <= hosts <= MAX_HOSTS:
+        raise ConfigError(f"--hosts {hosts!r} must be a whole number from 0 to {MAX_HOSTS:,}")
+    if isinstance(host_memory_gb, bool) or not isinstance(host_memory_gb, (int, float)) \
+            or not math.isfinite(host_memory_gb) \
+            or not 0 <= host_memory_gb <= MAX_HOST_MEMORY_GB:
+        raise ConfigError(f"--host-memory-gb {host_memory_gb!r} must be a finite number of GiB "
+                          f"from 0 to {MAX_HOST_MEMORY_GB:,} (1 PiB per host)")
+    return hosts, Fraction(repr(float(host_memory_gb)))
 
 
 def resolve(workload: str, accelerator: str | None, runnable: bool = True) -> WorkloadRun:

@@ -28,13 +28,13 @@ replays it (`load_profile`).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from iobench.core.errors import ConfigError
+from iobench.core.errors import ConfigError, DatasetError
+from iobench.core.jsonio import load_json
 
 #: Measured on this project's 2-core development machine (issue 7): a Python
 #: FUSE daemon serves about 600-700 MB/s of 1 MiB reads (and ~9k small reads/s).
@@ -55,6 +55,22 @@ class Profile:
     sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for key in ("name", "imitates"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"profile {key}={_show(value)} must be a non-empty string")
+        for key in ("metadata_ms", "read_ms", "bandwidth_MBps", "iops"):
+            value = getattr(self, key)
+            optional = key in ("bandwidth_MBps", "iops")
+            if (value is None and not optional) or (value is not None and (
+                    isinstance(value, bool) or not isinstance(value, (int, float)))):
+                raise ConfigError(f"profile {self.name!r}: {key}={_show(value)} must be a "
+                                  f"number{' or null' if optional else ''}, not "
+                                  f"{type(value).__name__}")
+        if not isinstance(self.sources, tuple) or not all(isinstance(x, str)
+                                                          for x in self.sources):
+            raise ConfigError(f"profile {self.name!r}: sources={_show(self.sources)} must be a "
+                              "list of strings (where each figure comes from)")
         parse_ms(self.metadata_ms, "metadata_ms")
         parse_ms(self.read_ms, "read_ms")
         if self.bandwidth_MBps is not None:
@@ -91,7 +107,11 @@ class Profile:
         if unknown:
             raise ConfigError(f"unknown profile keys {unknown}; expected some of {sorted(known)}")
         d = dict(d)
-        d["sources"] = tuple(d.get("sources", ()))
+        sources = d.get("sources", [])
+        if not isinstance(sources, list):
+            raise ConfigError(f"profile {_show(d.get('name'))}: sources={_show(sources)} must "
+                              "be a list of strings (where each figure comes from)")
+        d["sources"] = tuple(sources)
         try:
             return cls(**d)
         except TypeError as e:  # a required key missing
@@ -105,6 +125,12 @@ class Profile:
         return (f"EMULATED parallel filesystem, profile {self.name!r} ({self.imitates}): "
                 f"metadata {self.metadata_ms:g} ms, read request {self.read_ms:g} ms, "
                 f"bandwidth {bw}{iops}")
+
+
+def _show(value: Any) -> str:
+    """A value as a person reads it in one line (at most 60 characters)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_ms(value: Any, name: str) -> float:
@@ -209,20 +235,20 @@ def profile_from_probe(doc: dict[str, Any]) -> Profile:
     - no IOPS cap: concurrent readers overlap their latencies, as on the tier.
     The emulator adds its own FUSE round trips (tens of microseconds) on top.
     """
-    try:
-        s, st = doc["summary"], doc["storage"]
-    except (KeyError, TypeError):
+    s, st = doc.get("summary"), doc.get("storage")
+    if not isinstance(s, dict) or not isinstance(st, dict):
         raise ConfigError("not an iobench probe result (no summary/storage); give a file "
-                          "written by `iobench probe`") from None
+                          "written by `iobench probe`")
     need = ("cold_open_ms_p50", "close_ms_p50", "cold_read_ms_p50", "seq_read_MBps")
-    if any(s.get(k) is None for k in need) or not s["seq_read_MBps"]:
+    if not all(_figure(s.get(k)) for k in need) or not s["seq_read_MBps"]:
         raise ConfigError(f"probe result of {st.get('path')} lacks the figures a profile needs "
-                          f"({', '.join(f'{k}={s.get(k)}' for k in need)}); probe the tier "
+                          f"({', '.join(f'{k}={s.get(k)!r}' for k in need)}); probe the tier "
                           "again with this iobench")
     opened, closed, read_ms, bw = (s[k] for k in need)
     metadata_ms = opened + closed
     where = f"{st.get('fstype')} {st.get('source')} at {st.get('path')}"
-    host = (doc.get("provenance") or {}).get("host", "?")
+    provenance = doc.get("provenance")
+    host = provenance.get("host", "?") if isinstance(provenance, dict) else "?"
     label = doc.get("label") or st.get("fstype")
     sources = [
         f"iobench probe of {where} on {host}, {doc.get('created')} (engine {doc.get('engine')}"
@@ -240,6 +266,12 @@ def profile_from_probe(doc: dict[str, Any]) -> Profile:
     return Profile(name=f"probe:{label}", imitates=f"the probed tier {where}",
                    metadata_ms=_sig(metadata_ms), read_ms=_sig(read_ms),
                    bandwidth_MBps=_sig(bw), iops=None, sources=tuple(sources))
+
+
+def _figure(value: Any) -> bool:
+    """Whether a probe's figure is one a profile can use: a finite number >= 0."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value) and value >= 0)
 
 
 def _sig(x: float) -> float:
@@ -269,8 +301,8 @@ def load_profile(name_or_path: str) -> Profile:
                           f"({', '.join(sorted(PROFILES))}) nor a file; give a profile file "
                           "written by `iobench probe`")
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        doc = load_json(path)  # a regular file, UTF-8, JSON: else one line
+    except DatasetError as e:
         raise ConfigError(f"--profile {path}: cannot read it as JSON ({e}); give a profile "
                           "file written by `iobench probe`") from None
     schema = doc.get("schema") if isinstance(doc, dict) else None

@@ -41,7 +41,7 @@ from iobench.core.schema import (
     Str,
     check,
 )
-from iobench.core.workloads import WorkloadRun, resolve
+from iobench.core.workloads import WorkloadRun, parse_host_memory, resolve
 
 SCHEMA, SCHEMA_VERSION = SEARCH_SCHEMA, SEARCH_SCHEMA_VERSION  # iobench.core.results says each version
 
@@ -109,6 +109,7 @@ class SearchConfig:
             raise ConfigError(f"--point-timeout {self.point_timeout_s} must be > 0 seconds")
         if self.hosts < 0:
             raise ConfigError(f"--hosts {self.hosts} must be >= 0 (0: one host, no spread)")
+        parse_host_memory(self.hosts, self.host_memory_gb)  # finite, within any machine
         if self.hosts > self.max_accelerators:
             raise ConfigError(f"--max-accelerators {self.max_accelerators} is under --hosts "
                               f"{self.hosts}: every host runs at least one accelerator; raise "
