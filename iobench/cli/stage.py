@@ -81,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
     world = get_world()
     try:
         cfg, source = config_from_args(args)  # bad values fail here, the same on every rank
+        source.refuse_inside(args.results, copies=[cfg.dest])  # no result in a dataset
         writable_dir(args.results, "--results")  # before copying anything
         out = run_stage(cfg, world, args.results, source)
     except IobenchError as e:

@@ -11,6 +11,7 @@ naming rule, and the only place it is applied).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,16 +60,45 @@ class DatasetRef:
         except DatasetNotFoundError:
             return None
 
-    def refuse_inside(self, path: str | Path, option: str = RESULTS_OPTION) -> None:
-        """A ConfigError when `path` (an output directory) lies in the user's data tree:
-        iobench reads `--data` and never writes there."""
-        if not self.user_data or not Path(self.storage).is_dir():
-            return
-        data = Path(self.storage).resolve()
-        out = Path(path).resolve()
-        if out == data or data in out.parents:
-            raise ConfigError(f"{option} {path} is inside --data {self.data}: iobench never "
-                              f"writes into your data; give {option} a directory outside it")
+    def refuse_inside(self, path: str | Path, option: str = RESULTS_OPTION,
+                      copies: Iterable[str | Path] = ()) -> None:
+        """A ConfigError when `path` (an output directory) lies in the user's data tree (iobench
+        reads `--data` and never writes there), in this dataset's folder, in its copy under
+        each storage root of `copies` (a stage destination, which may not exist yet), or in
+        any other dataset's folder (`refuse_in_dataset`)."""
+        if self.user_data and Path(self.storage).is_dir():
+            data = Path(self.storage).resolve()
+            out = Path(path).resolve()
+            if out == data or data in out.parents:
+                raise ConfigError(f"{option} {path} is inside --data {self.data}: iobench never "
+                                  f"writes into your data; give {option} a directory outside it")
+        roots = [dataset_root(c, self.dataset, self.format) for c in copies]
+        refuse_in_dataset(path, option, *([] if self.user_data else [self.root]), *roots)
+
+
+def dataset_around(path: str | Path) -> Path | None:
+    """The dataset folder (one holding a manifest) that `path` is or lies in, or None."""
+    for folder in (Path(path).resolve(), *Path(path).resolve().parents):
+        try:
+            if (folder / MANIFEST_NAME).is_file():
+                return folder
+        except OSError:  # unreadable: not a dataset iobench can see
+            continue
+    return None
+
+
+def refuse_in_dataset(path: str | Path, option: str = RESULTS_OPTION, *roots: Path) -> None:
+    """A ConfigError when `path` (an output directory) is or lies in a dataset folder: one of
+    `roots` (a dataset a run reads or writes, there or not yet) or any folder holding a
+    manifest. A file there is one the manifest does not list, and `verify` rejects the
+    dataset for it."""
+    out = Path(path).resolve()
+    inside = next((r for r in roots if out == Path(r).resolve()
+                   or Path(r).resolve() in out.parents), None) or dataset_around(out)
+    if inside is not None:
+        raise ConfigError(f"{option} {path} is inside the dataset {inside}: a file written "
+                          "there makes `iobench verify` reject the dataset; give "
+                          f"{option} a directory outside it")
 
 
 class DatasetRequest(Protocol):

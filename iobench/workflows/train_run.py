@@ -118,7 +118,7 @@ def run_training(config: TrainConfig, world: World, *, stage: StagePlan | None =
     # timeout, later, is only the backstop
     distributed.init_process_group(world, torch.cuda.is_available(), config.timeout_s * 1.5 + 10)
     try:
-        dataset = _resolve(config, world)
+        dataset = _resolve(config, world, stage)
         staging = None
         if stage is not None:  # stage first, then train from the copy
             config, dataset, staging = _stage(config, dataset, stage, world)
@@ -141,12 +141,13 @@ def _check_request(config: TrainConfig, stage: StagePlan | None) -> None:
         raise
 
 
-def _resolve(config: TrainConfig, world: World) -> DatasetRef:
+def _resolve(config: TrainConfig, world: World, stage: StagePlan | None = None) -> DatasetRef:
     """The run's dataset, found and checked once; an error is raised on every rank."""
     dataset = err = None
     try:
         dataset = resolve(config, world)
-        dataset.refuse_inside(config.results)  # never write into the user's data
+        # never write into the user's data, a dataset, or the copy --stage-to makes
+        dataset.refuse_inside(config.results, copies=[stage.dest] if stage else [])
     except IobenchError as e:
         err = e
     agree(world, err)
