@@ -360,10 +360,12 @@ def _pump(proc: subprocess.Popen[bytes], tails: dict[int, _Tail], deadline: floa
         for fd in tails:
             sel.register(fd, selectors.EVENT_READ)
         while True:
-            if not exited and _exited(proc.pid):
+            left = until - time.monotonic()
+            if not exited and (_exited(proc.pid) or (
+                    not sel.get_map() and wait_exit(proc.pid, max(left, 0.0)))):
                 exited, until = True, time.monotonic() + DRAIN_S
                 kill_group(proc.pid)  # `cmd &` and the like: their pipes close with them
-            left = until - time.monotonic()
+                left = DRAIN_S
             if (exited and not sel.get_map()) or left <= 0:
                 return exited
             for key, _ in sel.select(min(left, 0.05)):
