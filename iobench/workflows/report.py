@@ -110,7 +110,8 @@ def _read_document(p: Path, known: Mapping[str, int], col: Collection) -> dict[s
     except DatasetError as e:
         col.skipped.append((p.name, f"unreadable: {e}"))
         return None
-    if not isinstance(doc, dict) or doc.get("schema") not in known:
+    if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str) \
+            or doc["schema"] not in known:
         return None  # not ours (a manifest, someone else's JSON)
     schema, version = doc["schema"], doc.get("schema_version")
     if not isinstance(version, int) or version > known[schema]:
