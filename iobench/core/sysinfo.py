@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
 import shutil
 import socket
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from iobench.core.errors import StorageError
+from iobench.core.launch import capture
 
 # Filesystem type (as /proc/self/mountinfo names it) -> the kind of storage tier.
 FS_KINDS: dict[str, str] = {
@@ -169,14 +170,12 @@ def gpus() -> list[dict[str, Any]]:
     except Exception:  # a broken CUDA install must not break provenance
         pass
     if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total",
-                                  "--format=csv,noheader,nounits"], capture_output=True,
-                                 text=True, timeout=10, check=True).stdout
-            return [{"index": int(i), "name": n.strip(), "memory_bytes": int(m) * 2**20}
-                    for i, n, m in (ln.split(",") for ln in out.strip().splitlines())]
-        except (OSError, subprocess.SubprocessError, ValueError):
-            pass
+        r = capture(["nvidia-smi", "--query-gpu=index,name,memory.total",
+                     "--format=csv,noheader,nounits"], 10, keep_bytes=1 << 16)
+        with contextlib.suppress(ValueError):
+            if r.ok:
+                return [{"index": int(i), "name": n.strip(), "memory_bytes": int(m) * 2**20}
+                        for i, n, m in (ln.split(",") for ln in r.stdout.strip().splitlines())]
     return []
 
 
@@ -247,18 +246,12 @@ def code_version() -> dict[str, Any] | None:
     git = shutil.which("git")
     if git is None:
         return None
-    try:
-        head = subprocess.run([git, "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        status = subprocess.run([git, "-C", str(here), "status", "--porcelain",
-                                 "--untracked-files=no"], capture_output=True, text=True,
-                                timeout=30)
-    except (OSError, subprocess.SubprocessError):
+    head = capture([git, "-C", str(here), "rev-parse", "HEAD"], 10)
+    if not head.ok:
         return None
+    status = capture([git, "-C", str(here), "status", "--porcelain", "--untracked-files=no"], 30)
     return {"commit": head.stdout.strip(),
-            "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+            "dirty": bool(status.stdout.strip()) if status.ok else None}
 
 
 def _int(value: str | None) -> int | None:
