@@ -62,7 +62,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, help_) in SUBCOMMANDS.items():
         mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
+        # each module's docstring as written: its examples keep their lines
+        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if only is None or only == name:
             mod.add_arguments(p)
         p.set_defaults(_module=mod)

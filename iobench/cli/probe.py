@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata-files", type=int, default=1000,
                    help="small files for the metadata rates (default 1000)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="fio, python (iobench's own), or auto: fio when installed")
+                   help="fio, python (iobench's own), or auto, the default: fio when installed")
     p.add_argument("--buffered", action="store_true",
                    help="no O_DIRECT even where allowed (files are evicted and read once)")
     p.add_argument("--write-via", default=None, metavar="DIR",

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default=None, choices=list(FORMATS),
                    help="on-disk format, for --loader dali (default: the one found)")
     p.add_argument("--model", default="auto", metavar="NAME",
-                   help=f"auto (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
+                   help=f"auto, the default (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
                    f"(pure ingest), or one of: {', '.join(MODELS)}")
     p.add_argument("--compute-time", type=float, default=None, metavar="SECONDS",
                    help="emulate an accelerator that computes SECONDS per step (no model)")
@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per step per rank (default: per dataset, "
                    + ", ".join(f"{d.name} {d.default_batch_size}" for d in DATASETS.values())
                    + ")")
-    p.add_argument("--workers", type=int, default=2, help="loader workers per rank")
+    p.add_argument("--workers", type=int, default=2, help="loader workers per rank (default 2)")
     p.add_argument("--worker-type", default="process", choices=("process", "thread"),
                    help="loader workers as processes (PyTorch DataLoader) or threads "
                         "(default: process)")
@@ -90,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="N independent cold repetitions of the whole run (fresh loader and "
                         "model each); figures are reported as median [min-max] with the "
-                        "coefficient of variation (MLPerf Storage uses 5)")
+                        "coefficient of variation (default 1; MLPerf Storage uses 5)")
     p.add_argument("--no-step-sync", action="store_true",
                    help="with --compute-time or --model none on several ranks: let ranks run "
                         "free instead of waiting for every rank's batch at each step as "
@@ -112,7 +112,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "copy; the result records staging and training together")
     p.add_argument("--stage-mode", default="replicate", choices=("replicate", "shard"),
                    help="with --stage-to: a full copy per node, or each node only its ranks' "
-                        "files (then each rank shuffles within its own files)")
+                        "files (then each rank shuffles within its own files; default: replicate)")
     p.add_argument("--warm-source", action="store_true",
                    help="with --stage-to: do not evict the source before copying (stage_s may "
                         "then time a copy from memory; the result says so)")
