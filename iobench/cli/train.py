@@ -412,5 +412,9 @@ class _Output:
             from iobench.core.userdata import describe
 
             self.console.print(f"data: {describe(user)}", markup=False, soft_wrap=True)
+        for w in doc["warnings"]:  # the run's own (epoch 1 against the rest, ...), once
+            if w not in self.shown:
+                self.shown.add(w)
+                self.console.print(f"[bold red]WARNING:[/] {w}")
         self.console.print(f"result: {path}")
         print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped
