@@ -7,7 +7,7 @@ import re
 import pytest
 
 from conftest import run_cmd
-from iobench.cli._progress import DEFAULT_INTERVAL_S, INTERVAL_ENV, interval_s
+from iobench.core.progress import DEFAULT_INTERVAL_S, INTERVAL_ENV, interval_s
 
 
 def test_generate_writes_progress_lines_to_a_log(tmp_path) -> None:
@@ -28,3 +28,15 @@ def test_generate_writes_progress_lines_to_a_log(tmp_path) -> None:
 def test_the_interval_is_a_positive_number_or_the_default(monkeypatch, value, expected) -> None:
     monkeypatch.setenv(INTERVAL_ENV, value)
     assert interval_s() == expected
+
+
+def test_stage_writes_progress_lines_to_a_log_unless_told_not_to(tmp_path) -> None:
+    src, env = tmp_path / "src", {INTERVAL_ENV: "0.01"}
+    assert run_cmd("generate", "--samples", "8192", "--storage", src).returncode == 0
+    r = run_cmd("stage", "--from", src, "--to", tmp_path / "a", "--results", tmp_path / "r",
+                env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^staging: [\d.]+ of ~[\d.]+ MB", r.stderr, re.M), r.stderr
+    r = run_cmd("stage", "--from", src, "--to", tmp_path / "b", "--results", tmp_path / "r",
+                "--no-progress", env=env)
+    assert r.returncode == 0 and "staging: " not in r.stderr, r.stderr

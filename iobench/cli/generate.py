@@ -9,9 +9,9 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING
 
-from iobench.cli._progress import LogProgress
 from iobench.core.datasets import DATASETS
 from iobench.core.formats import COMPRESSIONS, DEFAULT_FORMAT, FORMATS
+from iobench.core.progress import LogProgress
 
 if TYPE_CHECKING:
     from iobench.core.world import World

@@ -205,7 +205,8 @@ def build_request(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
                               "or drop --warm-source")
         stage = StagePlan(args.stage_to, args.stage_mode, warm_source=args.warm_source,
-                          progress=sys.stderr.isatty()) if args.stage_to else None
+                          progress=sys.stderr.isatty(), log_progress=not sys.stderr.isatty()
+                          ) if args.stage_to else None
         return config, stage, workload_of(args)
     except IobenchError as e:
         e.agreed = True  # same on every rank

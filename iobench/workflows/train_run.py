@@ -42,6 +42,7 @@ class StagePlan:
     mode: str = "replicate"
     warm_source: bool = False  # do not evict the source before the copy
     progress: bool = False  # a progress bar on rank 0
+    log_progress: bool = False  # else, off a terminal: a line a minute on rank 0
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -161,6 +162,7 @@ def _stage(config: TrainConfig, source: DatasetRef, stage: StagePlan, world: Wor
 
     staged, staging = stage_copy(source, stage.dest, stage.mode, world,
                                  progress=stage.progress and world.is_root,
+                                 log_progress=stage.log_progress and world.is_root,
                                  warm_source=stage.warm_source,
                                  evict_cmd=None if stage.warm_source else config.evict_cmd,
                                  warm_cache=config.warm_cache)
