@@ -8,11 +8,11 @@ import shlex
 from pathlib import Path
 
 import pytest
+from test_verdict import _doc
 
 from conftest import cli
 from iobench.core import results
 from iobench.workflows.verdict import for_run, verdict
-from test_verdict import _doc
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +136,8 @@ def test_a_model_on_the_cpu_measures_the_cpu_not_the_storage(data: Path,
 def test_the_verdict_says_which_setting_would_change_it() -> None:
     """Loader-bound with cores free, or storage read with few workers: one sentence names
     --workers and the diagnosis, with the run's own arguments, that settles it."""
-    from iobench.cli import diagnose as diagnose_cli
     from iobench.cli import build_parser
+    from iobench.cli import diagnose as diagnose_cli
 
     loader = verdict(_doc(0.6, read_s=1.0, decode_s=1.0, handoff_s=3.0, stall_s=4.0))
     [settle] = [a for a in loader["advice"] if a.startswith("this answer may change")]

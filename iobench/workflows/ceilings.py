@@ -52,7 +52,9 @@ def _pass(loader: Loader, decode: bool, batches: int | None) -> PassRate:
     """One pass with a fresh copy of `loader` (decoding or not), started, measured, closed."""
     config = dataclasses.replace(loader.config, decode=decode,
                                  max_steps=batches or MAX_BATCHES)
-    fresh = type(loader)(loader.manifest, config, loader.rank, loader.world)
+    variant = getattr(loader, "variant", None)  # a copy that skips checks already made
+    fresh = (variant(config) if variant is not None
+             else type(loader)(loader.manifest, config, loader.rank, loader.world))
     try:
         fresh.start()
         return _rate(fresh, batches)

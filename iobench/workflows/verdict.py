@@ -17,7 +17,19 @@ in each batch: reading, decoding, and how busy the workers were):
   preprocessing;
 - `loader`: the readers were idle much of the time while the step waited:
   too few workers in flight, or batches cost more to hand over than to make;
-- `unknown`: the loader kept no clocks (no evidence to blame anything).
+- `unknown`: the loader kept no clocks and no ceilings were measured (no
+  evidence to blame anything).
+
+DALI keeps no clocks of ours; its cause comes from the ceilings `train`
+measures after a DALI run's epochs (`iobench.workflows.ceilings`): `storage`,
+`cpu` (`decode` for a GPU pipeline), `loader`, or `startup` when most of the
+stall was each epoch's first batch.
+
+A real model that trained on the CPU gets status `no accelerator`: it
+measured the CPU, and the verdict gives the command that asks the storage
+question (`storage_command`). When more workers could change a starved run's
+answer, the advice says so with `iobench diagnose` and the run's own
+arguments (`diagnose_command`).
 
 Whatever the class, a starved run's evidence names a worker much slower than
 its rank's others (`worker_imbalance`: busy time per batch over 1.5x the
