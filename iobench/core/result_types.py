@@ -359,6 +359,15 @@ class RunConfig(Record):
     compute_time_s: float | None = key(default=None, optional=True)
     repeat: int = key(default=1, optional=True)
     max_steps: int | None = key(default=None, optional=True)
+    # what names the dataset and the run, for the commands a verdict suggests
+    format: str | None = key(default=None, optional=True)
+    model: str | None = key(default=None, optional=True)
+    seed: int | None = key(default=None, optional=True)
+    decode: bool | None = key(default=None, optional=True)
+    data: str | None = key(default=None, optional=True)
+    data_key: str | None = key(default=None, optional=True)
+    label_key: str | None = key(default=None, optional=True)
+    evict_cmd: str | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -552,6 +561,23 @@ class Tier(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Ceilings(Record):
+    """A clockless loader's (DALI's) rates in bounded passes after the epochs (`ceilings`,
+    `iobench.workflows.ceilings`): samples/s cold without decoding, in memory without and
+    with decoding, with `threads` (its workers) on `device`."""
+
+    batches: int
+    threads: int
+    device: str
+    cold: bool
+    cold_fetch_samples_per_s: float
+    cold_fetch_MBps: float
+    warm_fetch_samples_per_s: float
+    warm_decode_samples_per_s: float
+    method: str = key(default="", optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainResult(Record):
     """An `iobench.result` document: one `iobench train` run (v1, v2 and v3 load)."""
 
@@ -574,6 +600,7 @@ class TrainResult(Record):
     staging: Staging | None = key(default=None, optional=True)
     tier: Tier | None = key(default=None, optional=True)
     loader: Mapping[str, Any] | None = key(default=None, optional=True)
+    ceilings: Ceilings | None = key(default=None, optional=True)
     status: str = key(Enum("complete", "interrupted", "incomplete"), default="complete",
                       optional=True)
     status_reason: str | None = key(default=None, optional=True)

@@ -623,6 +623,7 @@ class _Run:
         # a real model's last batch (on the device), then its compute-only rate on it
         self._last_batch: tuple[torch.Tensor, torch.Tensor, Any] | None = None
         self.demand: dict[str, Any] | None = None
+        self.ceilings: dict[str, Any] | None = None  # a DALI run's (`workflows.ceilings`)
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
         """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
@@ -656,6 +657,17 @@ class _Run:
         if rep == 0 and self._last_batch is not None:
             self.demand = self._measure_demand(self.compute, *self._last_batch)
         self._last_batch = None
+        if rep == 0 and getattr(loader, "name", "") == "dali" and self.compute.kind != "none":
+            # DALI keeps no per-batch clocks: the verdict's cause comes from these passes
+            from iobench.workflows.ceilings import measure
+
+            self._at("measuring the loader's ceilings (cold, in memory, decoding)")
+            try:
+                self.ceilings = measure(loader, lambda: self._evict(loader),
+                                        cold=not self.config.warm_cache)
+            except IobenchError as e:  # the epochs are measured: they keep their result
+                self.warnings.append(f"DALI's ceilings were not measured ({e}): the verdict "
+                                     "cannot name the cause")
 
     def _measure_demand(self, compute: _Compute, x: torch.Tensor, y: torch.Tensor,
                         finish: Any) -> dict[str, Any]:
@@ -671,16 +683,21 @@ class _Run:
                          warmup=5 if gpu else 1, steps=20 if gpu else 3)
         return d.to_dict()
 
-    def _epoch(self, rep: int, epoch: int, loader: Loader) -> None:
-        config, world = self.config, self.world
-        compute = self.compute
-        assert compute is not None
-        self._at(f"evicting the dataset before epoch {epoch + 1}")
-        report = cache.evict_for_node(self.manifest, world, cache.EvictOptions(
+    def _evict(self, loader: Loader) -> cache.EvictReport:
+        """Empty the dataset's pages from the cache (unless --warm-cache): a collective."""
+        config = self.config
+        return cache.evict_for_node(self.manifest, self.world, cache.EvictOptions(
             evict_pages=not config.warm_cache,
             scope=loader.config.scope,  # sharded copies: own files
             drop_caches=config.drop_caches, warn_above=RESIDENT_WARN_FRACTION, loud=False,
             evict_cmd=config.evict_cmd))
+
+    def _epoch(self, rep: int, epoch: int, loader: Loader) -> None:
+        world = self.world
+        compute = self.compute
+        assert compute is not None
+        self._at(f"evicting the dataset before epoch {epoch + 1}")
+        report = self._evict(loader)
         self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
         tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None
@@ -839,6 +856,7 @@ class _Run:
                                     config.repeat),
             "warnings": warnings,
             "staging": None,
+            **({"ceilings": self.ceilings} if self.ceilings is not None else {}),
         }
 
     def _world_section(self) -> dict[str, Any]:
