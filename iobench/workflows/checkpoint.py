@@ -1,0 +1,565 @@
+"""The `checkpoint` command: write N checkpoints with torch.distributed.checkpoint, then read them back cold.
+
+Every rank saves its shard of a layout (`iobench.core.checkpoint_layout`) with DCP, one
+fsync'ed file per rank, committed with a completion marker (`iobench.core.checkpoint_store`).
+Then every rank evicts its shard, reads it back, and compares the OS's count of bytes read
+with the checkpoint's. Per rank: seconds and GB/s; per checkpoint, MLPerf Storage's
+figures: the duration is the slowest rank's, the throughput the checkpoint's bytes over
+that duration, beside the slowest rank's own GB/s; over `--repeat` checkpoints, the spread.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from iobench.core import cache, distributed, faults, procio
+from iobench.core.checkpoint_layout import Layout, build_state, layout_for, model_names, parse_scale
+from iobench.core.checkpoint_store import (
+    METADATA,
+    Marker,
+    check_marker,
+    commit,
+    fsync_dir,
+    load_metadata,
+    partial_dir,
+    reader,
+    sha256_of,
+    writer,
+)
+from iobench.core.errors import ConfigError, IobenchError, StorageError
+from iobench.core.interrupts import Interrupted, act_now
+from iobench.core.manifest import MANIFEST_NAME
+from iobench.core.options import parse_evict_cmd, parse_repeat
+from iobench.core.results import new_run_id, now_iso, write_document
+from iobench.core.spread import spread
+from iobench.core.world import World, agree
+
+SCHEMA = "iobench.checkpoint"
+SCHEMA_VERSION = 1
+GB = 1e9
+ITEM_OVERHEAD = 2048  # bytes DCP adds per tensor (torch.save's record), an upper bound
+READ_SHORT = 0.95  # OS read bytes below this share of the shard: part came from a cache
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """One `iobench checkpoint` run: write `repeat` checkpoints to `storage` then read them,
+    or (`read`) read an existing one `repeat` times."""
+
+    storage: str | None = None
+    read: str | None = None
+    model: str = "llama3-8b"
+    scale: float = 1.0
+    repeat: int = 1
+    seed: int = 0
+    results: str = "iobench-results"
+    evict_cmd: str | None = None
+    keep: bool = False  # keep the checkpoints written (default: removed after the reads)
+    timeout_s: float = 600.0  # a collective that waits longer fails (a rank died)
+
+    def __post_init__(self) -> None:
+        if (self.storage is None) == (self.read is None):
+            raise ConfigError("give --storage DIR (write, then read checkpoints there) or "
+                              "--read DIR (read a checkpoint written before), one of them")
+        parse_scale(self.scale)
+        parse_repeat(self.repeat, "checkpoints written, then read (MLPerf Storage: 10)")
+        parse_evict_cmd(self.evict_cmd)
+        if self.model not in model_names():
+            raise ConfigError(f"unknown model {self.model!r}; choose one of: "
+                              f"{', '.join(model_names())}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed {self.seed} must be >= 0")
+
+
+@dataclass(frozen=True)
+class CheckpointOutcome:
+    """What the job did: rank 0's result document and where it went, and the exit status."""
+
+    exit_code: int
+    doc: dict[str, Any] | None = None
+    path: Path | None = None
+    interrupted: str | None = None
+
+
+@dataclass
+class _Plan:
+    """Where this run's checkpoints go (or the one it reads), agreed by every rank."""
+
+    layout: Layout
+    seed: int
+    run_id: str
+    run_dir: Path | None  # the folder of this run's checkpoints (None: --read)
+    targets: list[Path] = field(default_factory=list)  # the checkpoints to read, in order
+    warnings: list[str] = field(default_factory=list)
+
+
+def checkpoint_job(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
+    """`iobench checkpoint` on this rank, with the job's abort policy (as `train`'s): an error
+    every rank raised is raised on rank 0; one rank's own failure ends every rank (exit 3);
+    an interrupt leaves the complete checkpoints and removes the one being written."""
+    from iobench.workflows.train_run import abort_job
+
+    try:
+        return run_checkpoints(cfg, world)
+    except Interrupted as e:
+        return CheckpointOutcome(e.exit_code, interrupted=str(e))
+    except IobenchError as e:
+        if e.agreed or world.size == 1:
+            if world.is_root:
+                raise
+            return CheckpointOutcome(e.exit_code)
+        abort_job(world, f"rank {world.rank} failed: {e}")
+    except Exception as e:
+        if world.size == 1:
+            raise
+        abort_job(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
+    return CheckpointOutcome(3)
+
+
+def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
+    """Plan (every check before anything is written), write, read, and write rank 0's result."""
+    plan = _plan(cfg, world)
+    distributed.init_process_group(world, False, cfg.timeout_s)
+    done = False
+    try:
+        state = build_state(plan.layout, world.rank, plan.seed)
+        writes = []
+        if plan.run_dir is not None:
+            for k in range(cfg.repeat):
+                writes.append(_write_one(plan, state, world, k))
+                plan.targets.append(plan.run_dir / _name(k))
+        reads = [_read_one(cfg, plan, state, world, k % len(plan.targets))
+                 for k in range(cfg.repeat)]
+        done = True
+    finally:
+        distributed.destroy_process_group()
+        _clean_up(cfg, plan, world, done)
+    act_now()  # no collective is left
+    if not world.is_root:
+        return CheckpointOutcome(0)
+    doc = _document(cfg, plan, world, writes, reads)
+    return CheckpointOutcome(0, doc, write_document(doc, cfg.results, "checkpoint"))
+
+
+def _name(k: int) -> str:
+    return f"ckpt-{k:03d}"
+
+
+# ------------------------------------------------------------------------------ planning
+
+def _plan(cfg: CheckpointConfig, world: World) -> _Plan:
+    """Check the request on every rank (the same error everywhere, nothing written yet)."""
+    plan: _Plan | None = None
+    err: BaseException | None = None
+    try:
+        plan = _plan_read(cfg, world) if cfg.read is not None else _plan_write(cfg, world)
+    except IobenchError as e:
+        err = e
+    agree(world, err)
+    assert plan is not None
+    plan.run_id = world.bcast(new_run_id())
+    if cfg.storage is not None:
+        plan.run_dir = Path(cfg.storage) / f"iobench-checkpoint-{plan.run_id}"
+        _make_run_dir(plan.run_dir, world)
+    return plan
+
+
+def _plan_read(cfg: CheckpointConfig, world: World) -> _Plan:
+    path = Path(cfg.read or "")
+    marker = check_marker(path, world.size)
+    layout = layout_for(marker.model, marker.scale, marker.ranks)
+    return _Plan(layout, marker.seed, "", None, [path], _layout_warnings(layout, world))
+
+
+def _plan_write(cfg: CheckpointConfig, world: World) -> _Plan:
+    storage = Path(cfg.storage or "")
+    if not storage.is_dir():
+        raise StorageError(f"--storage {storage}: no such directory; create it or give another")
+    if not os.access(storage, os.W_OK | os.X_OK):
+        raise StorageError(f"--storage {storage}: not writable by this user")
+    _refuse_inside_dataset(storage)
+    layout = layout_for(cfg.model, cfg.scale, world.size)
+    _check_space(layout, storage, cfg.repeat, world)
+    _check_memory(layout, world)
+    return _Plan(layout, cfg.seed, "", None, warnings=_layout_warnings(layout, world))
+
+
+def _refuse_inside_dataset(storage: Path) -> None:
+    """A ConfigError when `storage` lies in a dataset iobench generated (it has a manifest):
+    checkpoints never go into data a run reads."""
+    real = storage.resolve()
+    for d in (real, *real.parents):
+        if (d / MANIFEST_NAME).is_file():
+            raise ConfigError(f"--storage {storage} is inside the dataset at {d} (it holds "
+                              f"{MANIFEST_NAME}): iobench never writes checkpoints into a "
+                              "dataset; give a directory outside it")
+
+
+def estimated_bytes(layout: Layout) -> int:
+    """Bytes a checkpoint of `layout` takes on disk, all ranks (with DCP's per-tensor records)."""
+    per_rank = layout.rank_bytes + ITEM_OVERHEAD * len(layout.tensors)
+    return layout.ranks * per_rank + 512 * len(layout.tensors) * layout.ranks  # + .metadata
+
+
+def _check_space(layout: Layout, storage: Path, repeat: int, world: World) -> None:
+    """Refuse a request the filesystem cannot hold (`repeat` checkpoints, all ranks')."""
+    need = estimated_bytes(layout) * repeat
+    free = shutil.disk_usage(storage).free
+    if need > free:
+        raise StorageError(f"--storage {storage} has {free / GB:.3g} GB free; {repeat} "
+                           f"checkpoint(s) of {layout.model} at --scale {layout.scale:g} by "
+                           f"{world.size} rank(s) need {need / GB:.3g} GB: lower --scale or "
+                           "--repeat, or free space")
+
+
+def _check_memory(layout: Layout, world: World) -> None:
+    """Refuse shards this node cannot hold in memory (every local rank holds its own)."""
+    avail = _mem_available()
+    need = layout.rank_bytes * world.local_size
+    if avail is not None and need > 0.8 * avail:
+        raise ConfigError(f"{world.local_size} rank(s) on this node would hold {need / GB:.3g} "
+                          f"GB of checkpoint state; {avail / GB:.3g} GB of memory is "
+                          "available: lower --scale")
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _layout_warnings(layout: Layout, world: World) -> list[str]:
+    out = []
+    if layout.processes is not None and layout.processes != world.size:
+        out.append(f"MLPerf Storage runs {layout.model} with {layout.processes} processes; "
+                   f"this run has {world.size}: each rank saves the model's per-rank shard"
+                   f"{' (scaled)' if layout.scale < 1 else ''}, so the total is {world.size} "
+                   "rank(s)' worth, not the model's")
+    if layout.scale < 1:
+        out.append(f"--scale {layout.scale:g}: each shard is that share of {layout.model}'s "
+                   "(tensor count and size mix kept); not an MLPerf-size checkpoint")
+    return out
+
+
+def _make_run_dir(run_dir: Path, world: World) -> None:
+    """Rank 0 makes the run's folder; every rank must see it (one filesystem for all, as DCP
+    needs: rank 0 alone writes the metadata every rank reads)."""
+    err = None
+    if world.is_root:
+        try:
+            run_dir.mkdir()
+        except OSError as e:
+            err = StorageError(f"cannot create {run_dir}: {e.strerror or e}")
+    agree(world, err)
+    seen = run_dir.is_dir()
+    missing = [r for r, ok in enumerate(world.allgather(seen)) if not ok]
+    if missing and world.is_root:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    agree(world, None if not missing else StorageError(
+        f"--storage {run_dir.parent}: rank(s) {missing} do not see the folder rank 0 made; "
+        "a checkpoint needs one filesystem every rank sees (a shared tier)"))
+
+
+# ------------------------------------------------------------------------------ writing
+
+@dataclass(frozen=True)
+class RankWrite:
+    """One rank's write of its shard: from the ranks' common start to its shard fsync'ed
+    (`write_s`), and to DCP's save returning (`save_s`, the metadata written)."""
+
+    rank: int
+    node: int
+    bytes: int
+    write_s: float
+    save_s: float
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / GB / self.write_s if self.write_s > 0 else 0.0
+
+
+def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict[str, Any]:
+    """Write checkpoint `k` into its temporary folder, then commit it (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    assert plan.run_dir is not None
+    final = plan.run_dir / _name(k)
+    tmp = partial_dir(final)
+    err = None
+    if world.is_root:
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            err = StorageError(f"cannot create {tmp}: {e.strerror or e}")
+    agree(world, err)  # (also a barrier: the ranks start together)
+    fault = faults.planned()
+    _fill_disk_fault(fault, world.rank, k, tmp.parent)
+    w = writer(tmp, lambda: faults.at_step(fault, world.rank, k, 0))
+    t0 = time.perf_counter_ns()
+    err = None
+    try:
+        dcp.save(state, storage_writer=w, no_dist=world.size == 1)
+        t1 = time.perf_counter_ns()
+        fsync_dir(tmp)
+    except Exception as e:  # DCP raises the same failure on every rank
+        err = _storage_error(e, tmp)
+    agree(world, err, "the checkpoint write")
+    files = {f: (tmp / f).stat().st_size for f in w.files}
+    rec = RankWrite(world.rank, world.node, sum(files.values()), (w.shard_end_ns - t0) / 1e9,
+                    (t1 - t0) / 1e9)
+    everyone = world.allgather((asdict(rec), files))
+    return _commit(plan, world, k, tmp, final, everyone, t1)
+
+
+def _commit(plan: _Plan, world: World, k: int, tmp: Path, final: Path,
+            everyone: list[Any], t1: int) -> dict[str, Any]:
+    """Rank 0 writes the marker and renames the folder into place; every rank waits."""
+    ranks = [RankWrite(**r) for r, _ in everyone]
+    err, commit_s = None, 0.0
+    if world.is_root:
+        try:
+            files = {f: n for _, fs in everyone for f, n in fs.items()}
+            files[METADATA] = (tmp / METADATA).stat().st_size
+            marker = Marker(model=plan.layout.model, scale=plan.layout.scale,
+                            ranks=world.size, seed=plan.seed, files=files,
+                            metadata_sha256=sha256_of(tmp / METADATA), created=now_iso())
+            commit(tmp, final, marker)
+            commit_s = (time.perf_counter_ns() - t1) / 1e9
+        except (OSError, IobenchError) as e:
+            err = _storage_error(e, tmp)
+    agree(world, err, "the checkpoint commit")
+    return {"index": k, "path": str(final), **_phase(ranks, "write"), "commit_s": commit_s,
+            "save_s": max(r.save_s for r in ranks)}
+
+
+def _fill_disk_fault(fault: faults.Fault | None, rank: int, k: int, where: Path) -> None:
+    """Tests only (`action=fill`): another writer fills the filesystem just before the write."""
+    if fault is None or fault.action != "fill" or (fault.rank, fault.epoch) != (rank, k):
+        return
+    with open(where / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+def _storage_error(e: BaseException, where: Path) -> IobenchError:
+    """A failed write as the user's problem when it is one (a full disk, no permission)."""
+    import errno
+
+    cause = _os_cause(e)
+    if isinstance(e, IobenchError):
+        return e
+    if cause is not None and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageError(f"out of space writing the checkpoint in {where.parent}: "
+                            f"{cause.strerror}; the incomplete checkpoint was not kept")
+    if cause is not None:
+        return StorageError(f"writing the checkpoint in {where.parent} failed: "
+                            f"{cause.strerror or cause}")
+    raise e
+
+
+def _os_cause(e: BaseException) -> OSError | None:
+    """The OSError behind `e`: itself, its cause, or one DCP gathered from a rank."""
+    seen: list[BaseException] = [e]
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: rank -> wrapped
+    if isinstance(failures, dict):
+        seen += [getattr(w, "exc", w) for w in failures.values()]
+    for x in seen:
+        while x is not None:
+            if isinstance(x, OSError):
+                return x
+            x = x.__cause__ or x.__context__  # type: ignore[assignment]
+    return None
+
+
+# ------------------------------------------------------------------------------ reading
+
+@dataclass(frozen=True)
+class RankRead:
+    """One rank's cold read of its shard, with what the OS says it read from storage."""
+
+    rank: int
+    node: int
+    bytes: int
+    read_s: float
+    load_s: float
+    os_read_bytes: int | None
+    resident_fraction: float | None  # of its shard, after eviction
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / GB / self.read_s if self.read_s > 0 else 0.0
+
+
+def _read_one(cfg: CheckpointConfig, plan: _Plan, state: dict[str, Any], world: World,
+              k: int) -> dict[str, Any]:
+    """Evict checkpoint `k`, then every rank reads its shard (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = plan.targets[k]
+    metadata, mine, err = None, [], None
+    try:
+        marker = check_marker(path, world.size)
+        metadata = load_metadata(path)
+        mine = [path / f for f in marker.files if f.startswith(f"__{world.rank}_")]
+    except IobenchError as e:
+        err = e
+    agree(world, err)
+    cache_rec = _evict(cfg, path, mine + ([path / METADATA] if world.is_root else []), world)
+    note = procio.read_bytes_unavailable(path)
+    io0 = procio.tree_io()
+    world.barrier()
+    t0 = time.perf_counter_ns()
+    r = reader(path, metadata)
+    dcp.load(state, storage_reader=r, no_dist=world.size == 1)
+    t1 = time.perf_counter_ns()
+    delta = procio.tree_io() - io0
+    rec = RankRead(world.rank, world.node, sum(f.stat().st_size for f in mine),
+                   (r.read_end_ns - t0) / 1e9, (t1 - t0) / 1e9,
+                   None if note else delta.read_bytes, cache_rec.pop("mine"))
+    ranks = [RankRead(**x) for x in world.allgather(asdict(rec))]
+    return {"index": k, "path": str(path), **_phase(ranks, "read"),
+            **_os_check(ranks, note), "cache": _cache_status(cache_rec, ranks)}
+
+
+def _evict(cfg: CheckpointConfig, path: Path, files: list[Path], world: World) -> dict[str, Any]:
+    """The site's command (each node's local rank 0), then every rank evicts its files and
+    measures what stayed resident (a collective)."""
+    run = None
+    if cfg.evict_cmd is not None and world.local_rank == 0:
+        run = cache.run_evict_cmd(cfg.evict_cmd, path, world.node)
+    bad = [x for x in world.allgather(run) if x is not None and x["returncode"] != 0]
+    if bad:
+        out = bad[0]["output"] or "no output"
+        err = StorageError(f"--evict-cmd {cfg.evict_cmd!r} failed ({out}); fix the command, or "
+                           "leave --evict-cmd out (reads on a shared tier are then unverified)")
+        err.agreed = True
+        raise err
+    ev, res = cache.evict_and_measure(files)
+    world.barrier()
+    from iobench.core.sysinfo import mount_of
+
+    eviction = cache.eviction_plan(mount_of(path))
+    return {"mine": res.fraction, "errors": list(ev.errors), "plan": eviction,
+            "evict_cmd": run}
+
+
+def _cache_status(rec: dict[str, Any], ranks: list[RankRead]) -> dict[str, Any]:
+    """cold / warm / unknown / unverified, as epochs say it (`iobench.core.cache`)."""
+    plan: cache.EvictionPlan = rec["plan"]
+    fractions = [r.resident_fraction for r in ranks]
+    worst = None if None in fractions else max(f for f in fractions if f is not None)
+    reason = None
+    if worst is None:
+        status = "unknown"
+    elif worst > cache.DEFAULT_WARN_ABOVE:
+        status = "warm"
+        reason = ("the checkpoint is on tmpfs: its data lives in memory" if plan.kind == "memory"
+                  else "POSIX_FADV_DONTNEED left the pages in the page cache")
+    elif plan.needs_site and rec["evict_cmd"] is None:
+        status, reason = "unverified", plan.needs_site + "; give --evict-cmd CMD"
+    else:
+        status = "cold"
+    return {"status": status, "resident_fraction": worst, "reason": reason,
+            "method": ("evict-cmd+" if rec["evict_cmd"] else "") + "fadvise",
+            "fstype": plan.fstype, "errors": rec["errors"]}
+
+
+def _os_check(ranks: list[RankRead], note: str | None) -> dict[str, Any]:
+    """The OS's read bytes against the checkpoint's: verified, short (part of it came from a
+    cache), or unverified where the kernel does not count (tmpfs, FUSE): never a guess."""
+    if note is not None:
+        return {"os_read_bytes": None, "os_read_check": "unverified", "os_read_note": note}
+    got = sum(r.os_read_bytes or 0 for r in ranks)
+    short = [r.rank for r in ranks if (r.os_read_bytes or 0) < READ_SHORT * r.bytes]
+    if short:
+        return {"os_read_bytes": got, "os_read_check": "short",
+                "os_read_note": f"rank(s) {short} read less than {READ_SHORT:.0%} of their "
+                                "shard from storage: the rest came from a cache"}
+    return {"os_read_bytes": got, "os_read_check": "verified", "os_read_note": None}
+
+
+# ------------------------------------------------------------------------------ figures
+
+def _phase(ranks: list[Any], what: str) -> dict[str, Any]:
+    """MLPerf's figures of one checkpoint's write or read: duration = the slowest rank's,
+    throughput = all bytes over it; and the slowest rank's own GB/s (the minimum over ranks)."""
+    secs = [r.write_s if what == "write" else r.read_s for r in ranks]
+    duration = max(secs)
+    total = sum(r.bytes for r in ranks)
+    return {"bytes": total, "duration_s": duration,
+            "throughput_GBps": total / GB / duration if duration > 0 else 0.0,
+            "rank_GBps_min": min(r.gbps for r in ranks),
+            "ranks": [asdict(r) | {"GBps": r.gbps} for r in ranks]}
+
+
+PHASE_FIGURES = ("throughput_GBps", "duration_s", "rank_GBps_min")
+
+
+def _document(cfg: CheckpointConfig, plan: _Plan, world: World, writes: list[dict[str, Any]],
+              reads: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's result document (`iobench.checkpoint`, written by `write_document`)."""
+    from iobench.core.sysinfo import provenance
+
+    lay = plan.layout
+    where = plan.run_dir.parent if plan.run_dir is not None else plan.targets[0]
+    warnings = list(plan.warnings)
+    for r in reads:
+        if r["cache"]["status"] != "cold" and r["cache"]["reason"]:
+            warnings.append(f"read {r['index']}: cache {r['cache']['status'].upper()}: "
+                            f"{r['cache']['reason']}")
+        if r["os_read_check"] == "short":
+            warnings.append(f"read {r['index']}: {r['os_read_note']}")
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": "checkpoint",
+        "run_id": plan.run_id, "created": now_iso(), "status": "complete",
+        "config": asdict(cfg),
+        "layout": {"model": lay.model, "kind": lay.kind, "scale": lay.scale, "ranks": lay.ranks,
+                   "processes": lay.processes, "tensors_per_rank": len(lay.tensors),
+                   "rank_tensor_bytes": lay.rank_bytes, "about": lay.about},
+        "world": {"size": world.size, "nodes": world.num_nodes, "launcher": world.launcher},
+        "writes": writes, "reads": reads,
+        "summary": {"write": {k: spread(w[k] for w in writes) for k in PHASE_FIGURES},
+                    "read": {k: spread(r[k] for r in reads) for k in PHASE_FIGURES},
+                    "read_cache": sorted({r["cache"]["status"] for r in reads}),
+                    "os_read_check": sorted({r["os_read_check"] for r in reads})},
+        "kept": [str(p) for p in plan.targets] if cfg.keep or cfg.read else [],
+        "warnings": list(dict.fromkeys(warnings)),
+        "provenance": provenance(where),
+    }
+
+
+def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> None:
+    """Rank 0: remove an unfinished checkpoint's temporary folder always, and the run's
+    checkpoints unless --keep (a failed run keeps its complete ones only with --keep)."""
+    if not world.is_root or plan.run_dir is None or not plan.run_dir.is_dir():
+        return
+    for p in plan.run_dir.iterdir():
+        if p.name.startswith("."):
+            shutil.rmtree(p, ignore_errors=True)
+    if _filled():
+        (plan.run_dir / "filler").unlink(missing_ok=True)
+    if not cfg.keep:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+    elif not done:
+        print(f"iobench: the complete checkpoints so far are kept in {plan.run_dir}",
+              file=sys.stderr, flush=True)
+
+
+def _filled() -> bool:
+    fault = faults.planned()
+    return fault is not None and fault.action == "fill"
