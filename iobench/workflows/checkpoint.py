@@ -10,10 +10,13 @@ that duration, beside the slowest rank's own GB/s; over `--repeat` checkpoints, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +148,15 @@ def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
         return CheckpointOutcome(0)
     doc = _document(cfg, plan, world, writes, reads)
     return CheckpointOutcome(0, doc, write_document(doc, cfg.results, "checkpoint"))
+
+
+@contextlib.contextmanager
+def _alone_quietly(world: World) -> Iterator[None]:
+    """DCP warns that a single process saves without torch.distributed: that is meant here."""
+    with warnings.catch_warnings():
+        if world.size == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _name(k: int) -> str:
@@ -309,11 +321,16 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
     t0 = time.perf_counter_ns()
     err = None
     try:
-        dcp.save(state, storage_writer=w, no_dist=world.size == 1)
+        with _alone_quietly(world):
+            dcp.save(state, storage_writer=w, no_dist=world.size == 1)
         t1 = time.perf_counter_ns()
         fsync_dir(tmp)
-    except Exception as e:  # DCP raises the same failure on every rank
-        err = _storage_error(e, tmp)
+    except (Interrupted, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        err = _dcp_error(e, tmp, "write")
+    if isinstance(err, (Interrupted, KeyboardInterrupt)):
+        raise err
     agree(world, err, "the checkpoint write")
     files = {f: (tmp / f).stat().st_size for f in w.files}
     rec = RankWrite(world.rank, world.node, sum(files.values()), (w.shard_end_ns - t0) / 1e9,
@@ -337,7 +354,7 @@ def _commit(plan: _Plan, world: World, k: int, tmp: Path, final: Path,
             commit(tmp, final, marker)
             commit_s = (time.perf_counter_ns() - t1) / 1e9
         except (OSError, IobenchError) as e:
-            err = _storage_error(e, tmp)
+            err = _dcp_error(e, tmp, "commit")
     agree(world, err, "the checkpoint commit")
     return {"index": k, "path": str(final), **_phase(ranks, "write"), "commit_s": commit_s,
             "save_s": max(r.save_s for r in ranks)}
@@ -356,34 +373,40 @@ def _fill_disk_fault(fault: faults.Fault | None, rank: int, k: int, where: Path)
             pass
 
 
-def _storage_error(e: BaseException, where: Path) -> IobenchError:
-    """A failed write as the user's problem when it is one (a full disk, no permission)."""
+def _dcp_error(e: BaseException, where: Path, what: str) -> BaseException:
+    """The error to raise for a failed DCP save or load: an interrupt as itself (DCP wraps
+    whatever a rank raised, BaseExceptions too, in a CheckpointException); a full disk or
+    another OSError as the user's StorageError; anything else as a RuntimeError (a bug)."""
     import errno
 
-    cause = _os_cause(e)
-    if isinstance(e, IobenchError):
-        return e
-    if cause is not None and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageError(f"out of space writing the checkpoint in {where.parent}: "
-                            f"{cause.strerror}; the incomplete checkpoint was not kept")
-    if cause is not None:
-        return StorageError(f"writing the checkpoint in {where.parent} failed: "
-                            f"{cause.strerror or cause}")
-    raise e
+    causes = _causes(e)
+    for c in causes:
+        if isinstance(c, (Interrupted, KeyboardInterrupt, IobenchError)):
+            return c
+    oserr = next((c for c in causes if isinstance(c, OSError)), None)
+    if oserr is not None and oserr.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageError(f"out of space during the checkpoint {what} in {where.parent}: "
+                            f"{oserr.strerror}; the incomplete checkpoint is not kept")
+    if oserr is not None:
+        return StorageError(f"the checkpoint {what} in {where} failed: "
+                            f"{oserr.strerror or oserr} ({oserr.filename or where})")
+    first = causes[0]
+    return RuntimeError(f"DCP {what} failed: {type(first).__name__}: {first}")
 
 
-def _os_cause(e: BaseException) -> OSError | None:
-    """The OSError behind `e`: itself, its cause, or one DCP gathered from a rank."""
-    seen: list[BaseException] = [e]
-    failures = getattr(e, "failures", None)  # DCP's CheckpointException: rank -> wrapped
-    if isinstance(failures, dict):
-        seen += [getattr(w, "exc", w) for w in failures.values()]
-    for x in seen:
-        while x is not None:
-            if isinstance(x, OSError):
-                return x
-            x = x.__cause__ or x.__context__  # type: ignore[assignment]
-    return None
+def _causes(e: BaseException) -> list[BaseException]:
+    """`e`, or what DCP's CheckpointException gathered from the ranks, each with the
+    exceptions it was raised from."""
+    failures = getattr(e, "failures", None)  # rank -> (exception, its stack)
+    roots = ([f[0] if isinstance(f, tuple) else f for f in failures.values()]
+             if isinstance(failures, dict) and failures else [e])
+    out: list[BaseException] = []
+    for x in roots:
+        cur: BaseException | None = x
+        while cur is not None and cur not in out:
+            out.append(cur)
+            cur = cur.__cause__ or cur.__context__
+    return out
 
 
 # ------------------------------------------------------------------------------ reading
@@ -425,7 +448,17 @@ def _read_one(cfg: CheckpointConfig, plan: _Plan, state: dict[str, Any], world: 
     world.barrier()
     t0 = time.perf_counter_ns()
     r = reader(path, metadata)
-    dcp.load(state, storage_reader=r, no_dist=world.size == 1)
+    err = None
+    try:
+        with _alone_quietly(world):
+            dcp.load(state, storage_reader=r, no_dist=world.size == 1)
+    except (Interrupted, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        err = _dcp_error(e, path, "read")
+    if isinstance(err, (Interrupted, KeyboardInterrupt)):
+        raise err
+    agree(world, err, "the checkpoint read")
     t1 = time.perf_counter_ns()
     delta = procio.tree_io() - io0
     rec = RankRead(world.rank, world.node, sum(f.stat().st_size for f in mine),
