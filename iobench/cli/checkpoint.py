@@ -115,4 +115,7 @@ def print_result(doc: dict[str, Any], path: str) -> None:
             console.print(f"{phase}: {fmt_spread(sp)} GB/s over {sp['n']} checkpoint(s), "
                           f"duration {fmt_spread(s[phase]['duration_s'])} s (median "
                           "[min-max])", markup=False)
+    if s["read_gap_s"] is not None:
+        console.print(f"the reads began {s['read_gap_s']:.1f} s after the last write ended "
+                      "(MLPerf Storage v3.0 asks for at most 30 s)", markup=False)
     console.print(f"result: {path}", markup=False, soft_wrap=True)

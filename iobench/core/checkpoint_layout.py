@@ -206,8 +206,9 @@ def _real_values(layout: Layout, rank: int, seed: int) -> dict[str, torch.Tensor
     """The model's initial weights (seeded), this rank's slice of each, padded to length."""
     import torch
 
-    torch.manual_seed(seed)
-    net = _build(layout.model)
+    with torch.random.fork_rng(devices=[]):  # seeded here, never the process's generator
+        torch.manual_seed(seed)
+        net = _build(layout.model)
     out = {}
     for name, t in net.state_dict().items():
         if not t.is_floating_point():

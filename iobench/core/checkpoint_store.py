@@ -172,7 +172,7 @@ def load_metadata(path: Path) -> Any:
 def writer(path: Path, after_shard: Any) -> Any:
     """A DCP writer of one fsync'ed file per rank into `path`, which records when this rank's
     shard is on storage (`shard_end_ns`) and its files, then calls `after_shard()`."""
-    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
     class _Writer(FileSystemWriter):
         shard_end_ns: int | None = None
@@ -193,7 +193,7 @@ def reader(path: Path, metadata: Any) -> Any:
     """A DCP reader of the checked checkpoint at `path` that hands DCP `metadata` (from
     `load_metadata`) instead of unpickling `.metadata` itself, and records when this rank's
     reads ended (`read_end_ns`)."""
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     class _Reader(FileSystemReader):
         read_end_ns: int | None = None

@@ -16,13 +16,20 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from iobench.core import cache, distributed, faults, procio
-from iobench.core.checkpoint_layout import Layout, build_state, layout_for, model_names, parse_scale
+from iobench.core.checkpoint_layout import (
+    Layout,
+    build_state,
+    empty_state,
+    layout_for,
+    model_names,
+    parse_scale,
+)
 from iobench.core.checkpoint_store import (
     METADATA,
     Marker,
@@ -131,14 +138,20 @@ def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
     distributed.init_process_group(world, False, cfg.timeout_s)
     done = False
     try:
-        state = build_state(plan.layout, world.rank, plan.seed)
+        state = (build_state(plan.layout, world.rank, plan.seed) if plan.run_dir is not None
+                 else empty_state(plan.layout, world.rank))  # --read: loaded over
         writes = []
         if plan.run_dir is not None:
             for k in range(cfg.repeat):
                 writes.append(_write_one(plan, state, world, k))
                 plan.targets.append(plan.run_dir / _name(k))
+        written_ns = time.perf_counter_ns()
         reads = [_read_one(cfg, plan, state, world, k % len(plan.targets))
                  for k in range(cfg.repeat)]
+        # MLPerf Storage v3.0: the reads start within 30 s of the writes' end
+        gap_s = (reads[0].pop("start_ns") - written_ns) / 1e9 if writes else None
+        for r in reads:
+            r.pop("start_ns", None)
         done = True
     finally:
         distributed.destroy_process_group()
@@ -147,6 +160,7 @@ def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
     if not world.is_root:
         return CheckpointOutcome(0)
     doc = _document(cfg, plan, world, writes, reads)
+    doc["summary"]["read_gap_s"] = gap_s
     return CheckpointOutcome(0, doc, write_document(doc, cfg.results, "checkpoint"))
 
 
@@ -185,6 +199,7 @@ def _plan(cfg: CheckpointConfig, world: World) -> _Plan:
 def _plan_read(cfg: CheckpointConfig, world: World) -> _Plan:
     path = Path(cfg.read or "")
     marker = check_marker(path, world.size)
+    load_metadata(path)  # refused here, before anything starts, unless tensors only
     layout = layout_for(marker.model, marker.scale, marker.ranks)
     return _Plan(layout, marker.seed, "", None, [path], _layout_warnings(layout, world))
 
@@ -224,9 +239,9 @@ def _check_space(layout: Layout, storage: Path, repeat: int, world: World) -> No
     need = estimated_bytes(layout) * repeat
     free = shutil.disk_usage(storage).free
     if need > free:
-        raise StorageError(f"--storage {storage} has {free / GB:.3g} GB free; {repeat} "
+        raise StorageError(f"--storage {storage} has {_size(free)} free; {repeat} "
                            f"checkpoint(s) of {layout.model} at --scale {layout.scale:g} by "
-                           f"{world.size} rank(s) need {need / GB:.3g} GB: lower --scale or "
+                           f"{world.size} rank(s) need {_size(need)}: lower --scale or "
                            "--repeat, or free space")
 
 
@@ -235,9 +250,13 @@ def _check_memory(layout: Layout, world: World) -> None:
     avail = _mem_available()
     need = layout.rank_bytes * world.local_size
     if avail is not None and need > 0.8 * avail:
-        raise ConfigError(f"{world.local_size} rank(s) on this node would hold {need / GB:.3g} "
-                          f"GB of checkpoint state; {avail / GB:.3g} GB of memory is "
-                          "available: lower --scale")
+        raise ConfigError(f"{world.local_size} rank(s) on this node would hold {_size(need)} "
+                          f"of checkpoint state; {_size(avail)} of memory is available: lower "
+                          "--scale")
+
+
+def _size(n: float) -> str:
+    return f"{n / GB:.3g} GB" if n >= GB else f"{n / 1e6:.3g} MB"
 
 
 def _mem_available() -> int | None:
@@ -303,7 +322,7 @@ class RankWrite:
 
 def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict[str, Any]:
     """Write checkpoint `k` into its temporary folder, then commit it (a collective)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     assert plan.run_dir is not None
     final = plan.run_dir / _name(k)
@@ -318,20 +337,13 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
     fault = faults.planned()
     _fill_disk_fault(fault, world.rank, k, tmp.parent)
     w = writer(tmp, lambda: faults.at_step(fault, world.rank, k, 0))
+
+    def step() -> None:
+        save(state, storage_writer=w, no_dist=world.size == 1)
+        fsync_dir(tmp)  # this rank's file's entry (rank 0 fsyncs it again in the commit)
+
     t0 = time.perf_counter_ns()
-    err = None
-    try:
-        with _alone_quietly(world):
-            dcp.save(state, storage_writer=w, no_dist=world.size == 1)
-        t1 = time.perf_counter_ns()
-        fsync_dir(tmp)
-    except (Interrupted, KeyboardInterrupt):
-        raise
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
-        err = _dcp_error(e, tmp, "write")
-    if isinstance(err, (Interrupted, KeyboardInterrupt)):
-        raise err
-    agree(world, err, "the checkpoint write")
+    t1 = _dcp(step, world, tmp, "write")
     files = {f: (tmp / f).stat().st_size for f in w.files}
     rec = RankWrite(world.rank, world.node, sum(files.values()), (w.shard_end_ns - t0) / 1e9,
                     (t1 - t0) / 1e9)
@@ -371,6 +383,25 @@ def _fill_disk_fault(fault: faults.Fault | None, rank: int, k: int, where: Path)
                 f.flush()
         except OSError:
             pass
+
+
+def _dcp(step: Callable[[], Any], world: World, where: Path, what: str) -> int:
+    """Run a DCP save or load (a collective); the clock when it ended on this rank. A failure
+    on any rank is raised on every rank, an interrupt as itself."""
+    err: BaseException | None = None
+    t1 = 0
+    try:
+        with _alone_quietly(world):
+            step()
+        t1 = time.perf_counter_ns()
+    except (Interrupted, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        err = _dcp_error(e, where, what)
+    if isinstance(err, (Interrupted, KeyboardInterrupt)):
+        raise err
+    agree(world, err, f"the checkpoint {what}")
+    return t1
 
 
 def _dcp_error(e: BaseException, where: Path, what: str) -> BaseException:
@@ -431,7 +462,7 @@ class RankRead:
 def _read_one(cfg: CheckpointConfig, plan: _Plan, state: dict[str, Any], world: World,
               k: int) -> dict[str, Any]:
     """Evict checkpoint `k`, then every rank reads its shard (a collective)."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     path = plan.targets[k]
     metadata, mine, err = None, [], None
@@ -448,25 +479,16 @@ def _read_one(cfg: CheckpointConfig, plan: _Plan, state: dict[str, Any], world: 
     world.barrier()
     t0 = time.perf_counter_ns()
     r = reader(path, metadata)
-    err = None
-    try:
-        with _alone_quietly(world):
-            dcp.load(state, storage_reader=r, no_dist=world.size == 1)
-    except (Interrupted, KeyboardInterrupt):
-        raise
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
-        err = _dcp_error(e, path, "read")
-    if isinstance(err, (Interrupted, KeyboardInterrupt)):
-        raise err
-    agree(world, err, "the checkpoint read")
-    t1 = time.perf_counter_ns()
+    t1 = _dcp(lambda: load(state, storage_reader=r, no_dist=world.size == 1), world, path,
+              "read")
     delta = procio.tree_io() - io0
     rec = RankRead(world.rank, world.node, sum(f.stat().st_size for f in mine),
                    (r.read_end_ns - t0) / 1e9, (t1 - t0) / 1e9,
                    None if note else delta.read_bytes, cache_rec.pop("mine"))
     ranks = [RankRead(**x) for x in world.allgather(asdict(rec))]
     return {"index": k, "path": str(path), **_phase(ranks, "read"),
-            **_os_check(ranks, note), "cache": _cache_status(cache_rec, ranks)}
+            **_os_check(ranks, note), "cache": _cache_status(cache_rec, ranks),
+            "start_ns": t0}
 
 
 def _evict(cfg: CheckpointConfig, path: Path, files: list[Path], world: World) -> dict[str, Any]:
