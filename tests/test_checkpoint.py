@@ -193,6 +193,7 @@ def test_read_never_unpickles_anything_but_dcp_metadata(kept, tmp_path, capsys) 
     assert not ran.exists()
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_read_refuses_a_checkpoint_of_non_tensor_objects(tmp_path, capsys) -> None:
     """DCP loads non-tensor items with torch.load(weights_only=False): refused before that."""
     import torch
