@@ -8,6 +8,7 @@ interrupted after its shard is written, another writer filling the disk) and a t
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -48,7 +49,7 @@ def kept(tmp_path_factory) -> tuple[Path, dict]:
     """One single-process run of the real cnn layout, 2 checkpoints, kept."""
     base = tmp_path_factory.mktemp("ckpt")
     out = run_cmd("checkpoint", "--storage", base, "--model", "cnn", "--repeat", "2", "--keep",
-                  "--results", base / "res", timeout=300)
+                  "--mtbf", "24", "--interval", "3600", "--results", base / "res", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return _run_dir(base), _doc(base / "res")
 
@@ -77,6 +78,7 @@ def test_llama3_layouts_keep_mlperf_sizes_and_scale_keeps_the_mix() -> None:
     (["--model", "llama3-9b"], "unknown model"), (["--model", "cnn", "--scale", "0.5"], "--scale"),
     (["--repeat", "0"], "--repeat"),
     (["--model", "llama3-1t", "--repeat", "1000"], "free"),
+    (["--mtbf", "0"], "--mtbf"), (["--interval", "60"], "--interval"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys, argv, words) -> None:
     storage = tmp_path / "s"
@@ -133,6 +135,33 @@ def test_checkpoints_are_removed_without_keep(tmp_path: Path) -> None:
     assert doc["layout"]["tensors_per_rank"] == 4 * (9 * 32 + 3)
     assert any("MLPerf Storage runs llama3-8b with 8 processes" in w for w in doc["warnings"])
     assert "GB/s" in out.stdout and "result:" in out.stdout
+
+
+def test_young_interval_from_the_measured_save_and_read(kept) -> None:
+    _, doc = kept
+    y = doc["summary"]["young"]
+    cost = sorted(w["save_s"] + w["commit_s"] for w in doc["writes"])
+    assert y["cost_s"] == pytest.approx(sum(cost) / 2)  # the median of two
+    assert y["mtbf_s"] == 24 * 3600 and y["used_s"] == 3600
+    assert y["optimal_s"] == pytest.approx(math.sqrt(2 * y["cost_s"] * y["mtbf_s"]))
+    assert y["lost_per_day_s"] < y["lost_per_day_used_s"]  # Young's is the least loss
+
+
+def test_young_loses_least_at_its_interval() -> None:
+    from iobench.core.resilience import lost_fraction, young
+
+    y = young(cost_s=60.0, restart_s=120.0, mtbf_s=24 * 3600.0)
+    assert y.optimal_s == pytest.approx(math.sqrt(2 * 60 * 24 * 3600))  # ~54 min
+    for other in (0.5 * y.optimal_s, 2 * y.optimal_s):
+        assert lost_fraction(other, 60, 120, 86400) > lost_fraction(y.optimal_s, 60, 120, 86400)
+    assert y.lost_per_day_s == pytest.approx(
+        86400 * (60 / y.optimal_s + (y.optimal_s / 2 + 120) / 86400))
+
+
+def test_mtbf_needs_the_writes(kept, capsys) -> None:
+    run_dir, _ = kept
+    assert cli("checkpoint", "--read", run_dir / "ckpt-000", "--mtbf", "24") == 2
+    _one_line_error(capsys.readouterr().err, "--mtbf")
 
 
 # ------------------------------------------------------------------------ what --read accepts

@@ -44,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it, reads on a shared tier are marked unverified, not cold")
     p.add_argument("--keep", action="store_true",
                    help="keep the checkpoints (default: removed after they were read)")
+    p.add_argument("--mtbf", type=float, default=None, metavar="HOURS",
+                   help="the job's mean time between failures: report Young's checkpoint "
+                        "interval sqrt(2 x cost x MTBF) and the time lost per day at it")
+    p.add_argument("--interval", type=float, default=None, metavar="SECONDS",
+                   help="with --mtbf: the interval you checkpoint at now, to compare")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="a collective that waits longer fails the job (a dead rank)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
@@ -67,7 +72,8 @@ def _run(args: argparse.Namespace, world: Any) -> int:
         cfg = CheckpointConfig(storage=args.storage, read=args.read, model=args.model,
                                scale=args.scale, repeat=args.repeat, seed=args.seed,
                                results=args.results, evict_cmd=args.evict_cmd, keep=args.keep,
-                               timeout_s=args.timeout)
+                               timeout_s=args.timeout, mtbf_h=args.mtbf,
+                               interval_s=args.interval)
     except IobenchError as e:
         if world.is_root:
             raise  # the same on every rank: printed once
@@ -118,4 +124,22 @@ def print_result(doc: dict[str, Any], path: str) -> None:
     if s["read_gap_s"] is not None:
         console.print(f"the reads began {s['read_gap_s']:.1f} s after the last write ended "
                       "(MLPerf Storage v3.0 asks for at most 30 s)", markup=False)
+    if s["young"] is not None:
+        console.print(young_line(s["young"]), markup=False, soft_wrap=True)
     console.print(f"result: {path}", markup=False, soft_wrap=True)
+
+
+def young_line(y: dict[str, Any]) -> str:
+    """Young's interval in words, and the time lost per day at it (and at --interval)."""
+    line = (f"checkpoint every {_dur(y['optimal_s'])} (Young: sqrt(2 x {y['cost_s']:.3g} s "
+            f"per save x MTBF {y['mtbf_s'] / 3600:g} h)); expected loss "
+            f"{_dur(y['lost_per_day_s'])} per day (saves, lost work, {y['restart_s']:.3g} s "
+            "restarts)")
+    if y["used_s"] is not None:
+        line += (f"; every {_dur(y['used_s'])} as now: {_dur(y['lost_per_day_used_s'])} "
+                 "per day")
+    return line
+
+
+def _dur(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"

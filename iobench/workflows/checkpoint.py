@@ -46,6 +46,7 @@ from iobench.core.errors import ConfigError, IobenchError, StorageError
 from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import MANIFEST_NAME
 from iobench.core.options import parse_evict_cmd, parse_repeat
+from iobench.core.resilience import parse_mtbf, young
 from iobench.core.results import new_run_id, now_iso, write_document
 from iobench.core.spread import spread
 from iobench.core.world import World, agree
@@ -72,6 +73,8 @@ class CheckpointConfig:
     evict_cmd: str | None = None
     keep: bool = False  # keep the checkpoints written (default: removed after the reads)
     timeout_s: float = 600.0  # a collective that waits longer fails (a rank died)
+    mtbf_h: float | None = None  # the job's mean time between failures: Young's interval
+    interval_s: float | None = None  # the interval checkpoints are taken at now, to compare
 
     def __post_init__(self) -> None:
         if (self.storage is None) == (self.read is None):
@@ -85,6 +88,16 @@ class CheckpointConfig:
                               f"{', '.join(model_names())}")
         if self.seed < 0:
             raise ConfigError(f"--seed {self.seed} must be >= 0")
+        self._check_mtbf()
+
+    def _check_mtbf(self) -> None:
+        parse_mtbf(self.mtbf_h)
+        if self.mtbf_h is not None and self.read is not None:
+            raise ConfigError("--mtbf needs a checkpoint's cost, which the writes measure: "
+                              "drop --read (give --storage) or drop --mtbf")
+        if self.interval_s is not None and (self.mtbf_h is None or not self.interval_s > 0):
+            raise ConfigError(f"--interval {self.interval_s!r}: give it in seconds (> 0), "
+                              "with --mtbf HOURS")
 
 
 @dataclass(frozen=True)
@@ -161,6 +174,7 @@ def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
         return CheckpointOutcome(0)
     doc = _document(cfg, plan, world, writes, reads)
     doc["summary"]["read_gap_s"] = gap_s
+    doc["summary"]["young"] = _young(cfg, writes, reads)
     return CheckpointOutcome(0, doc, write_document(doc, cfg.results, "checkpoint"))
 
 
@@ -596,6 +610,18 @@ def _document(cfg: CheckpointConfig, plan: _Plan, world: World, writes: list[dic
         "warnings": list(dict.fromkeys(warnings)),
         "provenance": provenance(where),
     }
+
+
+def _young(cfg: CheckpointConfig, writes: list[dict[str, Any]],
+           reads: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """With --mtbf: Young's interval, from the median save (how long a synchronous save
+    blocks training: DCP's save and the commit) and the median read (the restart)."""
+    mtbf_s = parse_mtbf(cfg.mtbf_h)
+    cost = spread(w["save_s"] + w["commit_s"] for w in writes)
+    restart = spread(r["duration_s"] for r in reads)
+    if mtbf_s is None or cost is None or restart is None:
+        return None
+    return young(cost["median"], restart["median"], mtbf_s, cfg.interval_s).to_dict()
 
 
 def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> None:
