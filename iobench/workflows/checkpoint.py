@@ -126,8 +126,6 @@ def checkpoint_job(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
     """`iobench checkpoint` on this rank, with the job's abort policy (as `train`'s): an error
     every rank raised is raised on rank 0; one rank's own failure ends every rank (exit 3);
     an interrupt leaves the complete checkpoints and removes the one being written."""
-    from iobench.workflows.train_run import abort_job
-
     try:
         return run_checkpoints(cfg, world)
     except Interrupted as e:
@@ -137,12 +135,19 @@ def checkpoint_job(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
             if world.is_root:
                 raise
             return CheckpointOutcome(e.exit_code)
-        abort_job(world, f"rank {world.rank} failed: {e}")
+        _abort(world, f"rank {world.rank} failed: {e}")
     except Exception as e:
         if world.size == 1:
             raise
-        abort_job(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
+        _abort(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
     return CheckpointOutcome(3)
+
+
+def _abort(world: World, message: str) -> None:
+    """End every rank of the job (exit status 3), saying which rank failed and why."""
+    print(f"iobench: error: {message}; ending all {world.size} ranks", file=sys.stderr, flush=True)
+    world.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
+    sys.exit(3)
 
 
 def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
