@@ -126,6 +126,18 @@ def test_write_then_cold_read_with_mlperf_figures(kept) -> None:
             assert rec["os_read_bytes"] >= 0.95 * rec["bytes"]
 
 
+def test_the_document_validates_and_a_damaged_one_does_not(kept) -> None:
+    from iobench.core.schema import SchemaError
+    from iobench.workflows.checkpoint import validate
+
+    _, doc = kept
+    assert validate(doc) is doc
+    bad = json.loads(json.dumps(doc))
+    bad["reads"][0]["ranks"][0]["read_s"] = "fast"
+    with pytest.raises(SchemaError, match=r"reads\[0\]\.ranks\[0\]\.read_s"):
+        validate(bad)
+
+
 def test_checkpoints_are_removed_without_keep(tmp_path: Path) -> None:
     out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "llama3-8b", "--scale",
                   "0.0002", "--results", tmp_path / "res")

@@ -48,6 +48,7 @@ from iobench.core.manifest import MANIFEST_NAME
 from iobench.core.options import parse_evict_cmd, parse_repeat
 from iobench.core.resilience import parse_mtbf, young
 from iobench.core.results import new_run_id, now_iso, write_document
+from iobench.core.schema import Count, List, Map, NonNeg, Num, Opt, SchemaError, Str, check
 from iobench.core.spread import spread
 from iobench.core.world import World, agree
 
@@ -180,6 +181,7 @@ def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
     doc = _document(cfg, plan, world, writes, reads)
     doc["summary"]["read_gap_s"] = gap_s
     doc["summary"]["young"] = _young(cfg, writes, reads)
+    validate(doc)
     return CheckpointOutcome(0, doc, write_document(doc, cfg.results, "checkpoint"))
 
 
@@ -627,6 +629,41 @@ def _young(cfg: CheckpointConfig, writes: list[dict[str, Any]],
     if mtbf_s is None or cost is None or restart is None:
         return None
     return young(cost["median"], restart["median"], mtbf_s, cfg.interval_s).to_dict()
+
+
+_RANK = {"rank": Count, "node": Count, "bytes": Count, "GBps": NonNeg}
+_PHASE = {"index": Count, "path": Str, "bytes": Count, "duration_s": NonNeg,
+          "throughput_GBps": NonNeg, "rank_GBps_min": NonNeg}
+_SPREADS = Map({k: Opt(Map({"median": Num, "min": Num, "max": Num, "cv": Opt(Num), "n": Count,
+                            "values": List(Num)})) for k in PHASE_FIGURES})
+CHECKPOINT_SPEC = Map({
+    "schema": Str, "schema_version": Count, "kind": Str, "run_id": Str, "created": Str,
+    "status": Str, "config": Map({}), "world": Map({"size": Count, "nodes": Count,
+                                                   "launcher": Str}),
+    "layout": Map({"model": Str, "kind": Str, "scale": NonNeg, "ranks": Count,
+                   "processes": Opt(Count), "tensors_per_rank": Count,
+                   "rank_tensor_bytes": Count, "about": Str}),
+    "writes": List(Map({**_PHASE, "commit_s": NonNeg, "save_s": NonNeg, "ranks": List(Map(
+        {**_RANK, "write_s": NonNeg, "save_s": NonNeg}))})),
+    "reads": List(Map({**_PHASE, "os_read_bytes": Opt(Count), "os_read_check": Str,
+                       "os_read_note": Opt(Str), "cache": Map({"status": Str,
+                                                               "resident_fraction": Opt(Num)}),
+                       "ranks": List(Map({**_RANK, "read_s": NonNeg, "load_s": NonNeg,
+                                          "os_read_bytes": Opt(Count),
+                                          "resident_fraction": Opt(Num)}))}), min_len=1),
+    "summary": Map({"write": _SPREADS, "read": _SPREADS, "read_gap_s": Opt(Num),
+                    "young": Opt(Map({"optimal_s": NonNeg, "lost_per_day_s": NonNeg}))}),
+    "kept": List(Str), "warnings": List(Str), "provenance": Map({}),
+})
+
+
+def validate(doc: dict[str, Any], where: str = "checkpoint result") -> dict[str, Any]:
+    """`doc` when it has the shape of an `iobench.checkpoint` document; else a SchemaError
+    naming the first bad field (what a reader of these documents checks first)."""
+    checked: dict[str, Any] = check(doc, CHECKPOINT_SPEC, where)
+    if checked["schema"] != SCHEMA or checked["schema_version"] > SCHEMA_VERSION:
+        raise SchemaError(f"{where}: not an {SCHEMA} document of version <= {SCHEMA_VERSION}")
+    return checked
 
 
 def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> None:
