@@ -209,6 +209,12 @@ def test_read_refuses_no_marker_damage_and_other_rank_counts(kept, tmp_path, cap
     (two / MARKER).write_text(json.dumps(marker))
     assert cli("checkpoint", "--read", two) == 2
     _one_line_error(capsys.readouterr().err, "written by 2 rank(s)")
+    other = _copy(run_dir / "ckpt-000", tmp_path / "other")
+    marker = json.loads((other / MARKER).read_text())
+    marker["model"] = "resnet18"  # a marker that names another layout than the files hold
+    (other / MARKER).write_text(json.dumps(marker))
+    assert cli("checkpoint", "--read", other) == 2
+    _one_line_error(capsys.readouterr().err, "does not hold")
 
 
 class _Payload:

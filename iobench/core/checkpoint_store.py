@@ -169,6 +169,21 @@ def load_metadata(path: Path) -> Any:
                                 f"({type(e).__name__}: {e})") from None
 
 
+def check_tensors(metadata: Any, state: dict[str, Any], path: Path) -> None:
+    """CheckpointRefused unless the metadata holds every tensor of `state` (this rank's, as
+    the marker's layout makes them) with its shape and dtype: DCP would fail mid-read."""
+    held = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(held, dict):
+        raise CheckpointRefused(f"{path / METADATA} holds no DCP state dict metadata")
+    for key, t in state.items():
+        md = held.get(key)
+        size = getattr(md, "size", None)
+        dtype = getattr(getattr(md, "properties", None), "dtype", None)
+        if size is None or tuple(size) != tuple(t.shape) or dtype != t.dtype:
+            raise CheckpointRefused(f"{path}: its metadata does not hold {key} as the layout its "
+                                    "marker names makes it (shape, dtype): refusing to read it")
+
+
 def writer(path: Path, after_shard: Any) -> Any:
     """A DCP writer of one fsync'ed file per rank into `path`, which records when this rank's
     shard is on storage (`shard_end_ns`) and its files, then calls `after_shard()`."""

@@ -34,6 +34,7 @@ from iobench.core.checkpoint_store import (
     METADATA,
     Marker,
     check_marker,
+    check_tensors,
     commit,
     fsync_dir,
     load_metadata,
@@ -490,6 +491,7 @@ def _read_one(cfg: CheckpointConfig, plan: _Plan, state: dict[str, Any], world: 
     try:
         marker = check_marker(path, world.size)
         metadata = load_metadata(path)
+        check_tensors(metadata, state, path)
         mine = [path / f for f in marker.files if f.startswith(f"__{world.rank}_")]
     except IobenchError as e:
         err = e
