@@ -356,6 +356,8 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
         except OSError as e:
             err = StorageError(f"cannot create {tmp}: {e.strerror or e}")
     agree(world, err)  # (also a barrier: the ranks start together)
+    # tests only (IOBENCH_TEST_FAULT, iobench.core.faults): `epoch` names the checkpoint,
+    # step 0 is after this rank's shard is on storage and before DCP writes the metadata
     fault = faults.planned()
     _fill_disk_fault(fault, world.rank, k, tmp.parent)
     w = writer(tmp, lambda: faults.at_step(fault, world.rank, k, 0))
