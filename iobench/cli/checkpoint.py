@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "bytes, keeping its tensor count and size mix (default 1: MLPerf's)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="write N checkpoints, then read N (MLPerf Storage: 10); with --read, "
-                        "read it N times")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tensors' contents")
+                        "read it N times (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tensors' contents (default 0)")
     p.add_argument("--evict-cmd", default=None, metavar="CMD",
                    help="shell command that empties what no client can (a shared tier's server "
                         "caches), run by each node's local rank 0 before every read; without "
@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=None, metavar="SECONDS",
                    help="with --mtbf: the interval you checkpoint at now, to compare")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="a collective that waits longer fails the job (a dead rank)")
+                   help="a collective that waits longer fails the job (a dead rank; "
+                        "default 600)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
 
