@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("iobench.cli.train", "train a real model with a real loader; measure data stall per epoch"),
     "bench-read": ("iobench.cli.bench_read", "pure-read benchmark of loaders x workers x shuffle, cold cache"),
     "stage": ("iobench.cli.stage", "copy a dataset between storage tiers in parallel (replicate or shard)"),
+    "checkpoint": ("iobench.cli.checkpoint", "write N checkpoints with torch.distributed.checkpoint, then read them back cold"),
     "probe": ("iobench.cli.probe", "measure a storage tier: bandwidth, IOPS, metadata rates (cold cache)"),
     "compare": ("iobench.cli.compare", "side-by-side table (and plot) of training results"),
     "report": ("iobench.cli.report", "self-contained HTML/Markdown report of a results directory"),
