@@ -86,15 +86,16 @@ def comparability(slow: TrainResult, fast: TrainResult) -> list[str]:
 
 
 def outcome(row: Mapping[str, Any]) -> str:
-    """What a `staging_pairs` row answers: `pays off` (after `break_even_epochs`), `never`,
-    `not significant` (the two epoch times are within their spread: no number is given), or
-    `not computed` (refused, resumed, or no runs to compare)."""
+    """What a `staging_pairs` row answers: `pays off` (after `break_even_epochs`), `never`
+    (the copy was not faster: no evidence that staging pays, whatever the spread), `not
+    significant` (faster, but the two epoch times are within their spread: no number is
+    given), or `not computed` (refused, resumed, or no runs to compare)."""
     be = row.get("break_even_epochs")
     if row.get("refused") or be is None:
         return "not computed"
-    if row.get("significant") is False:
-        return "not significant"
-    return "never" if math.isinf(be) else "pays off"
+    if math.isinf(be):
+        return "never"
+    return "not significant" if row.get("significant") is False else "pays off"
 
 
 def break_even_text(row: Mapping[str, Any]) -> str:
