@@ -1,13 +1,16 @@
 """A self-contained report of a results directory (HTML with embedded PNGs, or Markdown).
 
-Reads every iobench document in the directory: training results
-(`iobench.result`), staging results (`iobench.stage`), storage probes
-(`iobench.probe`) and sweep records (`iobench.sweep`), and writes the
+Reads every iobench document in the directory and its sub-directories:
+training results (`iobench.result`), staging results (`iobench.stage`),
+storage probes (`iobench.probe`) and sweep records (`iobench.sweep`), and
+opens with the answer (`lead_section`: which tier keeps up, the staging
+break-even, what to do; then each run's verdict), then writes the
 environment, the probe figures per tier, a table of runs per dataset (with
 each run's MB/s as a fraction of its tier's probe limit), the staging cost
 with break-even epochs (docs/metrics.md), and plots: stall time per epoch by run,
 throughput by workers, AU by storage tier, loader MB/s next to the probe
-limits. Runs with `--repeat N` repetitions show median [min-max] and min-max
+limits (the AU plot averages only alike runs). Runs with `--repeat N`
+repetitions show median [min-max] and min-max
 error bars; differences within the spread are marked `n.s.`. Report code is
 the only place (with `compare`) that imports matplotlib.
 """
@@ -732,8 +735,9 @@ def staging_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | No
                  "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
                  "(docs/metrics.md), from the medians over repetitions (stage s and epoch "
                  "s: median [min-max] where repeated): staging pays for itself after "
-                 "that many epochs; never when the copy is not faster; n.s. when "
-                 "the two epoch times are within their spread. Runs are compared "
+                 "that many epochs; never when the copy is not faster; n.s. (no "
+                 "number) when the two epoch times are within their spread (over "
+                 "repetitions, or over the cold epochs of single passes). Runs are compared "
                  "only when dataset, format, compute, batch, ranks, loader, workers, "
                  "shuffle, steps and cache mode match. A resumed staging copied "
                  "only part of the data: no break-even (n/a). Time to solution: "
