@@ -85,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="end the whole job when a rank makes no progress for this long (a "
                         "frozen or dead rank), naming it; results so far are kept, marked "
                         "incomplete (default 300)")
+    p.add_argument("--tier", default=None, metavar="NAME",
+                   help="name of the storage tier, stored in the result; `iobench report` "
+                        "names the run's tier by it (default: the tier's probe label, else "
+                        "its filesystem and path)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
@@ -163,7 +167,8 @@ def build_config(args: argparse.Namespace) -> Any:
                        channels_last=args.channels_last, timeout_s=args.timeout,
                        results=args.results, repeat=args.repeat,
                        step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
-                       au_threshold=args.au_threshold, evict_cmd=args.evict_cmd)
+                       au_threshold=args.au_threshold, evict_cmd=args.evict_cmd,
+                       tier=args.tier)
 
 
 def _apply_workload(args: argparse.Namespace) -> None:

@@ -368,6 +368,7 @@ class RunConfig(Record):
     data_key: str | None = key(default=None, optional=True)
     label_key: str | None = key(default=None, optional=True)
     evict_cmd: str | None = key(default=None, optional=True)
+    tier: str | None = key(default=None, optional=True)  # --tier NAME
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -711,11 +712,36 @@ class SweepRun(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SweepBreakEven(Record):
+    """A staging's break-even after a sweep's runs (`break_evens`; a number only if it pays off).
+
+    `outcome` is `pays off` (after `break_even_epochs`), `never`, `not
+    significant` (the epoch times are within their spread over `spread_over`:
+    no number) or `not computed` (`text` says why).
+    """
+
+    dataset: str
+    format: str
+    source: str = key(name="from")
+    dest: str = key(name="to")
+    run: str | None
+    stage_s: float | None
+    epoch_slow_s: float | None
+    epoch_fast_s: float | None
+    outcome: str = key(Enum("pays off", "never", "not significant", "not computed"))
+    break_even_epochs: float | None
+    significant: bool | None
+    spread_over: str | None
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class SweepDoc(Record):
     """An `iobench.sweep` document (the fields readers use)."""
 
     config: SweepPlan = key(default=SweepPlan(), optional=True)
     runs: tuple[SweepRun, ...] = key(default=(), optional=True)
+    break_evens: tuple[SweepBreakEven, ...] = key(default=(), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

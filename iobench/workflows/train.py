@@ -100,6 +100,7 @@ class TrainConfig:
     data: str | None = None
     data_key: str | None = None  # its sample array (HDF5/NetCDF), else detected
     label_key: str | None = None  # its labels array or LMDB record, else detected
+    tier: str | None = None  # the storage tier's name in reports (--tier); None: its path
 
     def __post_init__(self) -> None:
         parse_loader(self.loader)
@@ -115,6 +116,7 @@ class TrainConfig:
         if self.worker_type not in WORKER_TYPES:
             raise ConfigError(f"--worker-type {self.worker_type!r}; choose one of {WORKER_TYPES}")
         parse_shuffle(self.shuffle)
+        parse_tier_label(self.tier)
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"--lr {self.lr} must be a positive number")
         if not self.timeout_s > 0:
@@ -197,6 +199,14 @@ def parse_loader(loader: str) -> str:
     if loader not in LOADER_NAMES:
         raise ConfigError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADER_NAMES)}")
     return loader
+
+
+def parse_tier_label(label: str | None) -> str | None:
+    """`--tier NAME`: a short one-line name for the storage tier (None: none given)."""
+    if label is not None and not (label.strip() and label.isprintable() and len(label) <= 64):
+        raise ConfigError(f"--tier {label!r} must be a short name on one line (1-64 printable "
+                          "characters), e.g. --tier nvme")
+    return label
 
 
 def parse_loader_format(loader: str, fmt: str) -> str:
