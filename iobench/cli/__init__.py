@@ -114,11 +114,13 @@ INTERNAL_ERROR = 70  # EX_SOFTWARE
 
 
 def _signals(command: str | None) -> contextlib.AbstractContextManager[None]:
-    """`iobench train` may be one of several ranks: from its first moment (its parser imports
-    torch, seconds), an interrupt waits for the ranks' first collective, so no rank leaves
-    alone while a peer waits for it at the rendezvous (`iobench.core.interrupts`); a single
-    process acts on it as soon as it knows it is alone (`cli.train`)."""
-    return interrupts(defer=True) if command == "train" else contextlib.nullcontext()
+    """`iobench train` and `checkpoint` may be one of several ranks: from their first moment
+    (train's parser imports torch, seconds), an interrupt waits for the ranks' first
+    collective, so no rank leaves alone while a peer waits for it at the rendezvous
+    (`iobench.core.interrupts`); a single process acts on it as soon as it knows it is
+    alone (their `main`)."""
+    ranked = command in ("train", "checkpoint")
+    return interrupts(defer=True) if ranked else contextlib.nullcontext()
 
 
 def _write_traceback(e: BaseException) -> str:

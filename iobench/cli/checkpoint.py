@@ -57,13 +57,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from iobench.core.interrupts import interrupts
+    from iobench.core.interrupts import act_now
     from iobench.core.world import get_world
 
+    # the CLI entered interrupts(defer=True) first thing (cli._signals): several ranks act
+    # on an interrupt together, at a collective; one process at once, from here
     world = get_world()
-    # several ranks act on an interrupt together, at a collective (iobench.core.interrupts)
-    with interrupts(defer=world.size > 1):
-        return _run(args, world)
+    if world.size == 1:
+        act_now()
+    return _run(args, world)
 
 
 def _run(args: argparse.Namespace, world: Any) -> int:
