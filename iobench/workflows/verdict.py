@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from iobench.core.breakeven import outcome
 from iobench.core.result_types import Ceilings, ProbeDoc, Straggler, TrainResult, Verdict
 
 DEFAULT_THRESHOLD = 0.90  # MLPerf Storage: AU below 0.90 means storage cannot keep up
@@ -433,10 +434,16 @@ def _advise_storage(case: _Case, limit: float | None,
         if limit:
             read += f" = {mbps / limit:.2f} of {tier}'s probed limit ({limit:.0f} MB/s)"
         case.evidence.append(read)
-    if break_even is not None and break_even.get("break_even_epochs") is not None:
-        be = break_even["break_even_epochs"]
-        case.advice.append("staging to node-local storage never pays off here" if math.isinf(be)
-                           else f"staging to node-local storage pays off after {be:.1f} epochs")
+    what = None if break_even is None else outcome(break_even)
+    if what == "never":
+        case.advice.append("staging to node-local storage never pays off here")
+    elif what == "pays off":
+        assert break_even is not None
+        case.advice.append("staging to node-local storage pays off after "
+                           f"{break_even['break_even_epochs']:.1f} epochs")
+    elif what == "not significant":  # within the spread: no number that would mislead
+        case.advice.append("staging's gain here is within the runs' spread (not significant): "
+                           "repeat both runs (--repeat 3) to tell")
     elif storage.kind in SHARED_KINDS:
         case.advice.append("stage the dataset to node-local storage (iobench train --stage-to "
                            "DIR) and compare the two runs for the break-even")
