@@ -359,6 +359,7 @@ class RunConfig(Record):
     compute_time_s: float | None = key(default=None, optional=True)
     repeat: int = key(default=1, optional=True)
     max_steps: int | None = key(default=None, optional=True)
+    trace: str | None = key(default=None, optional=True)  # train --trace FILE (absolute)
 
 
 @dataclass(frozen=True, kw_only=True)
