@@ -198,3 +198,14 @@ def test_a_loader_without_clocks_leaves_fetch_and_decode_out(tmp_path: Path) -> 
     [ep] = load_timeline(tmp_path / "t.json")
     assert epoch_line(ep).startswith("repeat 1 epoch 1: stall 0.000 s of 0.000 s on rank 0")
     assert epoch_svg(ep).count("fill='#d32f2f'") >= 2  # the legend's and the waits'
+
+
+def test_a_trace_iobench_did_not_write_is_one_line_in_the_report(tmp_path: Path) -> None:
+    from iobench.core.errors import DatasetError
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"traceEvents": [{"name": "x", "ph": "X", "ts": 0, "dur": 1,
+                                                  "pid": 1, "tid": 1}]}))
+    for path in (other, tmp_path / "missing.json"):
+        with pytest.raises(DatasetError, match="trace .*"):
+            load_timeline(path)

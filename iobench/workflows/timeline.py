@@ -71,16 +71,29 @@ def load_timeline(path: str | Path) -> list[EpochSpans]:
         raise DatasetError(f"trace {path} cannot be read: {err}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise DatasetError(f"trace {path} holds no traceEvents list: not a trace iobench wrote")
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+    try:
+        epochs = _epochs(doc["traceEvents"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise DatasetError(f"trace {path} has an event iobench does not write ({err!r}): "
+                           "not a trace of iobench train") from None
+    if any(r.window is None for ep in epochs for r in ep.ranks.values()):
+        raise DatasetError(f"trace {path} lacks a rank's epoch span: it was cut short or "
+                           "not written by iobench train")
+    return epochs
+
+
+def _epochs(events: list[Any]) -> list[EpochSpans]:
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     epochs: dict[tuple[int, int], EpochSpans] = {}
-    for e in doc["traceEvents"]:
+    for e in events:
         if e.get("ph") != "X":
             continue
         a = e["args"]
-        ep = epochs.setdefault((a["repeat"], a["epoch"]), EpochSpans(a["repeat"], a["epoch"]))
-        _add(ep.ranks.setdefault(e["pid"], RankSpans()), e,
-             names.get((e["pid"], e["tid"]), f"lane {e['tid']}"))
+        ep = epochs.setdefault((int(a["repeat"]), int(a["epoch"])),
+                               EpochSpans(int(a["repeat"]), int(a["epoch"])))
+        _add(ep.ranks.setdefault(int(e["pid"]), RankSpans()), e,
+             str(names.get((e["pid"], e["tid"]), f"lane {e['tid']}")))
     return [epochs[k] for k in sorted(epochs)]
 
 
