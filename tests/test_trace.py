@@ -182,9 +182,9 @@ def test_a_loader_without_clocks_leaves_fetch_and_decode_out(tmp_path: Path) -> 
     """Spans come from the loop's clock; a batch without `timing` adds no fetch or decode,
     and the file says those kinds were not measured."""
     clock = _clock(1_000_000, [5_000, 2_000, 3_000], [10_000, 10_000, 10_000])
-    steps = StepClocks(3)
+    steps = StepClocks()
     for got in (1_004_000, 1_016_000, 1_028_000):
-        steps.add(got, 0, None)
+        steps.add((got, 0, None))
     trace = Trace("dali", "cpu", "r1")
     trace.add(0, 0, [epoch_part(0, "h", clock, steps)])
     doc = json.loads(write_trace(tmp_path / "t.json", trace).read_text())

@@ -2,9 +2,9 @@
 
 The training loop keeps its clocks anyway (`EpochClock`: wait and compute
 per step, which tile the epoch; `Batch.timing`: a loader worker's fetch and
-decode per batch). With a trace asked for, a step adds one tuple to a list
-allocated for the epoch (`StepClocks.add`: when its batch arrived, when it
-was on the device, the batch's own clocks); the epoch's tuples and the
+decode per batch). With a trace asked for, a step appends one tuple to the
+epoch's list (`StepClocks.add`: when its batch arrived, when it was on the
+device, the batch's own clocks); the epoch's tuples and the
 clock become one integer array per rank (`epoch_part`), gathered to rank 0
 with the epoch's figures. Rank 0 keeps them (`Trace`) and writes the JSON
 once, at the end of the run (`write_trace`): no string is built while a
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,26 +55,21 @@ COLUMNS = ("wait_start", "ready", "compute_end", "got", "h2d_end", "read_ns", "d
            "done", "worker")
 
 
+StepRow = tuple[int, int, tuple[int, int, int, int] | None]  # (got_ns, h2d_end_ns, timing)
+
+
 class StepClocks:
-    """One rank's per-step trace clocks over one epoch: a tuple a step, in a list sized for
-    the epoch's planned steps (nothing else happens in a step)."""
+    """One rank's per-step trace clocks over one epoch: `add((got_ns, h2d_end_ns, timing))`
+    once a step, a bound `list.append` (a step's batch returned by `next()` at `got_ns`, on
+    the device at `h2d_end_ns`, 0 when nothing was copied, with the loader's `Batch.timing`).
+    A list cannot reserve room in Python: storing by index into one filled with None cost
+    more per step than this append (measured: scripts/bench/trace_cost.py)."""
 
-    __slots__ = ("n", "rows")
+    __slots__ = ("add", "rows")
 
-    def __init__(self, steps: int) -> None:
-        self.rows: list[tuple[int, int, tuple[int, int, int, int] | None] | None] = (
-            [None] * max(steps, 0))
-        self.n = 0
-
-    def add(self, got_ns: int, h2d_end_ns: int,
-            timing: tuple[int, int, int, int] | None) -> None:
-        """A step's batch: returned by `next()` at `got_ns`, on the device at `h2d_end_ns`
-        (0: nothing copied), with the loader's (read_ns, decode_ns, done_ns, worker)."""
-        if self.n < len(self.rows):
-            self.rows[self.n] = (got_ns, h2d_end_ns, timing)
-        else:
-            self.rows.append((got_ns, h2d_end_ns, timing))
-        self.n += 1
+    def __init__(self) -> None:
+        self.rows: list[StepRow] = []
+        self.add: Callable[[StepRow], None] = self.rows.append
 
 
 class EpochPart(NamedTuple):
@@ -100,7 +95,7 @@ def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks) -> Ep
     out[:, 1] = out[:, 2] - compute
     out[:, 0] = out[:, 1] - wait
     out[:, 5] = NO_TIMING
-    filled = [r for r in steps.rows[:min(n, steps.n)] if r is not None]
+    filled = steps.rows[:n]
     if filled:  # whole columns at once: a numpy item assignment per value costs ~1 us
         m = len(filled)
         out[:m, 3:5] = np.array([(got, h2d) for got, h2d, _ in filled], dtype=np.int64)

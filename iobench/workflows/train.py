@@ -744,7 +744,7 @@ class _Run:
         if config.max_steps is not None:
             steps_total = min(steps_total, config.max_steps)
         clock = EpochClock()
-        self._clocks = StepClocks(steps_total) if config.trace is not None else None
+        self._clocks = StepClocks() if config.trace is not None else None
         self._last_live = prev_end = clock.start()
         times = _LoaderTimes()
         it: Iterator[Any] = iter(loader.epoch(epoch))
@@ -775,9 +775,9 @@ class _Run:
         """One step on a batch received at `t_got`: to the device, wait for the other ranks,
         compute; the clock reads the batch ready and the compute done."""
         x, y = _to_device(batch, self.device)
-        if self._clocks is not None:  # --trace: a tuple, nothing more
-            self._clocks.add(t_got, time.perf_counter_ns() if self.device.type == "cuda"
-                             else 0, batch.timing)
+        if self._clocks is not None:  # --trace: a tuple appended, nothing more
+            self._clocks.add((t_got, time.perf_counter_ns() if self.device.type == "cuda"
+                              else 0, batch.timing))
         self._at(f"waiting for the other ranks' batch {step + 1}", step)
         compute.wait_for_all_ranks()
         t_ready = clock.batch_ready()

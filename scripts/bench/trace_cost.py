@@ -88,9 +88,9 @@ def bookkeeping_ns(steps: int = 20000) -> float:
     clock.wait_ns, clock.compute_ns = [1000] * steps, [2000] * steps
     timing = (1, 2, 3, 0)
     t0 = t.perf_counter_ns()
-    rec = StepClocks(steps)
+    rec = StepClocks()
     for i in range(steps):
-        rec.add(i, 0, timing)
+        rec.add((i, 0, timing))
     epoch_part(0, "host", clock, rec)
     return (t.perf_counter_ns() - t0) / steps
 
