@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import cli, run_mpi
+from conftest import cli, run_cmd, run_mpi
 from iobench.core import results
 from iobench.core.metrics import EpochClock
 from iobench.core.trace import StepClocks, Trace, epoch_part, write_trace
@@ -130,6 +130,20 @@ def test_two_ranks_gather_into_one_file(storage: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".two.json.*"))  # no temporary file left
 
 
+def test_an_interrupted_run_traces_the_epochs_that_completed(storage: Path,
+                                                            tmp_path: Path) -> None:
+    res, trace_file = tmp_path / "res", tmp_path / "cut.json"
+    out = run_cmd(*TRAIN, "--storage", storage, "--workers", "0", "--results", res,
+                  "--trace", trace_file,
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,step=2,action=sigint"})
+    assert out.returncode != 0 and "interrupted" in out.stderr, out.stderr[-2000:]
+    doc = _result(res)
+    assert doc["status"] == "interrupted" and len(doc["epochs"]) == 1
+    trace = json.loads(trace_file.read_text())
+    assert {e["args"]["epoch"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0}
+    _check_against_result(trace, doc, 1, ("epoch", "wait", "compute", "fetch", "decode"))
+
+
 def _refused(capsys: pytest.CaptureFixture[str], words: str) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--trace" in err[0] and words in err[0], err
@@ -147,6 +161,12 @@ def test_bad_trace_paths_are_refused_before_training(storage: Path, tmp_path: Pa
         assert cli(*TRAIN, "--storage", storage, "--workers", "0", "--results", res,
                    "--trace", path) == 2, path
         _refused(capsys, words)
+    # staging reads the source first: a trace there is refused before the copy
+    assert cli(*TRAIN, "--storage", storage, "--workers", "0", "--results", res,
+               "--stage-to", tmp_path / "fast", "--trace",
+               storage / "cifar10-hdf5" / "sub" / "t.json") == 2
+    _refused(capsys, "inside the dataset")
+    assert not (tmp_path / "fast").exists()
     assert not list(res.rglob("*.json"))  # no training ran: no result
     assert not (storage / "cifar10-hdf5" / "t.json").exists()
 
