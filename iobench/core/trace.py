@@ -63,7 +63,7 @@ class StepClocks:
     once a step, a bound `list.append` (a step's batch returned by `next()` at `got_ns`, on
     the device at `h2d_end_ns`, 0 when nothing was copied, with the loader's `Batch.timing`).
     A list cannot reserve room in Python: storing by index into one filled with None cost
-    more per step than this append (measured: scripts/bench/trace_cost.py)."""
+    more per step than this append (0.85 against 0.55 us, timed on the loaded 2-core VM)."""
 
     __slots__ = ("add", "rows")
 
