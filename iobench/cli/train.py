@@ -9,6 +9,7 @@ plainly, or with `mpiexec -n R`, `srun` or `torchrun`; rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -91,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its filesystem and path)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="also write every rank's per-step spans (wait, fetch, decode, "
+                        "host-to-device, compute) to FILE as Chrome trace-event JSON, for "
+                        "Perfetto or chrome://tracing; `iobench report` draws it "
+                        "(docs/training.md, 'A timeline of every step')")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="N independent cold repetitions of the whole run (fresh loader and "
                         "model each); figures are reported as median [min-max] with the "
@@ -168,7 +174,8 @@ def build_config(args: argparse.Namespace) -> Any:
                        results=args.results, repeat=args.repeat,
                        step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
                        au_threshold=args.au_threshold, evict_cmd=args.evict_cmd,
-                       tier=args.tier)
+                       tier=args.tier,
+                       trace=None if args.trace is None else os.path.abspath(args.trace))
 
 
 def _apply_workload(args: argparse.Namespace) -> None:

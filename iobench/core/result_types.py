@@ -369,6 +369,7 @@ class RunConfig(Record):
     label_key: str | None = key(default=None, optional=True)
     evict_cmd: str | None = key(default=None, optional=True)
     tier: str | None = key(default=None, optional=True)  # --tier NAME
+    trace: str | None = key(default=None, optional=True)  # train --trace FILE (absolute)
 
 
 @dataclass(frozen=True, kw_only=True)

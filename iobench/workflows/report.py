@@ -54,6 +54,7 @@ from iobench.workflows.compare import (
     mark,
     node_spread,
 )
+from iobench.workflows.timeline import add_timelines
 from iobench.workflows.verdict import (
     DEFAULT_THRESHOLD,
     au_words,
@@ -1030,9 +1031,11 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
             fname = f"{out.stem}-{name}.png"
             _write_atomic_bytes(out.parent / fname, data)
             png_files[name] = fname
-        _write_atomic_bytes(out, render_markdown(title, tables, png_files, lead).encode())
+        page = render_markdown(title, tables, png_files, lead)
     else:
-        _write_atomic_bytes(out, render_html(title, tables, pngs, lead).encode())
+        page = render_html(title, tables, pngs, lead)
+    # issue 28 item 6: each traced run's stall timeline per epoch (iobench.workflows.timeline)
+    _write_atomic_bytes(out, add_timelines(page, col.runs, out.suffix.lower() == ".md").encode())
     return out
 
 

@@ -35,6 +35,7 @@ from iobench.core.datasets import DATASETS, parse_dataset
 from iobench.core.errors import (
     ConfigError,
     IobenchError,
+    StorageError,
 )
 from iobench.core.formats import FORMATS, loader_formats, parse_format
 from iobench.core.interrupts import Interrupted, pending
@@ -53,6 +54,7 @@ from iobench.core.placement import check_same_dataset
 from iobench.core.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.core.sampling import parse_shuffle
 from iobench.core.spread import run_spread
+from iobench.core.trace import StepClocks, Trace, check_trace_path, epoch_part, write_trace
 from iobench.core.userdata import USER_DATASET
 from iobench.core.watchdog import Watchdog
 from iobench.core.world import World, agree
@@ -101,6 +103,7 @@ class TrainConfig:
     data_key: str | None = None  # its sample array (HDF5/NetCDF), else detected
     label_key: str | None = None  # its labels array or LMDB record, else detected
     tier: str | None = None  # the storage tier's name in reports (--tier); None: its path
+    trace: str | None = None  # a per-step trace of every rank goes there (iobench.core.trace)
 
     def __post_init__(self) -> None:
         parse_loader(self.loader)
@@ -356,6 +359,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     try:
         _repetitions(run, loader_factory, started)
     except Interrupted as e:
+        run.write_trace()  # the epochs that completed
         raise RunInterrupted(e.signum, run.document(memory, "interrupted", str(e))
                              if world.is_root else None) from None
     finally:
@@ -364,6 +368,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
             shutil.rmtree(beats, ignore_errors=True)
             with contextlib.suppress(OSError):
                 beats.parent.rmdir()  # only when no other run beats there
+    run.write_trace()
     return run.document(memory) if world.is_root else None
 
 
@@ -379,6 +384,8 @@ def _open_dataset(config: TrainConfig, world: World, dataset: DatasetRef | None
         if world.is_root:
             dataset.refuse_inside(config.results)  # never write into the user's data
             check_results_dir(config.results)
+            if config.trace is not None:
+                check_trace_path(config.trace, dataset)
     except IobenchError as e:
         err = e
     agree(world, err)
@@ -634,6 +641,10 @@ class _Run:
         self._last_batch: tuple[torch.Tensor, torch.Tensor, Any] | None = None
         self.demand: dict[str, Any] | None = None
         self.ceilings: dict[str, Any] | None = None  # a DALI run's (`workflows.ceilings`)
+        # --trace: this epoch's step clocks (every rank), every rank's epochs (rank 0)
+        self._clocks: StepClocks | None = None
+        self.trace = (Trace(config.loader, device.type) if config.trace is not None
+                      and world.is_root else None)
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
         """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
@@ -649,6 +660,17 @@ class _Run:
     def _at(self, phase: str, step: int | None = None) -> None:
         if self.watchdog is not None:
             self.watchdog.progress(phase, step)
+
+    def write_trace(self) -> None:
+        """Rank 0, at the end (or an interrupt): every rank's spans to `--trace`; a failure
+        to write it is a warning in the result, which keeps every figure."""
+        if self.trace is None or self.config.trace is None:
+            return
+        self.trace.run_id = self.run_id
+        try:
+            write_trace(self.config.trace, self.trace)
+        except StorageError as e:
+            self.warnings.append(f"no trace written: {e}")
 
     def write_partial(self, cluster_memory_bytes: int, status: str, why: str) -> None:
         """Rank 0, from the watchdog: what was measured so far, marked `status`."""
@@ -728,7 +750,11 @@ class _Run:
                "loader": timing,
                "cache_resident_fraction_at_start": node_frac.get(world.node)}
         self._at(f"gathering epoch {epoch + 1}'s figures from every rank")
-        gathered = world.allgather((fig, compute.stats()))
+        part = (epoch_part(world.rank, world.hostname, clock, self._clocks)
+                if self._clocks is not None else None)
+        gathered = world.allgather((fig, compute.stats(), part))
+        if self.trace is not None:
+            self.trace.add(rep, epoch, [g[2] for g in gathered])
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
                          tier)
@@ -746,6 +772,7 @@ class _Run:
         if config.max_steps is not None:
             steps_total = min(steps_total, config.max_steps)
         clock = EpochClock()
+        self._clocks = StepClocks() if config.trace is not None else None
         self._last_live = prev_end = clock.start()
         times = _LoaderTimes()
         it: Iterator[Any] = iter(loader.epoch(epoch))
@@ -760,7 +787,7 @@ class _Run:
                 except StopIteration:
                     break
                 t_got = time.perf_counter_ns()
-                self._step(epoch, step, steps_total, batch, clock, compute)
+                self._step(epoch, step, steps_total, batch, clock, compute, t_got)
                 step += 1
                 times.add(batch, t_got, prev_end)
                 prev_end = clock.last_ns
@@ -772,10 +799,13 @@ class _Run:
         return clock, times.summary(loader.config.workers, wall)
 
     def _step(self, epoch: int, step: int, steps_total: int, batch: Any, clock: EpochClock,
-              compute: _Compute) -> None:
-        """One step on a batch just received: to the device, wait for the other ranks,
+              compute: _Compute, t_got: int) -> None:
+        """One step on a batch received at `t_got`: to the device, wait for the other ranks,
         compute; the clock reads the batch ready and the compute done."""
         x, y = _to_device(batch, self.device)
+        if self._clocks is not None:  # --trace: a tuple appended, nothing more
+            self._clocks.add((t_got, time.perf_counter_ns() if self.device.type == "cuda"
+                              else 0, batch.timing))
         self._at(f"waiting for the other ranks' batch {step + 1}", step)
         compute.wait_for_all_ranks()
         t_ready = clock.batch_ready()

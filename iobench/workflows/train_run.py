@@ -25,6 +25,7 @@ from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock
 from iobench.core.placement import parse_mode
+from iobench.core.trace import check_trace_path
 from iobench.core.workloads import WorkloadRun
 from iobench.core.world import World, agree
 from iobench.loaders import make_loader
@@ -148,6 +149,8 @@ def _resolve(config: TrainConfig, world: World) -> DatasetRef:
     try:
         dataset = resolve(config, world)
         dataset.refuse_inside(config.results)  # never write into the user's data
+        if config.trace is not None:  # nor a trace into the dataset (--stage-to's source)
+            check_trace_path(config.trace, dataset)
     except IobenchError as e:
         err = e
     agree(world, err)
