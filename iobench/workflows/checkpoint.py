@@ -137,19 +137,12 @@ def checkpoint_job(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
             if world.is_root:
                 raise
             return CheckpointOutcome(e.exit_code)
-        _abort(world, f"rank {world.rank} failed: {e}")
+        world.end_job(f"rank {world.rank} failed: {e}")
     except Exception as e:
         if world.size == 1:
             raise
-        _abort(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
+        world.end_job(f"rank {world.rank} failed: {type(e).__name__}: {e}")
     return CheckpointOutcome(3)
-
-
-def _abort(world: World, message: str) -> None:
-    """End every rank of the job (exit status 3), saying which rank failed and why."""
-    print(f"iobench: error: {message}; ending all {world.size} ranks", file=sys.stderr, flush=True)
-    world.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
-    sys.exit(3)
 
 
 def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:

@@ -10,7 +10,6 @@ ends every rank, and an interrupt keeps the epochs that completed.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -94,19 +93,12 @@ def train_job(config: TrainConfig, world: World, *, stage: StagePlan | None = No
             if world.is_root:
                 raise  # the CLI prints it once
             return TrainOutcome(e.exit_code)
-        abort_job(world, f"rank {world.rank} failed: {e}")
+        world.end_job(f"rank {world.rank} failed: {e}")
     except Exception as e:  # a rank failing mid-run must take the job down, not hang it
         if world.size == 1:
             raise
-        abort_job(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
+        world.end_job(f"rank {world.rank} failed: {type(e).__name__}: {e}")
     return TrainOutcome(3)
-
-
-def abort_job(world: World, message: str) -> None:
-    """End every rank of the job (exit status 3), saying which rank failed and why."""
-    print(f"iobench: error: {message}; ending all {world.size} ranks", file=sys.stderr, flush=True)
-    world.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
-    sys.exit(3)
 
 
 def run_training(config: TrainConfig, world: World, *, stage: StagePlan | None = None,
