@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell echo $(EXTRAS) | tr ',' '-')
 # Let mpiexec (and every tool the venv installs) be found first on PATH.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test lint typecheck venv system-deps clean
+.PHONY: demo test lint typecheck venv system-deps demo-deps clean
 
 venv: $(STAMP)
 
@@ -20,13 +20,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
 
-# Optional OS packages: fio (for `iobench probe`) and FUSE (for the emulated
-# parallel filesystem). Installed only where we are root with apt; the tests
-# that need them skip with a reason otherwise.
+# Optional OS packages, installed only where we are root with apt (each run
+# says what it installs and why; elsewhere the features fall back and their
+# tests skip with a reason): `demo-deps` is FUSE for the demo's emulated
+# parallel filesystem; `system-deps` adds what the suite checks against (fio,
+# GlusterFS, the formats' tools, headless Chromium, Slurm). The lists:
+# `bash scripts/install-system-deps.sh demo|all --list`.
 system-deps:
-	@bash scripts/install-system-deps.sh
+	@bash scripts/install-system-deps.sh all
 
-demo: venv system-deps
+demo-deps:
+	@bash scripts/install-system-deps.sh demo
+
+demo: venv demo-deps
 	bash scripts/demo.sh
 
 # Two passes: most modules in parallel (TEST_JOBS processes, one module per process at a

@@ -101,6 +101,14 @@ def test_sweep_end_to_end_skips_done_runs_and_records_failures(tmp_path, capsys)
     html = (res / "report.html").read_text()
     for needle in ("Runs: cifar10", "Staging cost", "Failed sweep runs", "fast", "slow"):
         assert needle in html, needle
+    assert html.index("The answer") < html.index("Runs: cifar10")
+    # each staging's break-even, in the output and the record: single passes of one epoch
+    # have no measured spread, so their numbers stand (significance unknown)
+    bes = sorted((b for b in rec["break_evens"] if b["run"]), key=lambda b: b["run"])
+    assert [(b["from"], b["to"], b["run"][:15]) for b in bes] == \
+        [("slow", "fast", "hdf5, 0 workers"), ("slow", "fast", "hdf5, 1 workers")]
+    assert all(b["significant"] is None and b["outcome"] in ("pays off", "never") for b in bes)
+    assert all(f"[break-even] {b['text']}" in out.out for b in bes)
 
     # again: every finished run is found in the results and skipped, nothing restaged
     code = cli("sweep", sweep, "--report", str(tmp_path / "again.md"))

@@ -147,8 +147,9 @@ def test_stall_measured_with_emulated_compute(storage: Path) -> None:
     assert doc["compute"]["kind"] == "emulated" and doc["compute"]["model"] is None
     r = doc["epochs"][0]["ranks"][0]
     assert r["steps"] == 5
-    # emulated accelerator: 0.05 s per step within 5 %
-    assert r["compute_mean_s"] == pytest.approx(0.05, rel=0.05)
+    # emulated accelerator: 0.05 s per step, never short of it; over it only by the
+    # scheduler's delays on a loaded host (a missed or doubled step would be far off)
+    assert 0.05 * 0.999 <= r["compute_mean_s"] < 0.05 * 1.25, r["compute_mean_s"]
     # every step waited for the injected 30 ms read (generous upper bound for a busy host)
     assert r["wait_p50_s"] >= 0.03
     assert doc["epochs"][0]["training"] is None
@@ -361,3 +362,25 @@ def test_tmpfs_says_memory_and_null_os_bytes(tmp_path: Path) -> None:
     assert doc["cache"]["os_read_bytes_available"] is False
     assert "tmpfs" in doc["cache"]["os_read_bytes_note"]
     assert any("memory" in w and "do not measure storage" in w for w in doc["warnings"])
+
+
+def _epochs(stalls: list[list[float]]) -> list[dict]:
+    return [{"repeat": r, "epoch": e, "summary": {"stall_fraction_mean": f}}
+            for r, rep in enumerate(stalls) for e, f in enumerate(rep)]
+
+
+def test_epoch_1_unlike_the_rest_in_every_repetition_is_said() -> None:
+    """The demo's in-place runs stalled 51% in epoch 1 and 63% after, every repetition: the
+    later epochs read through files the loader kept open (measured: a fresh open per epoch
+    reads every epoch like the first on the emulated PFS; ext4 shows no gap)."""
+    from iobench.workflows.train import first_epoch_notes
+
+    (note,) = first_epoch_notes(_epochs([[0.51, 0.63], [0.50, 0.64], [0.52, 0.62]]), True)
+    assert note.startswith("EPOCH 1 stalled 51% against 63%") and "steady state" in note
+    assert "emulated PFS" in note
+    (note,) = first_epoch_notes(_epochs([[0.51, 0.63, 0.65]]), False)
+    assert "emulated" not in note
+    # one repetition the other way, a gap under 5 points, or a single epoch: nothing
+    assert first_epoch_notes(_epochs([[0.51, 0.63], [0.66, 0.60]]), True) == []
+    assert first_epoch_notes(_epochs([[0.60, 0.63], [0.61, 0.64]]), True) == []
+    assert first_epoch_notes(_epochs([[0.5], [0.6]]), True) == []

@@ -84,7 +84,9 @@ def test_two_ranks_every_loader(storage: Path, tmp_path: Path, loader: str) -> N
     if kind == "emulated":
         for ep in doc["epochs"]:
             for r in ep["ranks"]:
-                assert r["compute_mean_s"] == pytest.approx(0.05, rel=0.05)
+                # never short of the asked time; over it only by the scheduler's delays (a
+                # loaded 2-core CI machine): a double count or a missed step would be far off
+                assert 0.05 * 0.999 <= r["compute_mean_s"] < 0.05 * 1.25, r
     if kind == "model":
         assert doc["epochs"][-1]["training"]["accuracy"] is not None
     # rank 0 prints, the other rank stays quiet: one header, one result line

@@ -364,3 +364,18 @@ def test_verify_deep_decodes_every_sample(tmp_path: Path) -> None:
                    "--storage", tmp_path / "s") == 0
         r = run_cmd("verify", "--deep", tmp_path / "s" / f"{ds}-{fmt}")
         assert r.returncode == 0 and "OK" in r.stdout, r.stderr
+
+
+def test_verify_takes_the_storage_root_as_every_other_command(tmp_path: Path) -> None:
+    """`verify STORAGE` finds the one dataset there, as `train --storage` does; with several,
+    --dataset/--format pick one, and without them one line names the choice."""
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    generate_dataset(GenerateConfig(format="hdf5", storage=tmp_path, samples=16))
+    r = run_cmd("verify", tmp_path)
+    assert r.returncode == 0 and "cifar10-hdf5: OK" in r.stdout, r.stderr
+    generate_dataset(GenerateConfig(format="npz", storage=tmp_path, samples=16))
+    r = run_cmd("verify", tmp_path)
+    assert r.returncode == 2 and "holds several datasets" in r.stderr, r.stderr
+    r = run_cmd("verify", tmp_path, "--format", "npz")
+    assert r.returncode == 0 and "cifar10-npz: OK" in r.stdout, r.stderr

@@ -62,6 +62,10 @@ def test_each_class_from_the_clocks() -> None:
     assert storage["line"].startswith("verdict: starved by storage - AU 0.62 < 0.90")
     assert "reads at 410 MB/s = 0.93 of lustre (parallel)'s probed limit" in storage["line"]
     assert "pays off after 1.4 epochs" in storage["line"]
+    # a break-even within the runs' spread gives no number (the sweep's 0.39 s vs 0.38 s)
+    ns = verdict(_doc(0.62, read_s=17.0, decode_s=1.0, stall_s=3.8), probe=PROBE,
+                 break_even={"break_even_epochs": 40.0, "significant": False})
+    assert "pays off" not in ns["line"] and "not significant" in ns["line"], ns["line"]
 
     cpu = verdict(_doc(0.5, read_s=2.0, decode_s=16.0))
     assert cpu["bottleneck"] == "cpu" and any("--workers" in a for a in cpu["advice"])

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("iobench.cli.train", "train a real model with a real loader; measure data stall per epoch"),
     "bench-read": ("iobench.cli.bench_read", "pure-read benchmark of loaders x workers x shuffle, cold cache"),
     "stage": ("iobench.cli.stage", "copy a dataset between storage tiers in parallel (replicate or shard)"),
+    "checkpoint": ("iobench.cli.checkpoint", "write N checkpoints with torch.distributed.checkpoint, then read them back cold"),
     "probe": ("iobench.cli.probe", "measure a storage tier: bandwidth, IOPS, metadata rates (cold cache)"),
     "compare": ("iobench.cli.compare", "side-by-side table (and plot) of training results"),
     "report": ("iobench.cli.report", "self-contained HTML/Markdown report of a results directory"),
@@ -62,7 +63,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, help_) in SUBCOMMANDS.items():
         mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
+        # each module's docstring as written: its examples keep their lines
+        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if only is None or only == name:
             mod.add_arguments(p)
         p.set_defaults(_module=mod)
@@ -115,11 +118,13 @@ INTERNAL_ERROR = 70  # EX_SOFTWARE
 
 
 def _signals(command: str | None) -> contextlib.AbstractContextManager[None]:
-    """`iobench train` may be one of several ranks: from its first moment (its parser imports
-    torch, seconds), an interrupt waits for the ranks' first collective, so no rank leaves
-    alone while a peer waits for it at the rendezvous (`iobench.core.interrupts`); a single
-    process acts on it as soon as it knows it is alone (`cli.train`)."""
-    return interrupts(defer=True) if command == "train" else contextlib.nullcontext()
+    """`iobench train` and `checkpoint` may be one of several ranks: from their first moment
+    (train's parser imports torch, seconds), an interrupt waits for the ranks' first
+    collective, so no rank leaves alone while a peer waits for it at the rendezvous
+    (`iobench.core.interrupts`); a single process acts on it as soon as it knows it is
+    alone (their `main`)."""
+    ranked = command in ("train", "checkpoint")
+    return interrupts(defer=True) if ranked else contextlib.nullcontext()
 
 
 def _write_traceback(e: BaseException) -> str:

@@ -51,16 +51,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loaders", default=None, metavar="L1,L2",
                    help="loaders to compare (default: the format's own loader, and dali if "
                         "installed)")
-    p.add_argument("--workers", default="0,2,4", metavar="N1,N2", help="worker counts")
+    p.add_argument("--workers", default="0,2,4", metavar="N1,N2", help="worker counts (default 0,2,4)")
     p.add_argument("--worker-type", default="process", choices=("process", "thread"),
                    help="loader workers as processes (PyTorch DataLoader) or threads "
                         "(default: process; DALI always uses processes)")
     p.add_argument("--shuffle", default="global,block,none", metavar="S1,S2",
-                   help="shuffle modes: global, block, none")
-    p.add_argument("--block-size", type=int, default=256, help="samples per block (block shuffle)")
-    p.add_argument("--shuffle-window", type=int, default=16, help="blocks shuffled together")
-    p.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank")
-    p.add_argument("--epochs", type=int, default=1, help="epochs per run (evicted before each)")
+                   help="shuffle modes: global, block, none (default: all three)")
+    p.add_argument("--block-size", type=int, default=256, help="samples per block (block shuffle; default 256)")
+    p.add_argument("--shuffle-window", type=int, default=16, help="blocks shuffled together (default 16)")
+    p.add_argument("--batch-size", type=int, default=64, help="samples per batch per rank (default 64)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per run, evicted before each (default 1)")
     p.add_argument("--max-batches", type=int, default=None, metavar="N",
                    help="batches per epoch at most (bounds a run on a huge dataset)")
     p.add_argument("--no-decode", action="store_true",
@@ -78,9 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "epoch; without it, epochs on a shared tier are unverified, not cold")
     p.add_argument("--no-dd", action="store_true", help="skip the dd direct-I/O reference")
     p.add_argument("--dd-max-files", type=int, default=64, metavar="N",
-                   help="data files dd reads (a random subset when there are more)")
+                   help="data files dd reads (a random subset when there are more; default 64)")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
-                   help="where DALI runs its operators")
+                   help="where DALI runs its operators (default: cpu)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the sample order and augmentation (default 0)")
     p.add_argument("--results", default=None, metavar="DIR",

@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "names and attributes 60 s, so repeated opens/stats cost no metadata round "
                    "trip (data pages are kept across opens in any case)")
     p.add_argument("--no-client-cache", action="store_true", help="drop the mount's pages at "
-                   "every open (no real client does; the behaviour before issue 11)")
+                   "every open (no real client does; kept to reproduce figures measured that way)")
     p.add_argument("--no-evict-backing", action="store_true", help="keep the backing files' "
                    "pages in the page cache after serving them")
     p.add_argument("--foreground", action="store_true", help="serve in this process until "

@@ -1,14 +1,17 @@
 """Write a synthetic dataset (imagenet, cifar10, cosmoflow) in any registered format
-(`iobench.core.formats`), in parallel (mpiexec ranks or --jobs), deterministic and resumable."""
+(`iobench.core.formats`), in parallel (mpiexec ranks or --jobs), deterministic and resumable.
+Off a terminal (a batch job's log), a progress line every 60 s (IOBENCH_PROGRESS_S)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import TYPE_CHECKING
 
 from iobench.core.datasets import DATASETS
 from iobench.core.formats import COMPRESSIONS, DEFAULT_FORMAT, FORMATS
+from iobench.core.progress import LogProgress
 
 if TYPE_CHECKING:
     from iobench.core.world import World
@@ -95,13 +98,16 @@ def _run(cfg: GenerateConfig, world: World, stats: GenerateStats) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
+    log = LogProgress(f"generate {cfg.dataset}-{cfg.format}")  # off a terminal: a line a minute
     with Progress(*cols, console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("", total=None)
 
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=max(total, done))
+            log.update(done, total)
 
-        manifest = generate_dataset(cfg, world, progress=progress, stats=stats)
+        with log if not console.is_terminal else contextlib.nullcontext(log):
+            manifest = generate_dataset(cfg, world, progress=progress, stats=stats)
     if stats.already_complete:
         print(f"{manifest.root}: already complete ({manifest.num_samples} samples, "
               f"{manifest.total_bytes / 1e6:.1f} MB); nothing to do", file=sys.stderr)

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check that each node's DIR2 has room for the copy ({node} and {host} "
                         "as in `iobench stage --to`)")
     p.add_argument("--stage-mode", default="replicate", choices=MODES,
-                   help="with --stage-to: a full copy per node, or each node its ranks' files")
+                   help="with --stage-to: a full copy per node, or each node its ranks' files "
+                        "(default: replicate)")
     p.add_argument("--no-eviction", action="store_true",
                    help="skip the eviction check (it reads up to 8 MB of one file per node)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON document")

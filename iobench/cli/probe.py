@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata-files", type=int, default=1000,
                    help="small files for the metadata rates (default 1000)")
     p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="fio, python (iobench's own), or auto: fio when installed")
+                   help="fio, python (iobench's own), or auto, the default: fio when installed")
     p.add_argument("--buffered", action="store_true",
                    help="no O_DIRECT even where allowed (files are evicted and read once)")
     p.add_argument("--write-via", default=None, metavar="DIR",
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"probe of {doc['storage']['path']} ({doc['storage']['fstype']}, engine "
           f"{doc['engine']}, {'O_DIRECT' if doc['direct'] else 'buffered, evicted'}): "
           f"seq read {s['seq_read_MBps']:.1f} MB/s, seq write {s['seq_write_MBps']:.1f} MB/s, "
-          f"4 KiB random {s['rand4k_read_iops']:.0f} IOPS, {s['sample_bytes']}-byte random "
+          f"4 KiB random {s['rand4k_read_iops']:.0f} IOPS, {_sample_words(s)} "
           f"{s['sample_read_MBps']:.1f} MB/s, {s['create_per_s']:.0f} creates/s, "
           f"{s['stat_per_s']:.0f} stats/s, {s['open_stat_close_per_s']:.0f} open+stat+close/s, "
           f"{s['open_read_close_per_s']:.0f} open+read+close/s, first byte "
@@ -105,6 +105,15 @@ def main(args: argparse.Namespace) -> int:
     print(f"emulated-tier profile {profile} (replay it: iobench emulate-pfs --backing DIR "
           f"--mount MNT --profile {profile})")
     return 0
+
+
+def _sample_words(s: dict[str, Any]) -> str:
+    """What the sample-size figure read: `3080-byte random`, or, where O_DIRECT rounds the
+    reads up, `3080-byte samples as 4096-byte random reads`."""
+    bs = s.get("sample_bs_bytes") or s["sample_bytes"]  # (older documents lack it)
+    if bs == s["sample_bytes"]:
+        return f"{s['sample_bytes']}-byte random"
+    return f"{s['sample_bytes']}-byte samples as {bs}-byte random reads"
 
 
 def _ms(v: float | None) -> str:

@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "warning (iobench datasize)")
     p.add_argument("--host-memory-gb", type=float, default=0.0, metavar="G",
                    help="memory per client host in GiB, for the dataset-size warning")
+    p.add_argument("--demand-from", default=None, metavar="RESULT",
+                   help="a real model's measured demand (compute.demand of an `iobench "
+                        "train` result on the workload's dataset) in place of the workload's "
+                        "compute time")
     p.add_argument("--train-arg", action="append", default=[], metavar="ARG",
                    help="pass ARG on to every `iobench train` (repeat it; e.g. "
                         "--train-arg=--evict-cmd --train-arg='...')")
@@ -72,6 +76,12 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("run `iobench search` as one process; it launches every point's "
                           "ranks itself (--launcher)")
     workload_of(args)
+    demand, source = None, None
+    if args.demand_from is not None:
+        from iobench.core.results import load_typed
+        from iobench.workflows.search import measured_demand
+
+        demand, source = measured_demand(load_typed(args.demand_from), args.workload)
     cfg = SearchConfig(workload=args.workload, accelerator=args.accelerator,
                        storage=args.storage, results=args.results,
                        max_accelerators=args.max_accelerators, repeat=args.repeat,
@@ -79,7 +89,8 @@ def main(args: argparse.Namespace) -> int:
                        threshold=args.au_threshold, workers=args.workers,
                        launcher=tuple(shlex.split(args.launcher)),
                        point_timeout_s=args.point_timeout, slowdown=args.slowdown, train_args=tuple(args.train_arg),
-                       hosts=args.hosts, host_memory_gb=args.host_memory_gb)
+                       hosts=args.hosts, host_memory_gb=args.host_memory_gb,
+                       demand_samples_per_s=demand, demand_source=source)
     writable_dir(cfg.results, "results")
     # no exit deadline after a signal: stopping the running point's ranks (which write
     # their partial result) may take longer than a rank's grace, and the search result

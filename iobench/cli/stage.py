@@ -58,7 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rerun skips complete files only with 1)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="directory for the staging result (default: ./iobench-results)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal) or progress lines (off one: a line "
+                        "every 60 s, IOBENCH_PROGRESS_S)")
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]:
@@ -69,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
                       buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
                       verify_existing=not args.trust_existing, fsync=not args.no_fsync,
                       progress=not args.no_progress and sys.stderr.isatty(),
+                      log_progress=not args.no_progress and not sys.stderr.isatty(),
                       warm_source=args.warm_source, repeat=args.repeat,
                       evict_cmd=args.evict_cmd)
     return cfg, source

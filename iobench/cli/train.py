@@ -9,6 +9,7 @@ plainly, or with `mpiexec -n R`, `srun` or `torchrun`; rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -49,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", default=None, choices=list(FORMATS),
                    help="on-disk format, for --loader dali (default: the one found)")
     p.add_argument("--model", default="auto", metavar="NAME",
-                   help=f"auto (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
+                   help=f"auto, the default (cifar10: cnn, imagenet: resnet50, cosmoflow: cosmoflow), none "
                    f"(pure ingest), or one of: {', '.join(MODELS)}")
     p.add_argument("--compute-time", type=float, default=None, metavar="SECONDS",
                    help="emulate an accelerator that computes SECONDS per step (no model)")
@@ -60,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per step per rank (default: per dataset, "
                    + ", ".join(f"{d.name} {d.default_batch_size}" for d in DATASETS.values())
                    + ")")
-    p.add_argument("--workers", type=int, default=2, help="loader workers per rank")
+    p.add_argument("--workers", type=int, default=2, help="loader workers per rank (default 2)")
     p.add_argument("--worker-type", default="process", choices=("process", "thread"),
                    help="loader workers as processes (PyTorch DataLoader) or threads "
                         "(default: process)")
@@ -85,12 +86,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="end the whole job when a rank makes no progress for this long (a "
                         "frozen or dead rank), naming it; results so far are kept, marked "
                         "incomplete (default 300)")
+    p.add_argument("--tier", default=None, metavar="NAME",
+                   help="name of the storage tier, stored in the result; `iobench report` "
+                        "names the run's tier by it (default: the tier's probe label, else "
+                        "its filesystem and path)")
     p.add_argument("--results", default="iobench-results", metavar="DIR",
                    help="where the result JSON goes (default: ./iobench-results)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="also write every rank's per-step spans (wait, fetch, decode, "
+                        "host-to-device, compute) to FILE as Chrome trace-event JSON, for "
+                        "Perfetto or chrome://tracing; `iobench report` draws it "
+                        "(docs/training.md, 'A timeline of every step')")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="N independent cold repetitions of the whole run (fresh loader and "
                         "model each); figures are reported as median [min-max] with the "
-                        "coefficient of variation (MLPerf Storage uses 5)")
+                        "coefficient of variation (default 1; MLPerf Storage uses 5)")
     p.add_argument("--no-step-sync", action="store_true",
                    help="with --compute-time or --model none on several ranks: let ranks run "
                         "free instead of waiting for every rank's batch at each step as "
@@ -112,7 +122,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "copy; the result records staging and training together")
     p.add_argument("--stage-mode", default="replicate", choices=("replicate", "shard"),
                    help="with --stage-to: a full copy per node, or each node only its ranks' "
-                        "files (then each rank shuffles within its own files)")
+                        "files (then each rank shuffles within its own files; default: replicate)")
     p.add_argument("--warm-source", action="store_true",
                    help="with --stage-to: do not evict the source before copying (stage_s may "
                         "then time a copy from memory; the result says so)")
@@ -163,7 +173,9 @@ def build_config(args: argparse.Namespace) -> Any:
                        channels_last=args.channels_last, timeout_s=args.timeout,
                        results=args.results, repeat=args.repeat,
                        step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
-                       au_threshold=args.au_threshold, evict_cmd=args.evict_cmd)
+                       au_threshold=args.au_threshold, evict_cmd=args.evict_cmd,
+                       tier=args.tier,
+                       trace=None if args.trace is None else os.path.abspath(args.trace))
 
 
 def _apply_workload(args: argparse.Namespace) -> None:
@@ -205,7 +217,8 @@ def build_request(args: argparse.Namespace) -> tuple[Any, Any, Any]:
             raise ConfigError("--warm-source applies to the staging copy: add --stage-to DIR2, "
                               "or drop --warm-source")
         stage = StagePlan(args.stage_to, args.stage_mode, warm_source=args.warm_source,
-                          progress=sys.stderr.isatty()) if args.stage_to else None
+                          progress=sys.stderr.isatty(), log_progress=not sys.stderr.isatty()
+                          ) if args.stage_to else None
         return config, stage, workload_of(args)
     except IobenchError as e:
         e.agreed = True  # same on every rank
@@ -412,5 +425,9 @@ class _Output:
             from iobench.core.userdata import describe
 
             self.console.print(f"data: {describe(user)}", markup=False, soft_wrap=True)
+        for w in doc["warnings"]:  # the run's own (epoch 1 against the rest, ...), once
+            if w not in self.shown:
+                self.shown.add(w)
+                self.console.print(f"[bold red]WARNING:[/] {w}")
         self.console.print(f"result: {path}")
         print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped

@@ -10,7 +10,15 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="the dataset root (the directory holding iobench.json)")
+    from iobench.core.datasets import DATASETS
+    from iobench.core.formats import FORMATS
+
+    p.add_argument("path", help="the dataset root (the directory holding iobench.json), or the "
+                                "storage root it was generated into (as --storage elsewhere)")
+    p.add_argument("--dataset", default=None, choices=list(DATASETS),
+                   help="which dataset under a storage root holding several")
+    p.add_argument("--format", default=None, choices=list(FORMATS),
+                   help="which format under a storage root holding several")
     p.add_argument("--jobs", type=int, default=1, help="checking processes per rank (default: 1)")
     p.add_argument("--deep", action="store_true",
                    help="also read every sample with its format's reader and decode every "
@@ -26,7 +34,8 @@ def main(args: argparse.Namespace) -> int:
     from iobench.workflows.verify_run import verify
 
     world = get_world()
-    out = verify(args.path, world, jobs=args.jobs, deep=args.deep, allow_extra=args.allow_extra)
+    out = verify(args.path, world, jobs=args.jobs, deep=args.deep, allow_extra=args.allow_extra,
+                 dataset_name=args.dataset, fmt=args.format)
     if not world.is_root:
         return 1 if out.problems else 0
     for p in out.problems:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iobench.core.result_types import StageDoc, Staging, StagingSpread, TrainResult
-from iobench.core.spread import differs, repetition_figures, run_spread
+from iobench.core.spread import differs, repetition_figures, run_spread, spread
 
 
 def root_of(place: Any) -> str | None:
@@ -85,17 +85,47 @@ def comparability(slow: TrainResult, fast: TrainResult) -> list[str]:
     return [f"{k} {a[k]} vs {b[k]}" for k in a if a[k] != b[k]]
 
 
-def break_even_text(row: Mapping[str, Any]) -> str:
-    """The break-even of a `staging_pairs` row for tables: epochs, `never`, or why not."""
+def outcome(row: Mapping[str, Any]) -> str:
+    """What a `staging_pairs` row answers: `pays off` (after `break_even_epochs`), `never`
+    (the copy was not faster: no evidence that staging pays, whatever the spread), `not
+    significant` (faster, but the two epoch times are within their spread: no number is
+    given), or `not computed` (refused, resumed, or no runs to compare)."""
     be = row.get("break_even_epochs")
+    if row.get("refused") or be is None:
+        return "not computed"
+    if math.isinf(be):
+        return "never"
+    return "not significant" if row.get("significant") is False else "pays off"
+
+
+def break_even_text(row: Mapping[str, Any]) -> str:
+    """The break-even of a `staging_pairs` row for tables: epochs, `never`, `n.s.` (no number:
+    the epoch times are within their spread), or why not."""
+    what = outcome(row)
     if row.get("refused"):
         return f"not computed: {row['refused']}"
-    if be is None:
+    if what == "not computed":
         return "n/a (resumed staging: not a full staging cost)" if row.get("resumed") else "n/a"
-    text = "never" if math.isinf(be) else f"{be:.2f}"
-    if row.get("significant") is False:
-        text += " (n.s.: epoch times within their spread)"
-    return text
+    if what == "not significant":
+        return (f"n.s. (not significant: epoch times {row['epoch_slow_s']:.3g} s vs "
+                f"{row['epoch_fast_s']:.3g} s are within their spread over "
+                f"{row.get('spread_over') or 'repetitions'})")
+    return "never" if what == "never" else f"{row['break_even_epochs']:.2f}"
+
+
+def epoch_significance(slow: TrainResult, fast: TrainResult
+                       ) -> tuple[bool | None, str | None]:
+    """Whether two runs' epoch walls differ beyond their spread, and what the spread is over:
+    their repetitions (`iobench.core.spread.differs` of `run_spread`), or where both are
+    single passes, their cold epochs (each one a pass over the data from a cold cache);
+    (None, None) when neither has two of either."""
+    a, b = run_spread(slow.epochs)["epoch_wall_s"], run_spread(fast.epochs)["epoch_wall_s"]
+    sig = differs(a, b)
+    if sig is not None:
+        return sig, "repetitions"
+    sig = differs(spread(e.summary.wall_s for e in slow.epochs),
+                  spread(e.summary.wall_s for e in fast.epochs))
+    return (sig, "epochs") if sig is not None else (None, None)
 
 
 def jsonable_break_even(value: float | None) -> float | str | None:
@@ -114,14 +144,16 @@ def break_even(staging: Mapping[str, Any], slow: TrainResult,
     math.inf when staging does not make epochs faster; None when the runs
     are not comparable (`refused` says why) or the staging was resumed
     (part of the data was already there: its time is no staging cost).
-    `significant` is `iobench.core.spread.differs` of the two epoch walls.
+    `significant` is whether the two epoch walls differ beyond their spread, and
+    `spread_over` what that spread is over (`epoch_significance`).
     """
     c = slow.config
     out = {**staging, "slow_run_id": slow.run_id, "fast_run_id": fast.run_id,
            "run": f"{c.loader}, {c.workers} workers, batch {c.batch_size}, shuffle {c.shuffle}",
            "refused": None, "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
-           "epoch_fast": None, "significant": None, "break_even_epochs": None, "epochs": None,
-           "in_place_s": None, "staged_total_s": None}
+           "epoch_fast": None, "significant": None, "spread_over": None,
+           "break_even_epochs": None, "epochs": None, "in_place_s": None,
+           "staged_total_s": None}
     out.pop("staged_run", None)
     diff = comparability(slow, fast)
     if diff:
@@ -137,9 +169,10 @@ def break_even(staging: Mapping[str, Any], slow: TrainResult,
     gain = slow_s - fast_s
     stage_s = staging["stage_s"]
     epochs = repetition_figures(slow.epochs)[0]["epochs"]
+    significant, over = epoch_significance(slow, fast)
     out.update({
         "epoch_slow_s": slow_s, "epoch_fast_s": fast_s, "epoch_slow": slow_sp,
-        "epoch_fast": fast_sp, "significant": differs(slow_sp, fast_sp),
+        "epoch_fast": fast_sp, "significant": significant, "spread_over": over,
         "break_even_epochs": None if staging["resumed"] else
         stage_s / gain if gain > 0 else math.inf,
         # time to solution for the runs' epoch count, in place vs staged
@@ -175,8 +208,9 @@ def staging_pairs(runs: Sequence[TrainResult | Mapping[str, Any]],
             row = {**st, "run": None, "slow_run_id": None,
                    "fast_run_id": st["staged_run"].run_id if st["staged_run"] else None,
                    "epoch_slow_s": None, "epoch_fast_s": None, "epoch_slow": None,
-                   "epoch_fast": None, "significant": None, "break_even_epochs": None,
-                   "epochs": None, "in_place_s": None, "staged_total_s": None,
+                   "epoch_fast": None, "significant": None, "spread_over": None,
+                   "break_even_epochs": None, "epochs": None, "in_place_s": None,
+                   "staged_total_s": None,
                    "refused": f"no in-place run of {st['from']}" if not slows else
                    f"no run of the staged copy {st['to']}"}
             row.pop("staged_run")

@@ -6,7 +6,10 @@ tests/test_train_mpi.py). Actions: `raise` (a RuntimeError), `kill` (SIGKILL to 
 rank), `sigint`/`sigterm` (to the launcher, as a terminal's Ctrl-C or a scheduler would)
 at a training step, or between epochs with step -1; `sigint-write` (SIGINT while rank 0
 writes the result); `sigint-start` (SIGINT to rank R alone as it starts, before the ranks
-meet, while its peers go on to the rendezvous). Production code calls `planned` once and
+meet, while its peers go on to the rendezvous). `iobench checkpoint` (tests/test_checkpoint.py)
+reads `epoch` as the checkpoint's index and step 0 as "this rank's shard is on storage,
+before the metadata": `kill` and `sigint` there, and `fill` (another writer fills the
+filesystem just before the write). Production code calls `planned` once and
 `at_step` / `at_result_write` / `at_start` at its hook points; nothing else reads the
 variable.
 """

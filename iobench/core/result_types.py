@@ -359,6 +359,17 @@ class RunConfig(Record):
     compute_time_s: float | None = key(default=None, optional=True)
     repeat: int = key(default=1, optional=True)
     max_steps: int | None = key(default=None, optional=True)
+    # what names the dataset and the run, for the commands a verdict suggests
+    format: str | None = key(default=None, optional=True)
+    model: str | None = key(default=None, optional=True)
+    seed: int | None = key(default=None, optional=True)
+    decode: bool | None = key(default=None, optional=True)
+    data: str | None = key(default=None, optional=True)
+    data_key: str | None = key(default=None, optional=True)
+    label_key: str | None = key(default=None, optional=True)
+    evict_cmd: str | None = key(default=None, optional=True)
+    tier: str | None = key(default=None, optional=True)  # --tier NAME
+    trace: str | None = key(default=None, optional=True)  # train --trace FILE (absolute)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -552,6 +563,23 @@ class Tier(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Ceilings(Record):
+    """A clockless loader's (DALI's) rates in bounded passes after the epochs (`ceilings`,
+    `iobench.workflows.ceilings`): samples/s cold without decoding, in memory without and
+    with decoding, with `threads` (its workers) on `device`."""
+
+    batches: int
+    threads: int
+    device: str
+    cold: bool
+    cold_fetch_samples_per_s: float
+    cold_fetch_MBps: float
+    warm_fetch_samples_per_s: float
+    warm_decode_samples_per_s: float
+    method: str = key(default="", optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainResult(Record):
     """An `iobench.result` document: one `iobench train` run (v1, v2 and v3 load)."""
 
@@ -574,6 +602,7 @@ class TrainResult(Record):
     staging: Staging | None = key(default=None, optional=True)
     tier: Tier | None = key(default=None, optional=True)
     loader: Mapping[str, Any] | None = key(default=None, optional=True)
+    ceilings: Ceilings | None = key(default=None, optional=True)
     status: str = key(Enum("complete", "interrupted", "incomplete"), default="complete",
                       optional=True)
     status_reason: str | None = key(default=None, optional=True)
@@ -684,11 +713,36 @@ class SweepRun(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SweepBreakEven(Record):
+    """A staging's break-even after a sweep's runs (`break_evens`; a number only if it pays off).
+
+    `outcome` is `pays off` (after `break_even_epochs`), `never`, `not
+    significant` (the epoch times are within their spread over `spread_over`:
+    no number) or `not computed` (`text` says why).
+    """
+
+    dataset: str
+    format: str
+    source: str = key(name="from")
+    dest: str = key(name="to")
+    run: str | None
+    stage_s: float | None
+    epoch_slow_s: float | None
+    epoch_fast_s: float | None
+    outcome: str = key(Enum("pays off", "never", "not significant", "not computed"))
+    break_even_epochs: float | None
+    significant: bool | None
+    spread_over: str | None
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class SweepDoc(Record):
     """An `iobench.sweep` document (the fields readers use)."""
 
     config: SweepPlan = key(default=SweepPlan(), optional=True)
     runs: tuple[SweepRun, ...] = key(default=(), optional=True)
+    break_evens: tuple[SweepBreakEven, ...] = key(default=(), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

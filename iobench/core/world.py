@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from iobench.core.interrupts import pending, settle
 
@@ -92,6 +93,13 @@ class World:
         """End every rank of the job now (a failed rank must not leave others hanging)."""
         if self._comm is not None and self.size > 1:
             self._comm.Abort(code)
+
+    def end_job(self, message: str) -> NoReturn:
+        """One rank failed alone: say which and why, and end every rank (exit status 3)."""
+        print(f"iobench: error: {message}; ending all {self.size} ranks", file=sys.stderr,
+              flush=True)
+        self.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
+        sys.exit(3)
 
 
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> bool:

@@ -479,6 +479,8 @@ def _generate(cfg: GenerateConfig, world: World, progress: Progress | None,
     tasks = writer.plan(cfg.num_samples, cfg.per_file)
     est = _estimate_bytes(cfg)
     t0 = time.perf_counter()
+    if progress and world.is_root:  # the size to expect, before the first file is done
+        progress(0, est)
     if world.size > 1:
         results, err = _run_mpi(writer, root, tasks, world, progress, est)
     else:

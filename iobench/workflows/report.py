@@ -1,13 +1,16 @@
 """A self-contained report of a results directory (HTML with embedded PNGs, or Markdown).
 
-Reads every iobench document in the directory: training results
-(`iobench.result`), staging results (`iobench.stage`), storage probes
-(`iobench.probe`) and sweep records (`iobench.sweep`), and writes the
+Reads every iobench document in the directory and its sub-directories:
+training results (`iobench.result`), staging results (`iobench.stage`),
+storage probes (`iobench.probe`) and sweep records (`iobench.sweep`), and
+opens with the answer (`lead_section`: which tier keeps up, the staging
+break-even, what to do; then each run's verdict), then writes the
 environment, the probe figures per tier, a table of runs per dataset (with
 each run's MB/s as a fraction of its tier's probe limit), the staging cost
 with break-even epochs (docs/metrics.md), and plots: stall time per epoch by run,
 throughput by workers, AU by storage tier, loader MB/s next to the probe
-limits. Runs with `--repeat N` repetitions show median [min-max] and min-max
+limits (the AU plot averages only alike runs). Runs with `--repeat N`
+repetitions show median [min-max] and min-max
 error bars; differences within the spread are marked `n.s.`. Report code is
 the only place (with `compare`) that imports matplotlib.
 """
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from iobench.core.breakeven import break_even_text, real, staging_pairs
+from iobench.core.breakeven import break_even_text, outcome, real, staging_pairs
 from iobench.core.errors import ConfigError, DatasetNotFoundError
 from iobench.core.result_types import (
     Host,
@@ -38,8 +41,10 @@ from iobench.core.result_types import (
     StageDoc,
     SweepDoc,
     TrainResult,
+    Verdict,
 )
 from iobench.core.spread import differs, run_spread
+from iobench.core.userdata import USER_DATASET
 from iobench.workflows.compare import (
     epoch_spreads,
     error_bars,
@@ -48,7 +53,15 @@ from iobench.workflows.compare import (
     mark,
     node_spread,
 )
-from iobench.workflows.verdict import DEFAULT_THRESHOLD, probe_for, probe_limit, under
+from iobench.workflows.timeline import add_timelines
+from iobench.workflows.verdict import (
+    DEFAULT_THRESHOLD,
+    au_words,
+    judge,
+    probe_for,
+    probe_limit,
+    under,
+)
 
 
 @dataclass
@@ -76,46 +89,50 @@ def _known() -> dict[str, int]:
 
 
 def load_directory(results_dir: str | Path) -> Collection:
-    """Read every iobench document in `results_dir` (not recursive); damaged files are listed
-    in `skipped`, never fatal. An empty or missing directory is an error."""
+    """Read every iobench document in `results_dir` and its sub-directories (as `compare`
+    searches them); damaged files are listed in `skipped` by their path under it, never
+    fatal. An empty or missing directory is an error."""
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
                                    "directory of your runs (default ./iobench-results)")
     col = Collection()
     known = _known()
-    for p in sorted(d.glob("*.json")):
-        doc = _read_document(p, known, col)
+    for p in sorted(f for f in d.rglob("*.json") if not f.is_dir()):
+        name = str(p.relative_to(d))
+        doc = _read_document(p, known, col, name)
         if doc is not None:
             try:
-                _sort_document(col, p.name, doc)
+                _sort_document(col, name, doc)
             except ResultError as e:
-                col.skipped.append((p.name, str(e)))
+                col.skipped.append((name, str(e)))
     if not (col.runs or col.stages or col.probes or col.sweeps or col.searches):
         raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
-                                   "probe results); run `iobench train`, `stage`, `probe` or "
-                                   "`sweep` with --results pointing there")
+                                   "probe results), searched with its sub-directories; run "
+                                   "`iobench train`, `stage`, `probe` or `sweep` with "
+                                   "--results pointing there")
     col.runs.sort(key=lambda r: r.created)
     return col
 
 
-def _read_document(p: Path, known: Mapping[str, int], col: Collection) -> dict[str, Any] | None:
+def _read_document(p: Path, known: Mapping[str, int], col: Collection,
+                   name: str) -> dict[str, Any] | None:
     """The iobench document in `p` of a version this reader reads; None (listed in
-    `col.skipped` unless it is not iobench's) otherwise."""
+    `col.skipped` as `name` unless it is not iobench's) otherwise."""
     from iobench.core.errors import DatasetError
     from iobench.core.results import read_document
 
     try:
         doc = read_document(p)
     except DatasetError as e:
-        col.skipped.append((p.name, f"unreadable: {e}"))
+        col.skipped.append((name, f"unreadable: {e}"))
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str) \
             or doc["schema"] not in known:
         return None  # not ours (a manifest, someone else's JSON)
     schema, version = doc["schema"], doc.get("schema_version")
     if not isinstance(version, int) or version > known[schema]:
-        col.skipped.append((p.name, f"{schema} v{version} is newer than this iobench reads"))
+        col.skipped.append((name, f"{schema} v{version} is newer than this iobench reads"))
         return None
     return dict(doc)
 
@@ -176,21 +193,49 @@ def _cache_words(doc: TrainResult) -> str:
 
 
 def _tier_name(doc: TrainResult, probe: ProbeDoc | None, root: str,
-               names: Sequence[tuple[str, str]]) -> str:
-    """A run's tier: its probe's label, else a sweep's tier name, else its filesystem."""
+               names: Sequence[tuple[str, str]]) -> tuple[str, str | None]:
+    """A run's tier and where it is: its `--tier` label (never told apart by place), else its
+    probe's label, else a sweep's tier name, else its filesystem (at its storage directory)."""
+    if doc.config.tier:
+        return doc.config.tier, None
     if probe:
-        return probe.label
+        return probe.label, probe.storage.path
     named = [n for n in names if under(root, n[0])]
     if named:
-        return max(named, key=lambda n: len(n[0]))[1]
+        path, name = max(named, key=lambda n: len(n[0]))
+        return name, path
     storage = doc.provenance.storage
-    return f"{storage.kind or '?'} ({storage.fstype or '?'})"
+    place = root if doc.dataset.dataset == USER_DATASET else os.path.dirname(root)
+    return f"{storage.kind or '?'} ({storage.fstype or '?'})", place or None
+
+
+def tell_tiers_apart(rows: Sequence[dict[str, Any]]) -> None:
+    """Where runs in different places would carry the same tier name (two ext4 directories
+    both read `local (ext4)`), name each by its place too: `local (ext4) /scratch/a`."""
+    places: dict[str, set[str]] = defaultdict(set)
+    for r in rows:
+        if r["tier_place"]:
+            places[r["tier"]].add(r["tier_place"])
+    for r in rows:
+        if r["tier_place"] and len(places[r["tier"]]) > 1:
+            r["tier"] = f"{r['tier']} {r['tier_place']}"
+
+
+def _compute_words(res: TrainResult) -> str:
+    """What the run's compute was, for labels: `cnn`, `emulated 0.05 s`, `ingest only`."""
+    comp = res.compute
+    if comp.kind == "model":
+        return comp.model or "model"
+    return f"emulated {comp.compute_time_s:g} s" if comp.kind == "emulated" and \
+        comp.compute_time_s is not None else "ingest only" if comp.kind == "none" else comp.kind
 
 
 def run_row(doc: TrainResult | Mapping[str, Any], probes: Sequence[ProbeDoc],
             names: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-    """One line of a runs table: configuration and figures. The tier is named by its probe's
-    label, else by a sweep's tier name, else by its filesystem.
+    """One line of a runs table: configuration and figures. The tier is named by the run's
+    `--tier` label, else its probe's label, else a sweep's tier name, else its filesystem
+    (`tell_tiers_apart` then adds the place where two places share a name); `verdict` is
+    the run's own (`summary.verdict`), or worked out now for a result without one.
 
     Headline figures are `iobench.core.spread.run_spread`'s medians over the run's
     repetitions (a v1 result is one repetition: means over its epochs, rates
@@ -211,16 +256,18 @@ def run_row(doc: TrainResult | Mapping[str, Any], probes: Sequence[ProbeDoc],
     limit = probe_limit(probe, res.dataset.sample_bytes) if probe else None
     root = real(res.dataset.root)
     verdict = res.summary.verdict
+    tier, place = _tier_name(res, probe, root, names)
     return {
         "run_id": res.run_id, "dataset": res.dataset.dataset,
         "format": res.dataset.format, "loader": c.loader,
-        "tier": _tier_name(res, probe, root, names),
-        "storage": c.storage, "root": root,
+        "tier": tier, "tier_place": place, "storage": c.storage, "root": root,
         "workers": c.workers, "batch_size": c.batch_size,
         # a shard-staged run shuffles within each rank's own files
         "shuffle": c.shuffle + (" (local)" if res.staging is not None
                                 and res.staging.shuffle_scope == "local" else ""),
         "ranks": res.world.size, "compute": res.compute.kind,
+        "compute_words": _compute_words(res),
+        "verdict": verdict or judge(res),
         "repeats": res.repetitions, "epochs": len(stall),
         "stall_s": [stall[e]["median"] for e in sorted(stall)],
         "stall_spread": [stall[e] for e in sorted(stall)],
@@ -328,7 +375,9 @@ def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
         throughput = _throughput_figure(plt, rows)
         if throughput is not None:
             pngs["throughput"] = _png(plt, throughput)
-        pngs["au"] = _png(plt, _au_figure(plt, rows))
+        au = _au_figure(plt, rows)
+        if au is not None:
+            pngs["au"] = _png(plt, au)
     if col.probes:
         pngs["limits"] = _png(plt, _limits_figure(plt, rows, col.probes))
     if col.searches:
@@ -396,31 +445,60 @@ def _throughput_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any | None:
     return fig
 
 
-def _au_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
-    """AU by storage tier, one bar per loader."""
-    tiers = sorted({r["tier"] for r in rows})
-    loaders = sorted({r["loader"] for r in rows})
+def _like(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What runs must share to be averaged in one bar: dataset, loader, format, workers,
+    batch, shuffle, ranks and compute (kind and model or step time)."""
+    return (r["dataset"], r["loader"], r["format"], r["workers"], r["batch_size"],
+            r["shuffle"], r["ranks"], r["compute_words"])
+
+
+def _like_label(key: tuple[Any, ...], varying: Sequence[bool]) -> str:
+    """A bar series' label: the parts of its `_like` key that differ between series."""
+    ds, loader, fmt, workers, batch, shuffle, ranks, compute = key
+    parts = [ds, loader, fmt, f"w{workers}", f"b{batch}", shuffle, f"{ranks} rank(s)", compute]
+    shown = [p for p, v in zip(parts, varying, strict=True) if v]
+    return ", ".join(shown or [loader, f"w{workers}", f"b{batch}", compute])
+
+
+def _au_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any | None:
+    """AU by storage tier: one bar per tier and kind of run (`_like`); only alike runs share
+    a bar (the mean of their medians). Pure-ingest runs have no accelerator: left out."""
+    runs = [r for r in rows if r["compute"] != "none" and r["spread"]["au"] is not None]
+    if not runs:
+        return None
+    tiers = sorted({_tier_words(r) for r in runs})
+    series: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        series[_like(r)].append(r)
+    keys = sorted(series, key=str)
+    varying = [len({k[i] for k in keys}) > 1 for i in range(len(keys[0]))]
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / max(len(loaders), 1)
-    for k, loader in enumerate(loaders):
-        pts = []
-        for t in tiers:
-            aus = [r["spread"]["au"] for r in rows if r["tier"] == t
-                   and r["loader"] == loader and r["spread"]["au"] is not None]
-            pts.append(pooled(aus) if aus else {"median": 0.0, "min": 0.0, "max": 0.0,
-                                                 "n": 1})
-        ax.bar([i + k * width for i in range(len(tiers))], [p["median"] for p in pts], width,
-               yerr=error_bars(pts), capsize=3, label=loader)
+    width = 0.8 / len(keys)
+    for k, key in enumerate(keys):
+        xs, pts = [], []
+        for i, t in enumerate(tiers):
+            aus = [r["spread"]["au"] for r in series[key] if _tier_words(r) == t]
+            if aus:
+                xs.append(i + k * width)
+                pts.append(pooled(aus))
+        ax.bar(xs, [p["median"] for p in pts], width, yerr=error_bars(pts), capsize=3,
+               label=_like_label(key, varying))
     ax.axhline(rows[0]["threshold"], color="red", linestyle="--", linewidth=1,
                label=f"AU {rows[0]['threshold']:.2f} (the verdict's threshold)")
-    ax.set_xticks([i + width * (len(loaders) - 1) / 2 for i in range(len(tiers))])
+    ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(tiers))])
     ax.set_xticklabels(tiers, fontsize=8)
-    ax.set_ylabel("accelerator utilisation (mean over runs)"
-                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
+    ax.set_ylabel("accelerator utilisation (alike runs: mean of medians)"
+                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in runs) else ""))
     ax.set_ylim(0, 1.05)
-    ax.set_title("AU by storage tier")
-    ax.legend(fontsize=7)
+    left_out = len(rows) - len(runs)
+    ax.set_title("AU by storage tier, one bar per kind of run"
+                 + (f" ({left_out} pure-ingest run(s) left out)" if left_out else ""))
+    _legend(ax, len(keys) + 1)
     return fig
+
+
+def _tier_words(r: Mapping[str, Any]) -> str:
+    return str(r["tier"]) + (" [staged]" if r["staged"] else "")
 
 
 def _limits_figure(plt: Any, rows: Sequence[dict[str, Any]], probes: Sequence[ProbeDoc]) -> Any:
@@ -660,8 +738,9 @@ def staging_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | No
                  "break_even_epochs = stage_s / (epoch_wall_slow - epoch_wall_fast) "
                  "(docs/metrics.md), from the medians over repetitions (stage s and epoch "
                  "s: median [min-max] where repeated): staging pays for itself after "
-                 "that many epochs; never when the copy is not faster; n.s. when "
-                 "the two epoch times are within their spread. Runs are compared "
+                 "that many epochs; never when the copy is not faster; n.s. (no "
+                 "number) when the two epoch times are within their spread (over "
+                 "repetitions, or over the cold epochs of single passes). Runs are compared "
                  "only when dataset, format, compute, batch, ranks, loader, workers, "
                  "shuffle, steps and cache mode match. A resumed staging copied "
                  "only part of the data: no break-even (n/a). Time to solution: "
@@ -706,33 +785,193 @@ def warnings_table(col: Collection, rows: Sequence[dict[str, Any]]) -> Table | N
                  [[a, b] for a, b in warn] + [[f, f"not read: {why}"] for f, why in col.skipped])
 
 
+# ------------------------------------------------------------------------------ the answer
+
+_STARVED_BY = {"storage": "storage", "cpu": "the CPU (decoding)", "loader": "the loader",
+               "unknown": "an unknown cause"}
+_MOST_LINES = 4  # of each point of the answer: it fits on one screen
+
+
+def verdict_words(v: Verdict) -> str:
+    """A verdict's head: `keeps up`, `starved by storage`, `pure ingest (no accelerator)`."""
+    if v.status == "starved":
+        return "starved by " + _STARVED_BY.get(v.bottleneck, v.bottleneck)
+    return {"ingest": "pure ingest (no accelerator)"}.get(v.status, v.status)
+
+
+@dataclass
+class Lead:
+    """What the report opens with: the answer in a few lines (`points`: a heading and its
+    lines each), then each run's verdict."""
+
+    points: list[tuple[str, list[str]]]
+    verdicts: Table
+
+
+def lead_section(col: Collection, rows: Sequence[dict[str, Any]]) -> Lead:
+    """The answer: which tier keeps up, the staging break-even, what to do; each run's
+    verdict below it."""
+    stagings = staging_rows(col, rows)
+    return Lead([("Which tier keeps up", tier_lines(rows)),
+                 ("Staging break-even", staging_lines(stagings, rows)),
+                 ("What to do", todo_lines(stagings, rows))], verdict_table(rows))
+
+
+def tier_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per tier: its runs' verdicts and their AU."""
+    if not rows:
+        return ["no training runs here: `iobench train --results` into this directory"]
+    by_tier: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_tier[_tier_words(r)].append(r)
+    out = []
+    for tier, rs in sorted(by_tier.items()):
+        words = sorted({verdict_words(r["verdict"]) for r in rs})
+        runs = f"{len(rs)} run" + ("s" if len(rs) > 1 else "")
+        heads = (f"{words[0]} ({runs})" if len(words) == 1 else
+                 ", ".join(f"{w} ({sum(verdict_words(r['verdict']) == w for r in rs)} of "
+                           f"{runs})" for w in words))
+        aus = [r["au"] for r in rs if r["compute"] != "none" and r["au"] is not None]
+        au = "" if not aus else f", AU {min(aus):.2f}" + (
+            f"-{max(aus):.2f}" if max(aus) - min(aus) >= 0.005 else "")
+        out.append(f"{tier}: {heads}{au}")
+    return out
+
+
+def break_even_words(s: Mapping[str, Any]) -> str:
+    """A `staging_pairs` row's answer in words: after how many epochs staging pays for
+    itself, never, not significant (no number), or why it was not computed."""
+    what = outcome(s)
+    if what == "not computed":
+        return break_even_text(s)
+    times = f"epoch {s['epoch_slow_s']:.3g} s in place vs {s['epoch_fast_s']:.3g} s staged"
+    if what == "not significant":
+        return (f"not significant: {times} are within their spread over "
+                f"{s['spread_over']}; staging took {s['stage_s']:.3g} s")
+    if what == "never":
+        return f"never pays for itself: the copy is not faster ({times})"
+    return (f"pays for itself after {s['break_even_epochs']:.2f} epochs (staging "
+            f"{s['stage_s']:.3g} s; {times})"
+            + (" - single passes, significance unknown: --repeat 3 tells"
+               if s["significant"] is None else ""))
+
+
+def staging_lines(stagings: Sequence[Mapping[str, Any]],
+                  rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per staging and configuration: from which tier to which, and its answer."""
+    if not stagings:
+        return ["no staging measured: `iobench stage` (or `iobench train --stage-to DIR`) "
+                "and a run on each tier give it"]
+    name = {r["root"]: _tier_words(r) for r in rows}
+    out = [f"{name.get(s['from'], s['from'])} -> {name.get(s['to'], s['to'])}"
+           + (f" ({s['run']})" if s["run"] else "") + f": {break_even_words(s)}"
+           for s in stagings]
+    more = len(out) - _MOST_LINES
+    return out[:_MOST_LINES] + ([f"... {more} more under 'Staging cost'"] if more > 0 else [])
+
+
+def todo_lines(stagings: Sequence[Mapping[str, Any]],
+               rows: Sequence[dict[str, Any]]) -> list[str]:
+    """What to do: stage where that pays off for a starved run, then the starved runs' first
+    advice (each piece once, with the tiers and worker counts it is for)."""
+    starved = [r for r in rows if r["verdict"].status == "starved"]
+    name = {r["root"]: _tier_words(r) for r in rows}
+    stage: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for s in stagings:
+        if outcome(s) == "pays off" and s["significant"] is not False \
+                and any(r["root"] == s["from"] for r in starved):
+            stage[(name[s["from"]], name.get(s["to"], s["to"]))].append(s["break_even_epochs"])
+    out = [f"stage {a} to {b}: it pays for itself after {min(be):.2f}"
+           + (f"-{max(be):.2f}" if max(be) > min(be) else "") + " epochs"
+           for (a, b), be in stage.items()]
+    advice: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for r in starved:
+        if r["verdict"].advice:
+            advice[r["verdict"].advice[0]][_tier_words(r)].add(r["workers"])
+    for text, tiers in advice.items():
+        out.append(", ".join(f"{t} (w{', w'.join(map(str, sorted(ws)))})"
+                             for t, ws in tiers.items()) + f": {text}")
+    if not rows:
+        out.append("run `iobench train` on each tier with --results here")
+    elif not starved and all(r["compute"] == "none" for r in rows):
+        out.append("pure-ingest runs only: give --compute-time SECONDS (or a model) to ask "
+                   "whether the storage keeps an accelerator busy")
+    elif not starved:
+        out.append("nothing for the storage: every run keeps up (compute-bound)")
+    more = len(out) - _MOST_LINES
+    return out[:_MOST_LINES] + ([f"... {more} more under 'Verdict per run'"] if more > 0 else [])
+
+
+def verdict_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """Each run's verdict: what it says, its AU (or rate), why, and the first advice."""
+    trs = []
+    rs = sorted(rows, key=lambda r: (r["dataset"], _tier_words(r), _short(r), r["run_id"]))
+    labels = [f"{r['dataset']}: {_short(r)}, {r['compute_words']}" for r in rs]
+    for r, label in zip(rs, labels, strict=True):
+        v: Verdict = r["verdict"]
+        if v.status == "ingest" or v.au is None:
+            au = f"{_f(r['samples_per_s'], ',.0f')} samples/s"
+        else:
+            au = au_words(v.au, v.threshold, ">=" if v.au >= v.threshold else "<")
+        why = "; ".join(v.evidence[1:3]) or (v.evidence[0] if v.evidence else "")
+        trs.append([label + (f" [{r['run_id'][-6:]}]" if labels.count(label) > 1 else ""),
+                    verdict_words(v),
+                    au, why, v.advice[0] if v.advice else ""])
+    return Table("Verdict per run", ["run", "verdict", "AU (or rate)", "why", "what to do"],
+                 trs, "Each run's verdict as `iobench train` gave it (docs/metrics.md, "
+                 "'Verdict'); AU: median over repetitions against the run's threshold. "
+                 "Figures, spreads and the staging cost follow below.")
+
+
 PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughput by workers",
                "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier",
                "search": "AU against emulated accelerators (iobench search)"}
 _CSS = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
         "margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:3px 7px;font-size:0.85em}"
         "th{background:#eee}td.n{text-align:right}td.bad{color:#b00;font-weight:bold}"
-        ".note{color:#555;font-size:0.85em}img{max-width:100%}")
+        ".note{color:#555;font-size:0.85em}img{max-width:100%}td.ok{color:#070}"
+        ".answer{border-left:4px solid #36c;background:#f4f7fc;padding:0.3em 1em;"
+        "margin-bottom:1em}.answer h2{margin:0.3em 0}.points>li{margin:0.3em 0}")
 
 
 def _cls(cell: str) -> str:
-    if "FAILED" in cell:
+    if "FAILED" in cell or cell.startswith("starved"):
         return " class='bad'"
+    if cell == "keeps up":
+        return " class='ok'"
     return " class='n'" if cell[:1].isdigit() or cell in ("n/a", "never") else ""
 
 
-def render_html(title: str, tables: list[Table], pngs: dict[str, bytes]) -> str:
+def _table_html(t: Table) -> list[str]:
+    e = html.escape
+    out = [f"<h2>{e(t.title)}</h2><table><tr>"
+           + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td{_cls(c)}>{e(c)}</td>" for c in row) + "</tr>"
+            for row in t.rows]
+    out.append("</table>")
+    if t.note:
+        out.append(f"<p class='note'>{e(t.note)}</p>")
+    return out
+
+
+def _lead_html(lead: Lead) -> list[str]:
+    e = html.escape
+    out = ["<section id='answer' class='answer'><h2>The answer</h2><ul class='points'>"]
+    out += [f"<li><b>{e(head)}</b><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines)
+            + "</ul></li>" for head, lines in lead.points]
+    out.append("</ul></section>")
+    return out + _table_html(lead.verdicts)
+
+
+def render_html(title: str, tables: list[Table], pngs: dict[str, bytes],
+                lead: Lead | None = None) -> str:
     e = html.escape
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
            f"<style>{_CSS}</style></head><body><h1>{e(title)}</h1>"]
+    if lead is not None:
+        out += _lead_html(lead)
     for t in tables:
-        out.append(f"<h2>{e(t.title)}</h2><table><tr>"
-                   + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>")
-        out += ["<tr>" + "".join(f"<td{_cls(c)}>{e(c)}</td>" for c in row) + "</tr>"
-                for row in t.rows]
-        out.append("</table>")
-        if t.note:
-            out.append(f"<p class='note'>{e(t.note)}</p>")
+        out += _table_html(t)
     for name, data in pngs.items():
         b64 = base64.b64encode(data).decode()
         out.append(f"<h2>{e(PLOT_TITLES[name])}</h2><img alt='{e(name)}' "
@@ -741,18 +980,34 @@ def render_html(title: str, tables: list[Table], pngs: dict[str, bytes]) -> str:
     return "\n".join(out)
 
 
-def render_markdown(title: str, tables: list[Table], png_names: dict[str, str]) -> str:
-    def cell(c: str) -> str:
-        return c.replace("|", "\\|").replace("\n", " ")
+def _md_cell(c: str) -> str:
+    return c.replace("|", "\\|").replace("\n", " ")
 
+
+def _table_markdown(t: Table) -> list[str]:
+    out = [f"## {t.title}", "", "| " + " | ".join(t.header) + " |",
+           "|" + "|".join("---" for _ in t.header) + "|"]
+    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
+    out.append("")
+    if t.note:
+        out += [f"_{t.note}_", ""]
+    return out
+
+
+def _lead_markdown(lead: Lead) -> list[str]:
+    out = ["## The answer", ""]
+    for head, lines in lead.points:
+        out += [f"- **{head}**", *(f"  - {_md_cell(x)}" for x in lines)]
+    return out + ["", *_table_markdown(lead.verdicts)]
+
+
+def render_markdown(title: str, tables: list[Table], png_names: dict[str, str],
+                    lead: Lead | None = None) -> str:
     out = [f"# {title}", ""]
+    if lead is not None:
+        out += _lead_markdown(lead)
     for t in tables:
-        out += [f"## {t.title}", "", "| " + " | ".join(t.header) + " |",
-                "|" + "|".join("---" for _ in t.header) + "|"]
-        out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
-        out.append("")
-        if t.note:
-            out += [f"_{t.note}_", ""]
+        out += _table_markdown(t)
     for name, fname in png_names.items():
         out += [f"## {PLOT_TITLES[name]}", "", f"![{PLOT_TITLES[name]}]({fname})", ""]
     return "\n".join(out)
@@ -766,6 +1021,8 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     col = load_directory(results_dir)
     names = sweep_tier_names(col.sweeps)
     rows = [run_row(r, col.probes, names) for r in col.runs]
+    tell_tiers_apart(rows)
+    lead = lead_section(col, rows)
     tables = build_tables(col, rows)
     pngs = make_plots(rows, col)
     title = title or f"iobench report: {Path(results_dir).resolve().name}"
@@ -776,9 +1033,11 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
             fname = f"{out.stem}-{name}.png"
             _write_atomic_bytes(out.parent / fname, data)
             png_files[name] = fname
-        _write_atomic_bytes(out, render_markdown(title, tables, png_files).encode())
+        page = render_markdown(title, tables, png_files, lead)
     else:
-        _write_atomic_bytes(out, render_html(title, tables, pngs).encode())
+        page = render_html(title, tables, pngs, lead)
+    # issue 28 item 6: each traced run's stall timeline per epoch (iobench.workflows.timeline)
+    _write_atomic_bytes(out, add_timelines(page, col.runs, out.suffix.lower() == ".md").encode())
     return out
 
 

@@ -82,6 +82,10 @@ class SearchConfig:
     slowdown: float = 1.0  # emulated compute this many times slower: demand / slowdown
     hosts: int = 0  # client hosts: N spread evenly over them (and the dataset-size rule)
     host_memory_gb: float = 0.0
+    # a real model's measured rate (samples/s per accelerator) in place of the workload's
+    # compute time (`measured_demand`), and where it was measured
+    demand_samples_per_s: float | None = None
+    demand_source: str | None = None
 
     def __post_init__(self) -> None:
         resolve(self.workload, self.accelerator)  # an unknown workload or accelerator
@@ -100,6 +104,8 @@ class SearchConfig:
             raise ConfigError(f"--au-threshold {self.threshold} must be in (0, 1]")
         if not (self.slowdown >= 1 and math.isfinite(self.slowdown)):
             raise ConfigError(f"--slowdown {self.slowdown} must be a number >= 1")
+        if self.demand_samples_per_s is not None and not self.demand_samples_per_s > 0:
+            raise ConfigError(f"demand_samples_per_s={self.demand_samples_per_s} must be > 0")
 
     def _check_launch(self) -> None:
         if not self.launcher or not any("{ranks}" in a for a in self.launcher):
@@ -125,12 +131,17 @@ class SearchConfig:
 
     @property
     def compute_s(self) -> float:
-        """The emulated step time: the workload's, x batch / the workload's batch, x slowdown."""
+        """The emulated step time: the workload's, x batch / the workload's batch, x slowdown;
+        with a measured demand, batch / that rate, x slowdown."""
+        if self.demand_samples_per_s is not None:
+            return self.batch / self.demand_samples_per_s * self.slowdown
         return self.run.compute_s * self.batch / self.run.batch * self.slowdown
 
     @property
     def demand_Bps(self) -> float:
         """Bytes per second one emulated accelerator reads at AU 1 in this search."""
+        if self.demand_samples_per_s is not None:
+            return self.demand_samples_per_s * self.run.workload.sample_bytes / self.slowdown
         return self.run.demand_Bps / self.slowdown
 
     @property
@@ -147,6 +158,27 @@ class SearchConfig:
     @property
     def au_threshold(self) -> float:
         return self.threshold if self.threshold is not None else self.run.workload.au_threshold
+
+
+def measured_demand(res: TrainResult, workload: str) -> tuple[float, str]:
+    """(samples/s, where measured) of the real model a training result measured
+    (`compute.demand`, per accelerator), for a search of `workload`; a ConfigError when the
+    run measured none or read another dataset than the workload's."""
+    from iobench.core.workloads import parse_workload
+
+    w, d = parse_workload(workload), res.compute.demand
+    if d is None:
+        raise ConfigError(f"--demand-from: run {res.run_id} measured no demand (it emulated "
+                          "its compute or trained no model); give the result of an `iobench "
+                          "train` of a real model, on the accelerator you mean")
+    if res.dataset.dataset != w.dataset:
+        raise ConfigError(f"--demand-from: run {res.run_id} measured {res.compute.model} on "
+                          f"{res.dataset.dataset}, but {w.name} reads {w.dataset}; give a run "
+                          f"on {w.dataset}")
+    device = res.compute.device.name if res.compute.device and res.compute.device.name \
+        else d.device
+    return d.samples_per_s, (f"{res.compute.model} (batch {d.batch_size}) on {device}: "
+                             f"{d.samples_per_s:.4g} samples/s, measured in run {res.run_id}")
 
 
 def next_point(passed: dict[int, bool], limit: int, step: int = 1) -> int | None:
@@ -280,6 +312,7 @@ def _new_document(cfg: SearchConfig, run_id: str, root: Path, manifest: Any) -> 
                      "workload_compute_time_s": run.compute_s,
                      "sample_bytes": w.sample_bytes, "demand_MBps": cfg.demand_Bps / 1e6,
                      "workload_demand_MBps": run.demand_Bps / 1e6, "slowdown": cfg.slowdown,
+                     "demand_source": cfg.demand_source or "the workload's compute time",
                      "note": w.note},
         "dataset": {"root": str(root), "dataset": manifest.dataset, "format": manifest.format,
                     "num_samples": manifest.num_samples, "total_bytes": manifest.total_bytes,
@@ -292,6 +325,10 @@ def _new_document(cfg: SearchConfig, run_id: str, root: Path, manifest: Any) -> 
 def _setting_warnings(cfg: SearchConfig) -> list[str]:
     """What the settings change from the workload's own figures."""
     run, out = cfg.run, []
+    if cfg.demand_samples_per_s is not None:
+        out.append(f"MEASURED DEMAND: {cfg.demand_source}; each accelerator computes "
+                   f"{cfg.compute_s:.4g} s a step of {cfg.batch} in place of the workload's "
+                   f"{run.compute_s * cfg.batch / run.batch:.4g} s")
     if cfg.slowdown != 1:
         out.append(
             f"SLOWED DOWN: compute {cfg.slowdown:g}x the workload's, so each accelerator "

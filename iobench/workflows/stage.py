@@ -50,6 +50,7 @@ from iobench.core.interrupts import pending
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.core.options import parse_evict_cmd, parse_repeat
 from iobench.core.placement import check_same_dataset, need_bytes, parse_mode, staging_root
+from iobench.core.progress import LogProgress
 from iobench.core.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.core.spread import spread
 from iobench.core.world import World, agree
@@ -77,6 +78,7 @@ class StageConfig:
     verify_existing: bool = True  # re-hash complete-looking files before skipping them
     fsync: bool = True  # a staged file is on the device, not in the page cache
     progress: bool = False  # a progress bar on rank 0 (stderr)
+    log_progress: bool = False  # else, off a terminal: a line a minute on rank 0 (stderr)
     warm_source: bool = False  # do not evict the source first (then the copy may read memory)
     repeat: int = 1  # full copies from a cold source; the last one stays
     evict_cmd: str | None = None  # the site's command emptying the source's server caches
@@ -251,10 +253,15 @@ class _Progress:
     (`stop` set after a failure or Ctrl-C), so a large file is not copied to the end.
     """
 
-    def __init__(self, enabled: bool, total: int, label: str) -> None:
+    def __init__(self, enabled: bool, total: int, label: str, log: bool = False) -> None:
         self._lock = threading.Lock()
         self.stop = threading.Event()
         self._bar = None
+        self._log = None  # off a terminal: a line every IOBENCH_PROGRESS_S (a batch job's log)
+        self._done, self._total = 0, total
+        if log and not enabled:
+            self._log = LogProgress(label).__enter__()
+            self._log.update(0, total)
         if enabled:
             from rich.progress import (
                 BarColumn,
@@ -278,10 +285,16 @@ class _Progress:
         if self._bar is not None:
             with self._lock:
                 self._bar.advance(self._task, n)
+        elif self._log is not None:
+            with self._lock:
+                self._done += n
+                self._log.update(self._done, self._total)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+        if self._log is not None:
+            self._log.__exit__(None, None, None)
 
 
 def _remove_partials(dest_root: Path, manifest: Manifest, host: str) -> int:
@@ -720,7 +733,8 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     counters, lock = _Counters(), threading.Lock()
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
     progress = _Progress(cfg.progress and world.rank == 0, plan.my_bytes,
-                         f"{label} (rank 0 of {world.size})" if world.size > 1 else label)
+                         f"{label} (rank 0 of {world.size})" if world.size > 1 else label,
+                         log=cfg.log_progress and world.rank == 0)
     error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
                                    else None)
     io0 = procio.tree_io() if plan.note is None else None
@@ -934,7 +948,8 @@ STAGING_KEYS = ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes", "os_rea
 
 def stage_copy(source: DatasetRef, dest: str | Path, mode: str, world: World, *,
                progress: bool = False, warm_source: bool = False, evict_cmd: str | None = None,
-               warm_cache: bool = False) -> tuple[DatasetRef, dict[str, Any]]:
+               warm_cache: bool = False, log_progress: bool = False
+               ) -> tuple[DatasetRef, dict[str, Any]]:
     """For `iobench train --stage-to DIR2`: stage `source` to DIR2; return the staged copy
     (this node's) and the result's `staging` section.
 
@@ -949,7 +964,8 @@ def stage_copy(source: DatasetRef, dest: str | Path, mode: str, world: World, *,
     try:
         cfg = StageConfig(dataset=source.dataset, format=source.format,
                           source=Path(source.storage), dest=Path(dest), mode=parse_mode(mode),
-                          progress=progress, warm_source=warm_source, evict_cmd=evict_cmd)
+                          progress=progress, log_progress=log_progress,
+                          warm_source=warm_source, evict_cmd=evict_cmd)
         if warm_cache:
             raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
                               "once, which would warm the cache; drop one of them")

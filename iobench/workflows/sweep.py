@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from iobench.core import launch
+from iobench.core.breakeven import real
 from iobench.core.datasets import DATASETS, dataset_dirname
 from iobench.core.errors import ConfigError
 from iobench.core.formats import DEFAULT_FORMAT, FORMATS, loader_formats
@@ -452,6 +453,7 @@ def run_sweep(cfg: SweepConfig, *, dry_run: bool = False, write_report: bool = T
         sweep.probe_tiers()
         sweep.stage_copies()
         sweep.train(plan)
+        sweep.break_evens = staging_answers(results, cfg, log)
     finally:
         sweep.unmount()
         record = sweep.record(started)
@@ -477,6 +479,7 @@ class _Sweep:
         self.unmounted: set[str] = set()  # tiers whose emulated filesystem did not mount
         self.mounts: list[Any] = []
         self.seq = 0
+        self.break_evens: list[dict[str, Any]] = []  # staging_answers, once the runs are done
 
     def step(self, kind: str, label: str, args: list[str], ranks: int = 1) -> Outcome:
         """Run one child; its outcome is its exit status (with the log's last line, shown)."""
@@ -598,7 +601,46 @@ class _Sweep:
             "runs": [asdict(o) for o in self.outcomes],
             "counts": {s: sum(o.status == s for o in self.outcomes if o.step == "train")
                        for s in ("done", "skipped", "failed")},
+            "break_evens": self.break_evens,
         }
+
+
+def staging_answers(results: Path, cfg: SweepConfig,
+                    log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Each staging's break-even that the results directory now gives (`iobench report`'s
+    staging rows), logged one line each and kept for the record: where the two epoch times
+    are within their spread, `not significant` instead of a number (`outcome`)."""
+    from iobench.core.breakeven import outcome
+    from iobench.core.errors import IobenchError
+    from iobench.workflows.report import break_even_words, load_directory, staging_rows
+
+    try:
+        rows = staging_rows(load_directory(results))
+    except IobenchError as e:
+        log(f"[break-even] not computed: {e}")
+        return []
+    tiers = [(real(path), name) for name, path in _tier_paths(cfg)]
+    out = []
+    for s in rows:
+        src, dest = _tier_of(s["from"], tiers), _tier_of(s["to"], tiers)
+        text = (f"{s['dataset']}-{s['format']} {src} -> {dest}"
+                + (f" ({s['run']})" if s["run"] else "") + f": {break_even_words(s)}")
+        log(f"[break-even] {text}")
+        what = outcome(s)
+        out.append({"dataset": s["dataset"], "format": s["format"], "from": src, "to": dest,
+                    "run": s["run"], "stage_s": s["stage_s"], "epoch_slow_s": s["epoch_slow_s"],
+                    "epoch_fast_s": s["epoch_fast_s"], "outcome": what,
+                    "break_even_epochs": s["break_even_epochs"] if what == "pays off" else None,
+                    "significant": s["significant"], "spread_over": s["spread_over"],
+                    "text": text})
+    return out
+
+
+def _tier_of(root: str, tiers: list[tuple[str, str]]) -> str:
+    """The name of the sweep's tier holding dataset root `root` (a real path), else the path."""
+    named = [(path, name) for path, name in tiers
+             if root == path or root.startswith(path.rstrip("/") + "/")]
+    return max(named)[1] if named else root
 
 
 def _tier_paths(cfg: SweepConfig) -> list[tuple[str, str]]:

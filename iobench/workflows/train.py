@@ -20,6 +20,7 @@ import contextlib
 import math
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ from iobench.core.datasets import DATASETS, parse_dataset
 from iobench.core.errors import (
     ConfigError,
     IobenchError,
+    StorageError,
 )
 from iobench.core.formats import FORMATS, loader_formats, parse_format
 from iobench.core.interrupts import Interrupted, pending
@@ -52,6 +54,7 @@ from iobench.core.placement import check_same_dataset
 from iobench.core.results import SCHEMA, SCHEMA_VERSION, new_run_id
 from iobench.core.sampling import parse_shuffle
 from iobench.core.spread import run_spread
+from iobench.core.trace import StepClocks, Trace, check_trace_path, epoch_part, write_trace
 from iobench.core.userdata import USER_DATASET
 from iobench.core.watchdog import Watchdog
 from iobench.core.world import World, agree
@@ -99,6 +102,8 @@ class TrainConfig:
     data: str | None = None
     data_key: str | None = None  # its sample array (HDF5/NetCDF), else detected
     label_key: str | None = None  # its labels array or LMDB record, else detected
+    tier: str | None = None  # the storage tier's name in reports (--tier); None: its path
+    trace: str | None = None  # a per-step trace of every rank goes there (iobench.core.trace)
 
     def __post_init__(self) -> None:
         parse_loader(self.loader)
@@ -114,6 +119,7 @@ class TrainConfig:
         if self.worker_type not in WORKER_TYPES:
             raise ConfigError(f"--worker-type {self.worker_type!r}; choose one of {WORKER_TYPES}")
         parse_shuffle(self.shuffle)
+        parse_tier_label(self.tier)
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"--lr {self.lr} must be a positive number")
         if not self.timeout_s > 0:
@@ -196,6 +202,14 @@ def parse_loader(loader: str) -> str:
     if loader not in LOADER_NAMES:
         raise ConfigError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADER_NAMES)}")
     return loader
+
+
+def parse_tier_label(label: str | None) -> str | None:
+    """`--tier NAME`: a short one-line name for the storage tier (None: none given)."""
+    if label is not None and not (label.strip() and label.isprintable() and len(label) <= 64):
+        raise ConfigError(f"--tier {label!r} must be a short name on one line (1-64 printable "
+                          "characters), e.g. --tier nvme")
+    return label
 
 
 def parse_loader_format(loader: str, fmt: str) -> str:
@@ -345,6 +359,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
     try:
         _repetitions(run, loader_factory, started)
     except Interrupted as e:
+        run.write_trace()  # the epochs that completed
         raise RunInterrupted(e.signum, run.document(memory, "interrupted", str(e))
                              if world.is_root else None) from None
     finally:
@@ -353,6 +368,7 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
             shutil.rmtree(beats, ignore_errors=True)
             with contextlib.suppress(OSError):
                 beats.parent.rmdir()  # only when no other run beats there
+    run.write_trace()
     return run.document(memory) if world.is_root else None
 
 
@@ -368,6 +384,8 @@ def _open_dataset(config: TrainConfig, world: World, dataset: DatasetRef | None
         if world.is_root:
             dataset.refuse_inside(config.results)  # never write into the user's data
             check_results_dir(config.results)
+            if config.trace is not None:
+                check_trace_path(config.trace, dataset)
     except IobenchError as e:
         err = e
     agree(world, err)
@@ -622,6 +640,11 @@ class _Run:
         # a real model's last batch (on the device), then its compute-only rate on it
         self._last_batch: tuple[torch.Tensor, torch.Tensor, Any] | None = None
         self.demand: dict[str, Any] | None = None
+        self.ceilings: dict[str, Any] | None = None  # a DALI run's (`workflows.ceilings`)
+        # --trace: this epoch's step clocks (every rank), every rank's epochs (rank 0)
+        self._clocks: StepClocks | None = None
+        self.trace = (Trace(config.loader, device.type) if config.trace is not None
+                      and world.is_root else None)
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
         """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
@@ -637,6 +660,17 @@ class _Run:
     def _at(self, phase: str, step: int | None = None) -> None:
         if self.watchdog is not None:
             self.watchdog.progress(phase, step)
+
+    def write_trace(self) -> None:
+        """Rank 0, at the end (or an interrupt): every rank's spans to `--trace`; a failure
+        to write it is a warning in the result, which keeps every figure."""
+        if self.trace is None or self.config.trace is None:
+            return
+        self.trace.run_id = self.run_id
+        try:
+            write_trace(self.config.trace, self.trace)
+        except StorageError as e:
+            self.warnings.append(f"no trace written: {e}")
 
     def write_partial(self, cluster_memory_bytes: int, status: str, why: str) -> None:
         """Rank 0, from the watchdog: what was measured so far, marked `status`."""
@@ -655,6 +689,17 @@ class _Run:
         if rep == 0 and self._last_batch is not None:
             self.demand = self._measure_demand(self.compute, *self._last_batch)
         self._last_batch = None
+        if rep == 0 and getattr(loader, "name", "") == "dali" and self.compute.kind != "none":
+            # DALI keeps no per-batch clocks: the verdict's cause comes from these passes
+            from iobench.workflows.ceilings import measure
+
+            self._at("measuring the loader's ceilings (cold, in memory, decoding)")
+            try:
+                self.ceilings = measure(loader, lambda: self._evict(loader),
+                                        cold=not self.config.warm_cache)
+            except IobenchError as e:  # the epochs are measured: they keep their result
+                self.warnings.append(f"DALI's ceilings were not measured ({e}): the verdict "
+                                     "cannot name the cause")
 
     def _measure_demand(self, compute: _Compute, x: torch.Tensor, y: torch.Tensor,
                         finish: Any) -> dict[str, Any]:
@@ -670,16 +715,21 @@ class _Run:
                          warmup=5 if gpu else 1, steps=20 if gpu else 3)
         return d.to_dict()
 
-    def _epoch(self, rep: int, epoch: int, loader: Loader) -> None:
-        config, world = self.config, self.world
-        compute = self.compute
-        assert compute is not None
-        self._at(f"evicting the dataset before epoch {epoch + 1}")
-        report = cache.evict_for_node(self.manifest, world, cache.EvictOptions(
+    def _evict(self, loader: Loader) -> cache.EvictReport:
+        """Empty the dataset's pages from the cache (unless --warm-cache): a collective."""
+        config = self.config
+        return cache.evict_for_node(self.manifest, self.world, cache.EvictOptions(
             evict_pages=not config.warm_cache,
             scope=loader.config.scope,  # sharded copies: own files
             drop_caches=config.drop_caches, warn_above=RESIDENT_WARN_FRACTION, loud=False,
             evict_cmd=config.evict_cmd))
+
+    def _epoch(self, rep: int, epoch: int, loader: Loader) -> None:
+        world = self.world
+        compute = self.compute
+        assert compute is not None
+        self._at(f"evicting the dataset before epoch {epoch + 1}")
+        report = self._evict(loader)
         self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
         tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None
@@ -700,7 +750,11 @@ class _Run:
                "loader": timing,
                "cache_resident_fraction_at_start": node_frac.get(world.node)}
         self._at(f"gathering epoch {epoch + 1}'s figures from every rank")
-        gathered = world.allgather((fig, compute.stats()))
+        part = (epoch_part(world.rank, world.hostname, clock, self._clocks)
+                if self._clocks is not None else None)
+        gathered = world.allgather((fig, compute.stats(), part))
+        if self.trace is not None:
+            self.trace.add(rep, epoch, [g[2] for g in gathered])
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
                          tier)
@@ -718,6 +772,7 @@ class _Run:
         if config.max_steps is not None:
             steps_total = min(steps_total, config.max_steps)
         clock = EpochClock()
+        self._clocks = StepClocks() if config.trace is not None else None
         self._last_live = prev_end = clock.start()
         times = _LoaderTimes()
         it: Iterator[Any] = iter(loader.epoch(epoch))
@@ -732,7 +787,7 @@ class _Run:
                 except StopIteration:
                     break
                 t_got = time.perf_counter_ns()
-                self._step(epoch, step, steps_total, batch, clock, compute)
+                self._step(epoch, step, steps_total, batch, clock, compute, t_got)
                 step += 1
                 times.add(batch, t_got, prev_end)
                 prev_end = clock.last_ns
@@ -744,10 +799,13 @@ class _Run:
         return clock, times.summary(loader.config.workers, wall)
 
     def _step(self, epoch: int, step: int, steps_total: int, batch: Any, clock: EpochClock,
-              compute: _Compute) -> None:
-        """One step on a batch just received: to the device, wait for the other ranks,
+              compute: _Compute, t_got: int) -> None:
+        """One step on a batch received at `t_got`: to the device, wait for the other ranks,
         compute; the clock reads the batch ready and the compute done."""
         x, y = _to_device(batch, self.device)
+        if self._clocks is not None:  # --trace: a tuple appended, nothing more
+            self._clocks.add((t_got, time.perf_counter_ns() if self.device.type == "cuda"
+                              else 0, batch.timing))
         self._at(f"waiting for the other ranks' batch {step + 1}", step)
         compute.wait_for_all_ranks()
         t_ready = clock.batch_ready()
@@ -812,6 +870,9 @@ class _Run:
             warnings.append(server["warning"])
         if self.io_note:
             warnings.append(self.io_note)
+        from iobench.pfs.control import FSTYPE as EMULATED_FSTYPE
+
+        warnings += first_epoch_notes(self.epochs, self.mount.fstype == EMULATED_FSTYPE)
         if status != "complete":
             warnings.insert(0, f"{status.upper()}: {why}; the result holds the "
                             f"{len(self.epochs)} epoch(s) that completed")
@@ -835,6 +896,7 @@ class _Run:
                                     config.repeat),
             "warnings": warnings,
             "staging": None,
+            **({"ceilings": self.ceilings} if self.ceilings is not None else {}),
         }
 
     def _world_section(self) -> dict[str, Any]:
@@ -882,6 +944,34 @@ def _steps_mode(config: TrainConfig, world: World) -> str:
     if config.compute_kind == "model":
         return "synchronous (DDP all-reduce in backward)"
     return "synchronous (all-reduce before each step)" if config.step_sync else "free-running"
+
+
+FIRST_EPOCH_GAP = 0.05  # stall fraction: epoch 1 this far from the later epochs' is said
+
+
+def first_epoch_notes(epochs: list[dict[str, Any]], emulated: bool) -> list[str]:
+    """A note when epoch 1's stall differs from the later epochs' in every repetition, the
+    same way, by FIRST_EPOCH_GAP or more: epoch 1 opens the dataset's files, the later ones
+    read through the files the loader keeps open (persistent workers), which is the steady
+    state of a long job. Measured on the emulated PFS (docs/metrics.md, "Epoch 1")."""
+    reps: dict[int, list[float]] = {}
+    for ep in epochs:
+        reps.setdefault(ep["repeat"], []).append(ep["summary"]["stall_fraction_mean"])
+    pairs = [(f[0], statistics.median(f[1:])) for f in reps.values() if len(f) >= 2]
+    if not pairs:
+        return []
+    gaps = [first - rest for first, rest in pairs]
+    if not (all(g <= -FIRST_EPOCH_GAP for g in gaps) or all(g >= FIRST_EPOCH_GAP for g in gaps)):
+        return []
+    first = statistics.median(p[0] for p in pairs)
+    rest = statistics.median(p[1] for p in pairs)
+    where = (" On the emulated PFS a file kept open gets fewer reads in flight than a freshly "
+             "opened one (a fresh open per epoch reads every epoch as fast as the first)."
+             if emulated and first < rest else "")
+    return [f"EPOCH 1 stalled {first:.0%} against {rest:.0%} in the later epochs, in every "
+            f"repetition ({len(pairs)}): epoch 1 opened the dataset's files, the later epochs "
+            "read through the files the loader kept open (persistent workers, as a long "
+            f"training job does); take the later epochs as the steady state.{where}"]
 
 
 def _cache_warnings(config: TrainConfig, mount: sysinfo.MountInfo, manifest: Manifest,

@@ -10,7 +10,6 @@ ends every rank, and an interrupt keeps the epochs that completed.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock
 from iobench.core.placement import parse_mode
+from iobench.core.trace import check_trace_path
 from iobench.core.workloads import WorkloadRun
 from iobench.core.world import World, agree
 from iobench.loaders import make_loader
@@ -42,6 +42,7 @@ class StagePlan:
     mode: str = "replicate"
     warm_source: bool = False  # do not evict the source before the copy
     progress: bool = False  # a progress bar on rank 0
+    log_progress: bool = False  # else, off a terminal: a line a minute on rank 0
 
     def __post_init__(self) -> None:
         parse_mode(self.mode)
@@ -92,19 +93,12 @@ def train_job(config: TrainConfig, world: World, *, stage: StagePlan | None = No
             if world.is_root:
                 raise  # the CLI prints it once
             return TrainOutcome(e.exit_code)
-        abort_job(world, f"rank {world.rank} failed: {e}")
+        world.end_job(f"rank {world.rank} failed: {e}")
     except Exception as e:  # a rank failing mid-run must take the job down, not hang it
         if world.size == 1:
             raise
-        abort_job(world, f"rank {world.rank} failed: {type(e).__name__}: {e}")
+        world.end_job(f"rank {world.rank} failed: {type(e).__name__}: {e}")
     return TrainOutcome(3)
-
-
-def abort_job(world: World, message: str) -> None:
-    """End every rank of the job (exit status 3), saying which rank failed and why."""
-    print(f"iobench: error: {message}; ending all {world.size} ranks", file=sys.stderr, flush=True)
-    world.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
-    sys.exit(3)
 
 
 def run_training(config: TrainConfig, world: World, *, stage: StagePlan | None = None,
@@ -148,6 +142,8 @@ def _resolve(config: TrainConfig, world: World, stage: StagePlan | None = None) 
         dataset = resolve(config, world)
         # never write into the user's data, a dataset, or the copy --stage-to makes
         dataset.refuse_inside(config.results, copies=[stage.dest] if stage else [])
+        if config.trace is not None:  # nor a trace into the dataset (--stage-to's source)
+            check_trace_path(config.trace, dataset)
     except IobenchError as e:
         err = e
     agree(world, err)
@@ -162,6 +158,7 @@ def _stage(config: TrainConfig, source: DatasetRef, stage: StagePlan, world: Wor
 
     staged, staging = stage_copy(source, stage.dest, stage.mode, world,
                                  progress=stage.progress and world.is_root,
+                                 log_progress=stage.log_progress and world.is_root,
                                  warm_source=stage.warm_source,
                                  evict_cmd=None if stage.warm_source else config.evict_cmd,
                                  warm_cache=config.warm_cache)

@@ -17,7 +17,19 @@ in each batch: reading, decoding, and how busy the workers were):
   preprocessing;
 - `loader`: the readers were idle much of the time while the step waited:
   too few workers in flight, or batches cost more to hand over than to make;
-- `unknown`: the loader kept no clocks (no evidence to blame anything).
+- `unknown`: the loader kept no clocks and no ceilings were measured (no
+  evidence to blame anything).
+
+DALI keeps no clocks of ours; its cause comes from the ceilings `train`
+measures after a DALI run's epochs (`iobench.workflows.ceilings`): `storage`,
+`cpu` (`decode` for a GPU pipeline), `loader`, or `startup` when most of the
+stall was each epoch's first batch.
+
+A real model that trained on the CPU gets status `no accelerator`: it
+measured the CPU, and the verdict gives the command that asks the storage
+question (`storage_command`). When more workers could change a starved run's
+answer, the advice says so with `iobench diagnose` and the run's own
+arguments (`diagnose_command`).
 
 Whatever the class, a starved run's evidence names a worker much slower than
 its rank's others (`worker_imbalance`: busy time per batch over 1.5x the
@@ -37,12 +49,14 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from iobench.core.result_types import ProbeDoc, Straggler, TrainResult, Verdict
+from iobench.core.breakeven import outcome
+from iobench.core.result_types import Ceilings, ProbeDoc, Straggler, TrainResult, Verdict
 
 DEFAULT_THRESHOLD = 0.90  # MLPerf Storage: AU below 0.90 means storage cannot keep up
 BUSY_SATURATED = 0.75  # readers busy at least this fraction of the epoch: they set the pace
@@ -52,6 +66,14 @@ SHARED_KINDS = ("parallel", "network", "fuse", "fuse-network", "other")
 STRAGGLER_FACTOR = 1.5  # a node stalled over this many times the median node is a straggler
 STRAGGLER_MIN_SHARE = 0.01  # ... and by at least this fraction of the run's wall time
 IMBALANCE = 1.5  # a worker taking this many times its rank's median time per batch is slow
+SLOWER = 0.8  # a ceiling under this fraction of another is set by what differs between them
+STARTUP_SHARE = 0.5  # a stall mostly in each epoch's first batch is the loader's start
+FEW_READS = 4  # a starved run with fewer workers than this kept few reads in flight
+# seconds per sample of iobench's models on one NVIDIA H200 with their input resident (bf16,
+# resnet50 channels-last; docs/results.md, "The prepared GPU check on one H200"): a GPU's
+# step where the run had none
+GPU_SAMPLE_S = {"resnet50": 34.7e-3 / 128, "cosmoflow": 11.6e-3 / 4, "cnn": 3.46e-3 / 64}
+GPU_SAMPLE_SOURCE = "one NVIDIA H200, docs/results.md"
 
 
 def parse_threshold(value: float) -> float:
@@ -106,6 +128,7 @@ class LoaderTime:
     busy_of_stall: float | None
     read_share: float | None
     handoff_share: float | None
+    samples: int = 0
 
 
 def loader_time(doc: TrainResult) -> LoaderTime | None:
@@ -116,7 +139,7 @@ def loader_time(doc: TrainResult) -> LoaderTime | None:
     `read_share` the part of busy time spent reading from storage.
     """
     read = decode = handoff = stall = capacity = 0.0
-    batches = 0
+    batches = samples = 0
     for ep in doc.epochs:
         for r in ep.ranks:
             lt = r.loader
@@ -127,6 +150,7 @@ def loader_time(doc: TrainResult) -> LoaderTime | None:
             handoff += lt.handoff_s
             stall += r.stall_s
             batches += lt.batches
+            samples += r.samples
             capacity += max(1, lt.workers) * ep.summary.wall_s
     busy = read + decode
     if not batches or capacity <= 0:
@@ -134,7 +158,7 @@ def loader_time(doc: TrainResult) -> LoaderTime | None:
     return LoaderTime(read_s=read, decode_s=decode, handoff_s=handoff, batches=batches,
                       busy_fraction=busy / capacity, busy_of_stall=busy / stall if stall else None,
                       read_share=read / busy if busy > 0 else None,
-                      handoff_share=handoff / stall if stall > 0 else None)
+                      handoff_share=handoff / stall if stall > 0 else None, samples=samples)
 
 
 def _per_sample_files(fmt: str | None) -> bool:
@@ -229,6 +253,7 @@ class _Case:
     cores: int
     free_cores: int
     slow: list[dict[str, Any]]
+    dali_gpu: float | None = None  # samples/s DALI decoded on this node's GPU, if measured
     evidence: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
 
@@ -247,8 +272,10 @@ def verdict(doc: TrainResult | Mapping[str, Any], threshold: float = DEFAULT_THR
 
 
 def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDoc | None = None,
-          break_even: Mapping[str, Any] | None = None) -> Verdict:
-    """The verdict on one training result (see the module docstring)."""
+          break_even: Mapping[str, Any] | None = None,
+          dali_gpu: float | None = None) -> Verdict:
+    """The verdict on one training result (see the module docstring); `dali_gpu` is the
+    samples/s DALI decoded on this node's GPU in another run, when there is one."""
     au = _spread_median(res, "au")
     if au is None:
         au = _median([e.summary.au_mean for e in res.epochs])
@@ -259,9 +286,11 @@ def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDo
     cores = res.provenance.cpu_affinity or os.cpu_count() or 1
     case = _Case(doc=res, threshold=threshold, au=au, lt=loader_time(res), workers=workers,
                  cores=cores, free_cores=cores - (res.world.local_size or 1) * (workers + 1),
-                 slow=stragglers(res))
+                 slow=stragglers(res), dali_gpu=dali_gpu)
     if res.compute.kind == "none":
         return _ingest(case)
+    if _model_on_cpu(res):
+        return _cpu_model(case)
     if au >= threshold:
         return _keeps_up(case)
     case.evidence.append(f"AU {au_words(au, threshold, '<')}" + (
@@ -283,6 +312,7 @@ def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDo
         _advise_cpu(case)
     elif bottleneck == "loader":
         _advise_loader(case)
+    _settle(case, bottleneck)
     _imbalance(case)
     return _done("starved", au, threshold, bottleneck, case.evidence, case.advice, case.slow)
 
@@ -339,10 +369,6 @@ def _keeps_up(case: _Case) -> Verdict:
         case.evidence.append(f"the readers were busy {case.lt.busy_fraction:.0%} of the epoch")
     case.advice.append("compute-bound: to find where ingest stops keeping up, rerun with a "
                        "shorter --compute-time (a faster accelerator)")
-    device = doc.compute.device
-    if doc.compute.kind == "model" and device is not None and device.type == "cpu":
-        case.advice.append("the model trained on the CPU; emulate your GPU's step with "
-                           "--compute-time SECONDS to ask whether the storage feeds it")
     return _done("keeps up", case.au, case.threshold, "none", case.evidence, case.advice,
                  case.slow)
 
@@ -350,7 +376,10 @@ def _keeps_up(case: _Case) -> Verdict:
 def _classify(case: _Case) -> str:
     """The bottleneck of a starved run, from where the loader's time went; adds the evidence."""
     doc, lt, workers = case.doc, case.lt, case.workers
+    if lt is None and doc.ceilings is not None and _measured(doc.ceilings):
+        return _by_ceilings(case, doc.ceilings)
     if lt is None and doc.config.loader == "dali":
+        # a result from before DALI's ceilings were measured
         # DALI reads and decodes inside its own executor: no clock of ours runs there, and
         # its API reports memory, not time per operator, so there is nothing honest to split
         from iobench.core.formats import DEFAULT_FORMAT
@@ -405,10 +434,16 @@ def _advise_storage(case: _Case, limit: float | None,
         if limit:
             read += f" = {mbps / limit:.2f} of {tier}'s probed limit ({limit:.0f} MB/s)"
         case.evidence.append(read)
-    if break_even is not None and break_even.get("break_even_epochs") is not None:
-        be = break_even["break_even_epochs"]
-        case.advice.append("staging to node-local storage never pays off here" if math.isinf(be)
-                           else f"staging to node-local storage pays off after {be:.1f} epochs")
+    what = None if break_even is None else outcome(break_even)
+    if what == "never":
+        case.advice.append("staging to node-local storage never pays off here")
+    elif what == "pays off":
+        assert break_even is not None
+        case.advice.append("staging to node-local storage pays off after "
+                           f"{break_even['break_even_epochs']:.1f} epochs")
+    elif what == "not significant":  # within the spread: no number that would mislead
+        case.advice.append("staging's gain here is within the runs' spread (not significant): "
+                           "repeat both runs (--repeat 3) to tell")
     elif storage.kind in SHARED_KINDS:
         case.advice.append("stage the dataset to node-local storage (iobench train --stage-to "
                            "DIR) and compare the two runs for the break-even")
@@ -420,8 +455,14 @@ def _advise_storage(case: _Case, limit: float | None,
 
 
 def _advise_cpu(case: _Case) -> None:
+    if (gpu := _gpu_decode_words(case)) is not None:
+        case.advice.append(gpu)
     if case.free_cores > 0 and case.workers > 0:
         case.advice.append(f"more --workers: {case.free_cores} core(s) are free")
+    elif case.doc.config.loader == "dali":
+        case.advice.append(f"the {case.cores} core(s) are all in use and DALI decodes on "
+                           "them here: on a GPU node train runs DALI's decoding on the GPU; "
+                           "or lighter preprocessing")
     else:
         case.advice.append(f"the {case.cores} core(s) are all in use: decode on the GPU with "
                            "DALI (--loader dali, on a GPU node), or lighter preprocessing")
@@ -455,14 +496,189 @@ def _imbalance(case: _Case) -> None:
                        "samples) or at what else runs on its core")
 
 
+def _measured(c: Ceilings) -> bool:
+    return min(c.cold_fetch_samples_per_s, c.warm_fetch_samples_per_s,
+               c.warm_decode_samples_per_s) > 0
+
+
+def _by_ceilings(case: _Case, c: Ceilings) -> str:
+    """The cause of a starved run whose loader kept no clocks (DALI), from its ceilings
+    measured after the epochs: the lowest of fetching cold, handing over, and decoding."""
+    cold, warm, dec = (c.cold_fetch_samples_per_s, c.warm_fetch_samples_per_s,
+                       c.warm_decode_samples_per_s)
+    case.evidence.append(
+        f"DALI keeps no per-batch clocks, so iobench measured its ceilings after the epochs "
+        f"({c.batches} batches a pass, {c.threads} thread(s), operators on the "
+        f"{c.device.upper()}): {cold:,.0f} samples/s {'cold' if c.cold else 'warm'} without "
+        f"decoding ({c.cold_fetch_MBps:,.0f} MB/s), {warm:,.0f} in memory without decoding, "
+        f"{dec:,.0f} in memory decoding")
+    if _startup(case):
+        return "startup"
+    if c.cold and cold < SLOWER * warm and cold <= dec:
+        case.evidence.append(f"fetching cold is {warm / cold:.1f}x slower than from memory "
+                             "and under the decoding ceiling: storage sets the pace")
+        return "storage"
+    if dec < SLOWER * warm:
+        per = dec / max(1, min(c.threads, case.cores))
+        case.evidence.append(f"decoding costs {warm / dec:.1f}x the hand-over alone "
+                             f"({per:,.0f} samples/s per thread): decoding sets the pace")
+        return "cpu" if c.device == "cpu" else "decode"
+    case.evidence.append("neither fetching cold nor decoding slows DALI much by itself: its "
+                         "pipeline's own rate (threads, hand-over to the step) sets the pace")
+    return "loader"
+
+
+def _startup(case: _Case) -> bool:
+    """Whether most of the stall was each epoch's first batch (the slowest rank's): the
+    loader's start, not its rate once running; adds the evidence and advice."""
+    epochs = case.doc.epochs
+    first = sum(e.summary.first_batch_s_max or 0.0 for e in epochs)
+    stall = sum(e.summary.stall_s_max for e in epochs)
+    if stall <= 0 or first < STARTUP_SHARE * stall:
+        return False
+    case.evidence.append(f"{first / stall:.0%} of the stall was each epoch's first batch "
+                         f"({first:.3g} s over {len(epochs)} epoch(s)): the pipeline's start "
+                         "(threads, Python workers, first reads), not its rate once running")
+    case.advice.append("the start is paid once an epoch: longer epochs (no --max-steps) "
+                       "amortise it; if it stays large, look at what starts before the first "
+                       "batch (worker start-up, file opens)")
+    return True
+
+
+def _gpu_with_dali(doc: TrainResult) -> bool:
+    """Whether the run's node has a GPU (the model ran on one, or one was found) and DALI."""
+    device = doc.compute.device
+    gpu = (device is not None and device.type == "cuda") or bool(doc.provenance.gpus)
+    versions = doc.provenance.versions or {}
+    return gpu and bool(versions.get("nvidia-dali"))
+
+
+def _decode_per_core(case: _Case) -> float | None:
+    """Samples one core decodes a second: from the readers' clocks (samples over decode
+    time, summed over workers), or a CPU DALI pipeline's in-memory ceiling per thread."""
+    c = case.doc.ceilings
+    if case.lt is not None and case.lt.decode_s > 0 and case.lt.samples:
+        return case.lt.samples / case.lt.decode_s
+    if c is not None and c.device == "cpu" and _measured(c):
+        return c.warm_decode_samples_per_s / max(1, min(c.threads, case.cores))
+    return None
+
+
+def _gpu_decode_words(case: _Case) -> str | None:
+    """When CPU decoding is the limit on a node with a GPU and DALI: the figures that say
+    whether decoding on the GPU would feed it."""
+    doc = case.doc
+    per_core = _decode_per_core(case)
+    if not _gpu_with_dali(doc) or per_core is None:
+        return None
+    fmt = doc.config.format or doc.dataset.format
+    gpu = (f"DALI decoded {case.dali_gpu:,.0f} samples/s on this node's GPU"
+           if case.dali_gpu else "DALI's GPU rate here is not measured yet")
+    return (f"CPU decoding is the limit and this node has a GPU with DALI: a core decodes "
+            f"{per_core:,.0f} samples/s, so the {case.cores} core(s) available reach at most "
+            f"{per_core * case.cores:,.0f}; {gpu}: decode on the GPU with --loader dali"
+            + (f" --format {fmt}" if fmt else "") + " (train runs DALI's decoding on the GPU "
+            "when it trains on one)")
+
+
+def _model_on_cpu(res: TrainResult) -> bool:
+    device = res.compute.device
+    return res.compute.kind == "model" and device is not None and device.type == "cpu"
+
+
+def _dataset_args(doc: TrainResult) -> list[str]:
+    """The options that name the run's dataset and reader, as train and diagnose take them."""
+    c = doc.config
+    if c.data is not None:
+        args = ["--data", c.data]
+        args += ["--data-key", c.data_key] if c.data_key else []
+        args += ["--label-key", c.label_key] if c.label_key else []
+        return args + (["--loader", "dali"] if c.loader == "dali" else [])
+    args = ["--loader", c.loader, "--storage", c.storage, "--dataset", c.dataset]
+    return args + (["--format", c.format] if c.format else [])
+
+
+def storage_command(doc: TrainResult) -> str:
+    """The run again with a GPU's step emulated: what asks whether the storage feeds a GPU
+    (the step from `GPU_SAMPLE_S` where iobench measured the model on one)."""
+    c = doc.config
+    model = doc.compute.model or ""
+    args = ["iobench", "train", *_dataset_args(doc), "--workers", str(c.workers),
+            "--batch-size", str(c.batch_size), "--epochs", str(c.epochs)]
+    args += ["--evict-cmd", c.evict_cmd] if c.evict_cmd else []
+    per = GPU_SAMPLE_S.get(model)
+    if per is not None:
+        return (f"`{shlex.join([*args, '--compute-time', f'{per * c.batch_size:.3g}'])}` "
+                f"({model} takes {per * c.batch_size:.3g} s a step of {c.batch_size} on "
+                f"{GPU_SAMPLE_SOURCE}), or your GPU's own step time")
+    return (f"`{shlex.join(args)} --compute-time SECONDS` (your GPU's step time for batch "
+            f"{c.batch_size}), or an MLPerf workload: `iobench train --workload resnet50 "
+            "--accelerator h100 --storage DIR`")
+
+
+def _cpu_model(case: _Case) -> Verdict:
+    """A real model trained on the CPU: it measures the CPU, so no storage verdict."""
+    doc = case.doc
+    rate = _spread_median(doc, "samples_per_s")
+    case.evidence.append("the model ran on the CPU"
+                         + (f" at {rate:,.0f} samples/s" if rate is not None else "")
+                         + ": this measures the CPU, not the storage")
+    if (needs := demand_words(doc)) is not None:
+        case.evidence.append(needs)
+    case.evidence.append(f"AU {case.au:.2f}, of the CPU")
+    if case.slow:
+        case.evidence.append(straggler_words(case.slow))
+    case.advice.append("to ask whether the storage feeds a GPU, emulate its step: "
+                       + storage_command(doc))
+    return _done("no accelerator", case.au, case.threshold, "none", case.evidence,
+                 case.advice, case.slow)
+
+
+def diagnose_command(doc: TrainResult) -> str:
+    """`iobench diagnose` with the run's own dataset, batch, workers and demand."""
+    c, comp = doc.config, doc.compute
+    args = ["iobench", "diagnose", *_dataset_args(doc), "--batch-size", str(c.batch_size),
+            "--workers", str(c.workers)]
+    if comp.kind == "emulated" and c.compute_time_s is not None:
+        args += ["--compute-time", f"{c.compute_time_s:g}"]
+    elif comp.demand is not None:
+        args += ["--demand", f"{comp.demand.samples_per_s:.4g}"]
+    args += ["--shuffle", c.shuffle] if c.shuffle != "global" else []
+    args += ["--seed", str(c.seed)] if c.seed else []
+    args += ["--worker-type", c.worker_type] if c.worker_type not in (None, "process") else []
+    args += ["--no-decode"] if c.decode is False else []
+    args += ["--evict-cmd", c.evict_cmd] if c.evict_cmd else []
+    return shlex.join(args) + ("" if "--compute-time" in args or "--demand" in args
+                               else " --compute-time SECONDS")
+
+
+def _settle(case: _Case, bottleneck: str) -> None:
+    """One sentence when the answer could change with another setting (the workers, and so
+    the reads in flight), and the diagnosis that settles it."""
+    w, free = case.workers, case.free_cores
+    if bottleneck in ("loader", "cpu") and free > 0:
+        why = (f"with {w} worker(s) and {free} core(s) free, more workers may lift the "
+               "loader's ceiling until storage sets the pace")
+    elif bottleneck == "storage" and w < FEW_READS:
+        why = (f"{w} worker(s) kept few reads in flight, and more may fetch faster, or show "
+               "that the loader is the limit")
+    else:
+        return
+    case.advice.append(f"this answer may change with --workers ({why}): to tell staging from "
+                       f"tuning, run `{diagnose_command(case.doc)}`")
+
+
 _STATUS_WORDS = {"storage": "starved by storage", "cpu": "starved by the CPU (decoding)",
-                 "loader": "starved by the loader", "unknown": "starved (cause unknown)"}
+                 "decode": "starved by decoding", "loader": "starved by the loader",
+                 "startup": "starved by the loader's start-up",
+                 "unknown": "starved (cause unknown)"}
 
 
 def _done(status: str, au: float | None, threshold: float, bottleneck: str,
           evidence: list[str], advice: list[str],
           slow: Sequence[Mapping[str, Any]] = ()) -> Verdict:
-    head = ({"keeps up": "keeps up", "ingest": "pure ingest"}.get(status)
+    head = ({"keeps up": "keeps up", "ingest": "pure ingest",
+             "no accelerator": "no accelerator"}.get(status)
             or _STATUS_WORDS.get(bottleneck, status))
     line = f"verdict: {head} - " + "; ".join(evidence + advice)
     return Verdict(status=status, au=au, threshold=threshold, bottleneck=bottleneck,
@@ -500,4 +716,15 @@ def for_run(doc: TrainResult | Mapping[str, Any], results_dir: str,
     pairs = [b for b in staging_pairs(runs) if res.run_id in (b["slow_run_id"],
                                                               b["fast_run_id"])
              and not b["refused"]]
-    return judge(res, threshold, probe, pairs[-1] if pairs else None).to_dict()
+    return judge(res, threshold, probe, pairs[-1] if pairs else None,
+                 dali_gpu_rate(res, others)).to_dict()
+
+
+def dali_gpu_rate(res: TrainResult, others: Sequence[TrainResult]) -> float | None:
+    """The best in-memory decoding rate (samples/s) DALI reached on a GPU with this run's
+    dataset, on this run's host, in any of `others` (None when no such run was measured)."""
+    rates = [d.ceilings.warm_decode_samples_per_s for d in others
+             if d.ceilings is not None and d.ceilings.device == "gpu"
+             and d.config.loader == "dali" and d.dataset.dataset == res.dataset.dataset
+             and d.provenance.host == res.provenance.host]
+    return max(rates) if rates else None

@@ -1,0 +1,226 @@
+"""A checkpoint on disk: DCP's files, committed with a completion marker, read without trusting pickles.
+
+A checkpoint is written into a temporary directory beside its final name
+(`.NAME.partial`). Every rank's shard is fsync'ed by DCP (`sync_files`), every rank
+fsyncs the directory, and after a barrier rank 0 writes the completion marker
+(`iobench-checkpoint.json`: the layout, every file's size, the SHA-256 of DCP's
+`.metadata`), fsyncs the directory again, renames it to its final name and fsyncs the
+parent. A rank killed mid-write, a full disk or an interrupt therefore leaves the earlier
+checkpoints and at most a `.partial` directory, which has no marker: `check_marker`, the
+only way in for a read, refuses it.
+
+DCP reads tensors with `torch.load(weights_only=True)`, but its `.metadata` file is a plain
+pickle (`FileSystemReader.read_metadata` calls `pickle.load`), and non-tensor items go
+through `torch.load(weights_only=False)`. iobench never lets either run on a file it did
+not check: `.metadata` must match the marker's checksum and is unpickled by
+`load_metadata`, which admits only DCP's metadata classes, torch dtypes, `torch.Size` and
+paths, so a checkpoint holding anything but tensors is refused before DCP sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from iobench.core.errors import DatasetError
+from iobench.core.jsonio import read_json, write_json_atomic
+from iobench.core.schema import Count, Dict, Map, Num, Str, check
+
+MARKER = "iobench-checkpoint.json"
+MARKER_SCHEMA = "iobench.checkpoint_marker"
+MARKER_VERSION = 1
+METADATA = ".metadata"  # DCP's metadata file name
+PARTIAL = ".partial"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The completion marker: what was written, so a read can tell a whole checkpoint."""
+
+    model: str
+    scale: float
+    ranks: int
+    seed: int
+    files: dict[str, int]  # every file of the checkpoint (the marker aside) -> bytes
+    metadata_sha256: str
+    created: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": MARKER_SCHEMA, "schema_version": MARKER_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], where: str) -> Marker:
+        check(doc, _MARKER_SPEC, where)
+        return cls(model=doc["model"], scale=float(doc["scale"]), ranks=doc["ranks"],
+                   seed=doc["seed"], files=dict(doc["files"]),
+                   metadata_sha256=doc["metadata_sha256"], created=doc["created"])
+
+
+_MARKER_SPEC = Map({"schema": Str, "schema_version": Count, "model": Str, "scale": Num,
+                    "ranks": Count, "seed": Count, "files": Dict(Count),
+                    "metadata_sha256": Str, "created": Str}, extra=False)
+
+
+class CheckpointRefused(DatasetError):
+    """A directory that is not a complete checkpoint iobench wrote (no or a bad marker)."""
+
+
+def partial_dir(final: Path) -> Path:
+    """Where the checkpoint named `final` is written before it is complete."""
+    return final.parent / f".{final.name}{PARTIAL}"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory's entries (created and renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def commit(tmp: Path, final: Path, marker: Marker) -> None:
+    """Rank 0, after every rank's shard is on storage: marker in, then the rename into place."""
+    fsync_dir(tmp)
+    write_json_atomic(tmp / MARKER, marker.to_dict())
+    fsync_dir(tmp)
+    if final.exists():  # never replace a checkpoint (os.rename would, an empty one)
+        raise DatasetError(f"{final} exists already; iobench never replaces a checkpoint")
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def check_marker(path: Path, ranks: int | None = None) -> Marker:
+    """The marker of the checkpoint at `path`, once its files match it; else
+    CheckpointRefused, naming what is wrong (one line)."""
+    if not path.is_dir():
+        raise CheckpointRefused(f"--read {path}: no such directory")
+    if not (path / MARKER).is_file():
+        raise CheckpointRefused(
+            f"--read {path}: no completion marker ({MARKER}): not a complete checkpoint "
+            "written by `iobench checkpoint` (a write that failed or was interrupted leaves "
+            "none); refusing to read it")
+    marker = Marker.from_dict(read_json(path / MARKER, schema=MARKER_SCHEMA,
+                                        max_version=MARKER_VERSION), str(path / MARKER))
+    for name, size in marker.files.items():
+        f = path / name
+        if "/" in name or name in ("", ".", "..") or not f.is_file():
+            raise CheckpointRefused(f"--read {path}: {name!r}, named by its marker, is "
+                                    "missing: the checkpoint is incomplete")
+        if f.stat().st_size != size:
+            raise CheckpointRefused(f"--read {path}: {name} holds {f.stat().st_size} bytes, "
+                                    f"its marker says {size}: the checkpoint is damaged")
+    if METADATA not in marker.files or sha256_of(path / METADATA) != marker.metadata_sha256:
+        raise CheckpointRefused(f"--read {path}: {METADATA} does not match its marker's "
+                                "checksum: the checkpoint was altered; refusing to unpickle it")
+    if ranks is not None and marker.ranks != ranks:
+        raise CheckpointRefused(f"--read {path}: written by {marker.ranks} rank(s), read by "
+                                f"{ranks}: run it with {marker.ranks} (each rank reads its own "
+                                "shard)")
+    return marker
+
+
+# What DCP's `.metadata` of a tensor-only checkpoint may name, and nothing else
+_DCP_MD = "torch.distributed.checkpoint.metadata"
+_ALLOWED: frozenset[tuple[str, str]] = frozenset({
+    (_DCP_MD, "Metadata"), (_DCP_MD, "TensorStorageMetadata"), (_DCP_MD, "TensorProperties"),
+    (_DCP_MD, "ChunkStorageMetadata"), (_DCP_MD, "MetadataIndex"), (_DCP_MD, "StorageMeta"),
+    (_DCP_MD, "_MEM_FORMAT_ENCODING"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+    ("collections", "OrderedDict")})
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata of tensors, refusing every other global (no code runs)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if (module, name) in _ALLOWED or (module == "torch"
+                                          and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise CheckpointRefused(f"the checkpoint's {METADATA} names {module}.{name}, which a "
+                                "tensor-only checkpoint does not hold; refusing to load it")
+
+
+def load_metadata(path: Path) -> Any:
+    """DCP's metadata of the checkpoint at `path` (checked by `check_marker` first), without
+    unpickling anything but DCP's own metadata records."""
+    try:
+        return _MetadataUnpickler(io.BytesIO((path / METADATA).read_bytes())).load()
+    except CheckpointRefused:
+        raise
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
+        raise CheckpointRefused(f"{path / METADATA} cannot be read as DCP metadata "
+                                f"({type(e).__name__}: {e})") from None
+
+
+def check_tensors(metadata: Any, state: dict[str, Any], path: Path) -> None:
+    """CheckpointRefused unless the metadata holds every tensor of `state` (this rank's, as
+    the marker's layout makes them) with its shape and dtype: DCP would fail mid-read."""
+    held = getattr(metadata, "state_dict_metadata", None)
+    if not isinstance(held, dict):
+        raise CheckpointRefused(f"{path / METADATA} holds no DCP state dict metadata")
+    for key, t in state.items():
+        md = held.get(key)
+        size = getattr(md, "size", None)
+        dtype = getattr(getattr(md, "properties", None), "dtype", None)
+        if size is None or tuple(size) != tuple(t.shape) or dtype != t.dtype:
+            raise CheckpointRefused(f"{path}: its metadata does not hold {key} as the layout its "
+                                    "marker names makes it (shape, dtype): refusing to read it")
+
+
+def writer(path: Path, after_shard: Any) -> Any:
+    """A DCP writer of one fsync'ed file per rank into `path`, which records when this rank's
+    shard is on storage (`shard_end_ns`) and its files, then calls `after_shard()`."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    class _Writer(FileSystemWriter):
+        shard_end_ns: int | None = None
+        files: tuple[str, ...] = ()
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            fut = super().write_data(plan, planner)
+            self.files = tuple(sorted({r.storage_data.relative_path for r in fut.value()}))
+            self.shard_end_ns = time.perf_counter_ns()
+            after_shard()
+            return fut
+
+    return _Writer(path, single_file_per_rank=True, sync_files=True, thread_count=1,
+                   overwrite=False)
+
+
+def reader(path: Path, metadata: Any) -> Any:
+    """A DCP reader of the checked checkpoint at `path` that hands DCP `metadata` (from
+    `load_metadata`) instead of unpickling `.metadata` itself, and records when this rank's
+    reads ended (`read_end_ns`)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    class _Reader(FileSystemReader):
+        read_end_ns: int | None = None
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("rank") is not None:  # DCP's per-rank fallback: there is none
+                raise CheckpointRefused(f"{path}: no per-rank metadata")
+            return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            fut = super().read_data(plan, planner)
+            self.read_end_ns = time.perf_counter_ns()
+            return fut
+
+    return _Reader(path)

@@ -1,0 +1,343 @@
+"""`iobench checkpoint`: DCP checkpoints written and read back cold, and never one that looks complete but is not.
+
+Small layouts (the real `cnn` model, ~0.8 MB; llama3-8b at --scale 0.0002, ~4 MB per rank),
+one process or `mpiexec -n 2`; failures injected with IOBENCH_TEST_FAULT (a rank killed or
+interrupted after its shard is written, another writer filling the disk) and a tiny tmpfs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, run_cmd, run_mpi
+from iobench.core import procio
+from iobench.core.checkpoint_layout import LLAMA3, layout_for
+from iobench.core.checkpoint_store import MARKER, METADATA, sha256_of
+
+
+def _doc(results: Path) -> dict:
+    docs = sorted(results.glob("checkpoint-*.json"))
+    assert len(docs) == 1, docs
+    return json.loads(docs[0].read_text())
+
+
+def _run_dir(storage: Path) -> Path:
+    dirs = list(storage.glob("iobench-checkpoint-*"))
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def _accepted(run_dir: Path) -> list[str]:
+    """The names of the folders `--read` would accept (they hold a marker)."""
+    return sorted(p.name for p in run_dir.iterdir() if (p / MARKER).is_file())
+
+
+def _one_line_error(stderr: str, words: str) -> None:
+    errors = [line for line in stderr.splitlines() if line.startswith("iobench: error:")]
+    assert len(errors) == 1 and words in errors[0], stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def kept(tmp_path_factory) -> tuple[Path, dict]:
+    """One single-process run of the real cnn layout, 2 checkpoints, kept."""
+    base = tmp_path_factory.mktemp("ckpt")
+    out = run_cmd("checkpoint", "--storage", base, "--model", "cnn", "--repeat", "2", "--keep",
+                  "--mtbf", "24", "--interval", "3600", "--results", base / "res", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return _run_dir(base), _doc(base / "res")
+
+
+# ------------------------------------------------------------------------ layouts
+
+def test_llama3_layouts_keep_mlperf_sizes_and_scale_keeps_the_mix() -> None:
+    for m in LLAMA3.values():
+        full = layout_for(m.name, 1.0, m.processes)
+        assert full.rank_bytes == pytest.approx(m.total_bytes / m.processes, rel=0.01)
+        assert len(full.tensors) == 4 * (9 * m.layers + 3)
+    full, small = layout_for("llama3-8b", 1.0, 8), layout_for("llama3-8b", 1e-4, 2)
+    assert [t.name for t in full.tensors] == [t.name for t in small.tensors]
+    assert small.rank_bytes == pytest.approx(full.rank_bytes * 1e-4, rel=0.01)
+    big = {t.name: t.numel for t in full.tensors if t.numel > 10_000}
+    for t in small.tensors:
+        if t.name in big:  # the size mix is kept: every tensor shrinks alike
+            assert t.numel / big[t.name] == pytest.approx(1e-4, rel=0.02)
+    assert LLAMA3["llama3-8b"].parameters == pytest.approx(8.03e9, rel=0.01)
+
+
+# ------------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("argv, words", [
+    (["--scale", "0"], "--scale"), (["--scale", "-1"], "--scale"), (["--scale", "2"], "--scale"),
+    (["--model", "llama3-9b"], "unknown model"), (["--model", "cnn", "--scale", "0.5"], "--scale"),
+    (["--repeat", "0"], "--repeat"),
+    (["--model", "llama3-1t", "--repeat", "1000"], "free"),
+    (["--mtbf", "0"], "--mtbf"), (["--interval", "60"], "--interval"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys, argv, words) -> None:
+    storage = tmp_path / "s"
+    storage.mkdir()
+    assert cli("checkpoint", "--storage", storage, "--results", tmp_path / "res", *argv) == 2
+    _one_line_error(capsys.readouterr().err, words)
+    assert list(storage.iterdir()) == [] and not (tmp_path / "res").exists()
+
+
+def test_never_writes_into_a_dataset(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "cifar10-hdf5"
+    (data / "sub").mkdir(parents=True)
+    (data / "iobench.json").write_text("{}")
+    assert cli("checkpoint", "--storage", data / "sub", "--model", "cnn") == 2
+    _one_line_error(capsys.readouterr().err, "inside the dataset")
+    assert list((data / "sub").iterdir()) == []
+
+
+# ------------------------------------------------------------------------ figures
+
+def test_write_then_cold_read_with_mlperf_figures(kept) -> None:
+    run_dir, doc = kept
+    assert doc["schema"] == "iobench.checkpoint" and doc["kind"] == "checkpoint"
+    assert len(doc["writes"]) == 2 and len(doc["reads"]) == 2
+    assert _accepted(run_dir) == ["ckpt-000", "ckpt-001"]
+    for phase, key in (("writes", "write_s"), ("reads", "read_s")):
+        for rec in doc[phase]:
+            ranks = rec["ranks"]
+            assert rec["duration_s"] == max(r[key] for r in ranks)  # MLPerf: the slowest rank
+            assert rec["throughput_GBps"] == pytest.approx(rec["bytes"] / 1e9 / rec["duration_s"])
+            assert rec["rank_GBps_min"] == min(r["GBps"] for r in ranks)
+            assert rec["bytes"] == sum(r["bytes"] for r in ranks) > 500_000
+    files = sorted(run_dir.glob("ckpt-000/__*.distcp"))
+    assert [f.name for f in files] == ["__0_0.distcp"]  # one shard per rank
+    assert doc["reads"][0]["bytes"] == files[0].stat().st_size
+    assert doc["summary"]["write"]["throughput_GBps"]["n"] == 2
+    assert doc["summary"]["read_gap_s"] >= 0
+    note = procio.read_bytes_unavailable(run_dir)
+    for rec in doc["reads"]:
+        if note is not None:  # tmpfs, FUSE: never a guess
+            assert rec["os_read_check"] == "unverified" and rec["os_read_bytes"] is None
+        else:  # cold: the shard came from storage, as the OS counts it
+            assert rec["cache"]["status"] == "cold", rec["cache"]
+            assert rec["os_read_check"] == "verified", rec
+            assert rec["os_read_bytes"] >= 0.95 * rec["bytes"]
+
+
+def test_the_document_validates_and_a_damaged_one_does_not(kept) -> None:
+    from iobench.core.schema import SchemaError
+    from iobench.workflows.checkpoint import validate
+
+    _, doc = kept
+    assert validate(doc) is doc
+    bad = json.loads(json.dumps(doc))
+    bad["reads"][0]["ranks"][0]["read_s"] = "fast"
+    with pytest.raises(SchemaError, match=r"reads\[0\]\.ranks\[0\]\.read_s"):
+        validate(bad)
+
+
+def test_checkpoints_are_removed_without_keep(tmp_path: Path) -> None:
+    out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "llama3-8b", "--scale",
+                  "0.0002", "--results", tmp_path / "res")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not list(tmp_path.glob("iobench-checkpoint-*"))
+    doc = _doc(tmp_path / "res")
+    assert doc["layout"]["tensors_per_rank"] == 4 * (9 * 32 + 3)
+    assert any("MLPerf Storage runs llama3-8b with 8 processes" in w for w in doc["warnings"])
+    assert "GB/s" in out.stdout and "result:" in out.stdout
+
+
+def test_young_interval_from_the_measured_save_and_read(kept) -> None:
+    _, doc = kept
+    y = doc["summary"]["young"]
+    cost = sorted(w["save_s"] + w["commit_s"] for w in doc["writes"])
+    assert y["cost_s"] == pytest.approx(sum(cost) / 2)  # the median of two
+    assert y["mtbf_s"] == 24 * 3600 and y["used_s"] == 3600
+    assert y["optimal_s"] == pytest.approx(math.sqrt(2 * y["cost_s"] * y["mtbf_s"]))
+    assert y["lost_per_day_s"] < y["lost_per_day_used_s"]  # Young's is the least loss
+
+
+def test_young_loses_least_at_its_interval() -> None:
+    from iobench.core.resilience import lost_fraction, young
+
+    y = young(cost_s=60.0, restart_s=120.0, mtbf_s=24 * 3600.0)
+    assert y.optimal_s == pytest.approx(math.sqrt(2 * 60 * 24 * 3600))  # ~54 min
+    for other in (0.5 * y.optimal_s, 2 * y.optimal_s):
+        assert lost_fraction(other, 60, 120, 86400) > lost_fraction(y.optimal_s, 60, 120, 86400)
+    assert y.lost_per_day_s == pytest.approx(
+        86400 * (60 / y.optimal_s + (y.optimal_s / 2 + 120) / 86400))
+
+
+def test_mtbf_needs_the_writes(kept, capsys) -> None:
+    run_dir, _ = kept
+    assert cli("checkpoint", "--read", run_dir / "ckpt-000", "--mtbf", "24") == 2
+    _one_line_error(capsys.readouterr().err, "--mtbf")
+
+
+# ------------------------------------------------------------------------ what --read accepts
+
+def test_read_accepts_a_complete_checkpoint(kept, tmp_path: Path) -> None:
+    run_dir, _ = kept
+    assert cli("checkpoint", "--read", run_dir / "ckpt-001", "--results", tmp_path) == 0
+    doc = _doc(tmp_path)
+    assert doc["writes"] == [] and len(doc["reads"]) == 1 and doc["layout"]["model"] == "cnn"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_read_refuses_no_marker_damage_and_other_rank_counts(kept, tmp_path, capsys) -> None:
+    run_dir, _ = kept
+    bare = _copy(run_dir / "ckpt-000", tmp_path / "bare")
+    (bare / MARKER).unlink()
+    assert cli("checkpoint", "--read", bare) == 2
+    _one_line_error(capsys.readouterr().err, "no completion marker")
+    cut = _copy(run_dir / "ckpt-000", tmp_path / "cut")
+    with open(cut / "__0_0.distcp", "r+b") as f:
+        f.truncate(1000)
+    assert cli("checkpoint", "--read", cut) == 2
+    _one_line_error(capsys.readouterr().err, "damaged")
+    two = _copy(run_dir / "ckpt-000", tmp_path / "two")
+    marker = json.loads((two / MARKER).read_text())
+    marker["ranks"] = 2
+    (two / MARKER).write_text(json.dumps(marker))
+    assert cli("checkpoint", "--read", two) == 2
+    _one_line_error(capsys.readouterr().err, "written by 2 rank(s)")
+    other = _copy(run_dir / "ckpt-000", tmp_path / "other")
+    marker = json.loads((other / MARKER).read_text())
+    marker["model"] = "resnet18"  # a marker that names another layout than the files hold
+    (other / MARKER).write_text(json.dumps(marker))
+    assert cli("checkpoint", "--read", other) == 2
+    _one_line_error(capsys.readouterr().err, "does not hold")
+
+
+class _Payload:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_read_never_unpickles_anything_but_dcp_metadata(kept, tmp_path, capsys) -> None:
+    """A .metadata crafted to run code, with a marker that matches it, is refused unrun."""
+    run_dir, _ = kept
+    evil = _copy(run_dir / "ckpt-000", tmp_path / "evil")
+    ran = tmp_path / "the-payload-ran"
+    (evil / METADATA).write_bytes(pickle.dumps(_Payload(str(ran))))
+    marker = json.loads((evil / MARKER).read_text())
+    marker["files"][METADATA] = (evil / METADATA).stat().st_size
+    marker["metadata_sha256"] = sha256_of(evil / METADATA)
+    (evil / MARKER).write_text(json.dumps(marker))
+    assert cli("checkpoint", "--read", evil) == 2
+    _one_line_error(capsys.readouterr().err, "refusing to load it")
+    assert not ran.exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_read_refuses_a_checkpoint_of_non_tensor_objects(tmp_path, capsys) -> None:
+    """DCP loads non-tensor items with torch.load(weights_only=False): refused before that."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core.checkpoint_store import Marker
+
+    d = tmp_path / "objects"
+    save({"rank0/x": torch.zeros(4), "rank0/obj": {"a": 1}},
+         storage_writer=FileSystemWriter(d), no_dist=True)
+    files = {p.name: p.stat().st_size for p in d.iterdir()}
+    marker = Marker("cnn", 1.0, 1, 0, files, sha256_of(d / METADATA), "now")
+    (d / MARKER).write_text(json.dumps(marker.to_dict()))
+    assert cli("checkpoint", "--read", d) == 2
+    _one_line_error(capsys.readouterr().err, "BytesStorageMetadata")
+
+
+# ------------------------------------------------------------------------ failures mid-write
+
+def test_interrupt_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                  "--keep", "--results", tmp_path / "res",
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,step=0,action=sigint"})
+    assert out.returncode == 130, out.stderr[-3000:]
+    run_dir = _run_dir(tmp_path)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ckpt-000"]  # no partial left
+    assert _accepted(run_dir) == ["ckpt-000"] and not (tmp_path / "res").exists()
+    assert cli("checkpoint", "--read", run_dir / "ckpt-000", "--results", tmp_path / "r") == 0
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    """A 3 MB tmpfs (root only); skipped where it cannot be mounted."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_mid_write_is_one_line_and_keeps_the_previous(tiny_fs: Path,
+                                                                  tmp_path: Path) -> None:
+    out = run_cmd("checkpoint", "--storage", tiny_fs, "--model", "cnn", "--repeat", "2",
+                  "--keep", "--results", tmp_path / "res",
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,action=fill"})
+    assert out.returncode == 2, out.stderr[-3000:]
+    _one_line_error(out.stderr, "out of space")
+    run_dir = _run_dir(tiny_fs)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ckpt-000"]
+    assert cli("checkpoint", "--read", run_dir / "ckpt-000", "--results", tmp_path / "r") == 0
+
+
+def test_a_request_larger_than_the_disk_is_refused_before_writing(tiny_fs: Path,
+                                                                  capsys) -> None:
+    assert cli("checkpoint", "--storage", tiny_fs, "--model", "cnn", "--repeat", "5") == 2
+    _one_line_error(capsys.readouterr().err, "free")
+    assert list(tiny_fs.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ two ranks
+
+@pytest.mark.mpi
+def test_two_ranks_one_shard_each_and_a_killed_rank(tmp_path: Path) -> None:
+    """Two ranks write a shard each; rank 1 killed during the second checkpoint leaves the
+    first, which two ranks read back, and a partial folder `--read` refuses."""
+    out = run_mpi(2, "checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                  "--keep", "--results", tmp_path / "res",
+                  env={"IOBENCH_TEST_FAULT": "rank=1,epoch=1,step=0,action=kill"}, timeout=180)
+    assert out.returncode != 0
+    run_dir = _run_dir(tmp_path)
+    assert _accepted(run_dir) == ["ckpt-000"]
+    assert sorted(p.name for p in (run_dir / "ckpt-000").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
+    partial = [p for p in run_dir.iterdir() if p.name != "ckpt-000"]
+    for p in partial:
+        bad = run_cmd("checkpoint", "--read", p)
+        assert bad.returncode == 2
+        _one_line_error(bad.stderr, "no completion marker")
+    good = run_mpi(2, "checkpoint", "--read", run_dir / "ckpt-000", "--repeat", "2",
+                   "--results", tmp_path / "res2", timeout=180)
+    assert good.returncode == 0, good.stderr[-3000:]
+    doc = _doc(tmp_path / "res2")
+    assert doc["world"]["size"] == 2 and len(doc["reads"]) == 2
+    assert [r["rank"] for r in doc["reads"][0]["ranks"]] == [0, 1]
+    assert good.stdout.count("result:") == 1
+
+
+@pytest.mark.mpi
+def test_two_ranks_interrupted_together(tmp_path: Path) -> None:
+    out = run_mpi(2, "checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                  "--keep", "--results", tmp_path / "res",
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,step=0,action=sigint"}, timeout=180)
+    assert out.returncode == 130, out.stderr[-3000:]
+    run_dir = _run_dir(tmp_path)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ckpt-000"]
+    assert "interrupted (SIGINT)" in out.stderr
