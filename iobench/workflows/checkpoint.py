@@ -43,9 +43,9 @@ from iobench.core.checkpoint_store import (
     sha256_of,
     writer,
 )
+from iobench.core.dataref import refuse_in_dataset
 from iobench.core.errors import ConfigError, IobenchError, StorageError
 from iobench.core.interrupts import Interrupted, act_now
-from iobench.core.manifest import MANIFEST_NAME
 from iobench.core.options import parse_evict_cmd, parse_repeat
 from iobench.core.resilience import parse_mtbf, young
 from iobench.core.results import new_run_id, now_iso, write_document
@@ -225,22 +225,11 @@ def _plan_write(cfg: CheckpointConfig, world: World) -> _Plan:
         raise StorageError(f"--storage {storage}: no such directory; create it or give another")
     if not os.access(storage, os.W_OK | os.X_OK):
         raise StorageError(f"--storage {storage}: not writable by this user")
-    _refuse_inside_dataset(storage)
+    refuse_in_dataset(storage, "--storage")  # checkpoints never go into data a run reads
     layout = layout_for(cfg.model, cfg.scale, world.size)
     _check_space(layout, storage, cfg.repeat, world)
     _check_memory(layout, world)
     return _Plan(layout, cfg.seed, "", None, warnings=_layout_warnings(layout, world))
-
-
-def _refuse_inside_dataset(storage: Path) -> None:
-    """A ConfigError when `storage` lies in a dataset iobench generated (it has a manifest):
-    checkpoints never go into data a run reads."""
-    real = storage.resolve()
-    for d in (real, *real.parents):
-        if (d / MANIFEST_NAME).is_file():
-            raise ConfigError(f"--storage {storage} is inside the dataset at {d} (it holds "
-                              f"{MANIFEST_NAME}): iobench never writes checkpoints into a "
-                              "dataset; give a directory outside it")
 
 
 def estimated_bytes(layout: Layout) -> int:
