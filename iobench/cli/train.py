@@ -82,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: per model)")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
+    _add_run_arguments(p)
+    add_workload_arguments(p)
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """How the run is watched, labelled, repeated, judged and staged; where results go."""
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="end the whole job when a rank makes no progress for this long (a "
                         "frozen or dead rank), naming it; results so far are kept, marked "
@@ -126,7 +132,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm-source", action="store_true",
                    help="with --stage-to: do not evict the source before copying (stage_s may "
                         "then time a copy from memory; the result says so)")
-    add_workload_arguments(p)
 
 
 def build_config(args: argparse.Namespace) -> Any:

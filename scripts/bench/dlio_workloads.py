@@ -60,6 +60,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from iobench.core.cache import evict, residency
 from iobench.core.manifest import Manifest
@@ -267,6 +268,33 @@ def run_dlio(a: argparse.Namespace, n: int, kw: dict[str, object], files: list[P
             "MBps": sps * record / MB, "resident": resident}
 
 
+def print_table(points: list[Any], ranks: list[int], tools: list[str],
+                res: dict[tuple[str, int], dict[str, list[dict[str, float]]]]) -> None:
+    """The Markdown table: each tool's figures per workload and N, and iobench / DLIO."""
+    print("\n| workload | N | tool | AU (MLPerf: first step out) | AU, first step in | "
+          "iobench's run counted DLIO's way | step overshoot | samples/s | MB/s | "
+          "samples/s, first step out | iobench / DLIO samples/s (first step out) |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for pt in points:
+        for n in ranks:
+            io = res[(pt.label, n)]["iobench"]
+            for tool in tools:
+                rs = res[(pt.label, n)][tool]
+                ratio = [x["sps"] / y["sps"] for x, y in zip(io, rs, strict=True)]
+                ratio_steady = [x["sps_steady"] / y["sps_steady"]
+                                for x, y in zip(io, rs, strict=True)]
+                cols = " | ".join(spread([r[k] for r in rs]) if tool == "iobench" else "-"
+                                  for k in ("au_all", "au_dlio_way", "overshoot"))
+                print(f"| {pt.label} | {n} | {tool} | {spread([r['au'] for r in rs])} | {cols} | "
+                      f"{spread([r['sps'] for r in rs])} | {spread([r['MBps'] for r in rs])} | "
+                      f"{spread([r['sps_steady'] for r in rs])} | "
+                      + (f"{spread(ratio)} ({spread(ratio_steady)})"
+                         if tool != "iobench" else "") + " |")
+    print("\nmedian [min-max] of interleaved repetitions (order rotated per repetition); "
+          "each run one cold epoch; ratios within each repetition.")
+
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", required=True, help="directory for both datasets (ext4)")
@@ -347,28 +375,7 @@ def main() -> None:
                           f"{r['sps']:.1f} samples/s, {r['MBps']:.1f} MB/s (resident after "
                           f"eviction {r['resident']:.1%})", flush=True)
 
-    print("\n| workload | N | tool | AU (MLPerf: first step out) | AU, first step in | "
-          "iobench's run counted DLIO's way | step overshoot | samples/s | MB/s | "
-          "samples/s, first step out | iobench / DLIO samples/s (first step out) |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for pt in points:
-        for n in ranks:
-            io = res[(pt.label, n)]["iobench"]
-            for tool in tools:
-                rs = res[(pt.label, n)][tool]
-                ratio = [x["sps"] / y["sps"] for x, y in zip(io, rs, strict=True)]
-                ratio_steady = [x["sps_steady"] / y["sps_steady"]
-                                for x, y in zip(io, rs, strict=True)]
-                cols = " | ".join(spread([r[k] for r in rs]) if tool == "iobench" else "-"
-                                  for k in ("au_all", "au_dlio_way", "overshoot"))
-                print(f"| {pt.label} | {n} | {tool} | {spread([r['au'] for r in rs])} | {cols} | "
-                      f"{spread([r['sps'] for r in rs])} | {spread([r['MBps'] for r in rs])} | "
-                      f"{spread([r['sps_steady'] for r in rs])} | "
-                      + (f"{spread(ratio)} ({spread(ratio_steady)})"
-                         if tool != "iobench" else "") + " |")
-    print("\nmedian [min-max] of interleaved repetitions (order rotated per repetition); "
-          "each run one cold epoch; ratios within each repetition.")
-
+    print_table(points, ranks, tools, res)
 
 if __name__ == "__main__":
     main()
