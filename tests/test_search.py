@@ -223,16 +223,17 @@ def test_train_runs_unet3d(unet3d_storage: Path, tmp_path: Path) -> None:
 
 
 @needs_mpi
-def test_search_runs_unet3d(unet3d_storage: Path, tmp_path: Path) -> None:
-    """One point (the cap): a real cold run of one emulated b200 on the one sample."""
+def test_search_refuses_a_point_of_one_step(unet3d_storage: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A real cold run of one emulated b200 on the one sample is one step per epoch: MLPerf's
+    AU leaves the first step out, so it would read 1.00 by construction ("keeps 1
+    accelerator"). The search refuses it in one line naming the step count and the fix."""
     res = tmp_path / "res"
     assert cli("search", "--workload", "unet3d", "--accelerator", "b200", "--storage",
-               unet3d_storage, "--results", res, "--max-accelerators", "1") == 0
-    [path] = res.glob("search-*.json")
-    doc = json.loads(path.read_text())
-    assert (doc["status"], doc["threshold"]) == ("complete", 0.90)
-    [point] = doc["points"]
-    assert point["accelerators"] == 1 and point["read_MBps"] > 0
+               unet3d_storage, "--results", res, "--max-accelerators", "1") == 1  # SearchError
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "measured 1 step(s) per epoch" in err[-1] and "iobench datasize" in err[-1], err
+    assert not any("keeps 1" in ln for ln in err)
 
 
 @pytest.fixture(scope="module")

@@ -226,6 +226,9 @@ def train_command(cfg: SearchConfig, n: int, results: Path) -> list[str]:
     return Command("train", args, cfg.launcher, n, cfg.step).argv()
 
 
+MIN_MEASURED_STEPS = 10  # per epoch and rank: fewer, and a point's AU is weak evidence (said)
+
+
 def point_from_result(doc: TrainResult | Mapping[str, Any], n: int,
                       threshold: float) -> dict[str, Any]:
     """One search point from a training result: the medians over repetitions (au is
@@ -233,6 +236,12 @@ def point_from_result(doc: TrainResult | Mapping[str, Any], n: int,
     from iobench.core.spread import run_spread
 
     res = TrainResult.of(doc)
+    fewest = min((r.steps for e in res.epochs for r in e.ranks), default=0)
+    if fewest < 2:  # MLPerf's AU leaves the first step out: of one step it is 1.0 by itself
+        raise SearchError(f"the run of {n} accelerator(s) ({res.run_id}) measured {fewest} "
+                          "step(s) per epoch on a rank: its AU (first step left out) measures "
+                          "nothing; generate the dataset MLPerf requires (`iobench datasize` "
+                          "names it) or lower --batch-size")
     sp = run_spread(res.epochs)
     au = sp.get("au_mlperf")
     if au is None:
@@ -250,7 +259,7 @@ def point_from_result(doc: TrainResult | Mapping[str, Any], n: int,
             "compute_mean_s": measured,
             "compute_overshoot": measured / asked if measured and asked else None,
             "au_first_step_included": med("au"), "samples_per_s": med("samples_per_s"),
-            "read_MBps": med("read_MBps"), "repeats": au["n"],
+            "read_MBps": med("read_MBps"), "repeats": au["n"], "steps_min": fewest,
             "passed": au["median"] >= threshold, "run_id": res.run_id}
 
 
@@ -285,6 +294,7 @@ def run_search(cfg: SearchConfig, *, log: Callable[[str], None] = print,
             point = _measure(cfg, n, Path(cfg.results) / f"search-{run_id}" / f"n{n}", child)
             doc["points"].append(point)
             _warn_once(doc, _overshoot_warning(cfg, point))
+            _warn_once(doc, _few_steps_warning(point))
             passed[n] = point["passed"]
             log(f"  {n} accelerator(s): AU {point['au']:.3f} "
                 f"({'pass' if point['passed'] else 'below'} {cfg.au_threshold:.2f}), "
@@ -378,6 +388,14 @@ def _datasize_warning(cfg: SearchConfig, n: int, samples: int) -> str | None:
     return (f"{n} accelerator(s): the dataset holds {samples} samples and MLPerf's rule asks "
             f"for {need} (`iobench datasize`); small datasets are cached more easily by the "
             "storage")
+
+
+def _few_steps_warning(point: dict[str, Any]) -> str | None:
+    if point["steps_min"] >= MIN_MEASURED_STEPS:
+        return None
+    return (f"{point['accelerators']} accelerator(s): {point['steps_min']} step(s) per epoch on "
+            f"a rank, fewer than {MIN_MEASURED_STEPS}: the AU leaves the first out, so it rests "
+            "on very few steps; a larger dataset (`iobench datasize`) measures it better")
 
 
 def _overshoot_warning(cfg: SearchConfig, point: dict[str, Any]) -> str | None:
