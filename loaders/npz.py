@@ -85,6 +85,7 @@ class _Layout:
     tail: bytes  # bytes [x end, y end) of the first file
     y_crc: slice  # y's CRC-32 within `tail`
     label_at: int  # the label's offset within `tail`
+    file_bytes: int  # the first file's size: a file of another size is laid out otherwise
 
 
 class NPZReader(BatchReader):
@@ -160,7 +161,7 @@ class NPZReader(BatchReader):
         end = x.data_at + x.nbytes
         return _Layout(data[:x.data_at], data[end:y.data_at + y.nbytes],
                        slice(y.header_at - end + _CRC.start, y.header_at - end + _CRC.stop),
-                       y.data_at - end)
+                       y.data_at - end, len(data))
 
     def _read_patch(self, i: int, dest: np.ndarray, label: np.ndarray, fd: int,
                     size: int) -> None:
@@ -181,7 +182,7 @@ class NPZReader(BatchReader):
         if lay is None:  # the first file this process reads: learn the layout from it
             data = self._whole(i, fd, size)
             self._layout = self._layout_of(data)
-        else:
+        elif size == lay.file_bytes:  # (a compressed or rewritten file has another size)
             head, tail = bytearray(len(lay.head)), bytearray(len(lay.tail))
             try:
                 preadv_into(fd, [memoryview(head), dest.data.cast("B"),
