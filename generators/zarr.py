@@ -137,6 +137,27 @@ class ZarrWriter(Writer):
         with zarr_quiet():
             return zarr.open_group(LocalStore(root, read_only=True), mode="r")
 
+    @staticmethod
+    def _check_array_metadata(path: Path, entry: FileEntry) -> None:
+        """An array's own `zarr.json` is the metadata the root's consolidated copy holds for
+        it (iobench's readers open the store through that copy; any other Zarr reader reads
+        this file), parsed, not only hashed: a DatasetError when it is not."""
+        from iobench.core.jsonio import load_json
+
+        root = Path(str(path)[:-len(entry.path)])
+        name = entry.path[:-len("/zarr.json")]
+        try:
+            own = load_json(path)
+            whole = load_json(root / "zarr.json")
+            held = whole["consolidated_metadata"]["metadata"][name]
+        except (KeyError, TypeError):
+            raise DatasetError(f"{root / 'zarr.json'}: its consolidated metadata holds no "
+                               f"{name!r}; regenerate the dataset") from None
+        if own != held:
+            raise DatasetError(f"{path}: the array's metadata differs from the consolidated "
+                               "copy in the store's zarr.json (damaged or edited); regenerate "
+                               "the dataset")
+
     def jpeg_sizes(self, path: Path, entry: FileEntry) -> list[int]:
         g = self._open(path, entry)
         with zarr_quiet():
@@ -145,6 +166,8 @@ class ZarrWriter(Writer):
 
     def check(self, path: Path, entry: FileEntry) -> None:
         spec = self.spec
+        if entry.path.endswith("/zarr.json"):
+            self._check_array_metadata(path, entry)
         try:
             g = self._open(path, entry)
             with zarr_quiet():
