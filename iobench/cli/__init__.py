@@ -118,12 +118,13 @@ INTERNAL_ERROR = 70  # EX_SOFTWARE
 
 
 def _signals(command: str | None) -> contextlib.AbstractContextManager[None]:
-    """`iobench train` and `checkpoint` may be one of several ranks: from their first moment
-    (train's parser imports torch, seconds), an interrupt waits for the ranks' first
-    collective, so no rank leaves alone while a peer waits for it at the rendezvous
-    (`iobench.core.interrupts`); a single process acts on it as soon as it knows it is
-    alone (their `main`)."""
-    ranked = command in ("train", "checkpoint")
+    """A command whose module sets `RANKED` (train, checkpoint) may be one of several ranks:
+    from its first moment (train's parser imports torch, seconds), an interrupt waits for
+    the ranks' first collective, so no rank leaves alone while a peer waits for it at the
+    rendezvous (`iobench.core.interrupts`); a single process acts on it as soon as it knows
+    it is alone (their `main`)."""
+    module = SUBCOMMANDS[command][0] if command in SUBCOMMANDS else None
+    ranked = module is not None and getattr(importlib.import_module(module), "RANKED", False)
     return interrupts(defer=True) if ranked else contextlib.nullcontext()
 
 

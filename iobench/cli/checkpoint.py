@@ -19,6 +19,10 @@ from iobench.core.errors import IobenchError
 LLAMA3_NAMES = ("llama3-8b", "llama3-70b", "llama3-405b", "llama3-1t")
 
 
+# one of several ranks: interrupts wait for the ranks' first collective from the start
+RANKED = True
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--storage", default=None, metavar="DIR",

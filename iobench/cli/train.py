@@ -22,6 +22,10 @@ _COMPUTE_WORDS = {
 }
 
 
+# one of several ranks: interrupts wait for the ranks' first collective from the start
+RANKED = True
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from iobench.cli._workload import add_workload_arguments
     from iobench.core.datasets import DATASETS
