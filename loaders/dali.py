@@ -59,7 +59,14 @@ import torch
 
 from iobench.core.errors import ConfigError, DatasetError, IobenchError, UnsupportedError
 from iobench.core.formats import parse_format
-from iobench.core.manifest import DataPaths, Manifest, check_magic, refuse_irregular
+from iobench.core.manifest import (
+    TAIL_BYTES,
+    DataPaths,
+    Manifest,
+    check_magic,
+    check_tail,
+    refuse_irregular,
+)
 from iobench.loaders._preprocess import (
     CIFAR_PAD,
     CROP,
@@ -206,10 +213,11 @@ def start_method(gpu: bool) -> str:
 
 def check_native_inputs(m: Manifest, rank: int = 0, world: int = 1, threads: int = 16) -> None:
     """Each data file of a files dataset: a regular file of the manifest's size whose first
-    bytes are its kind's (magic bytes); a DatasetError naming the first that is not.
+    and last bytes are its kind's (magic bytes; PNG's IEND, JPEG's EOI: a file cut short
+    can crash a native decoder); a DatasetError naming the first that is not.
 
     Once per loader, before any epoch (the cold epochs' eviction follows): one open and
-    one small read per file, spread over `threads` threads for a parallel filesystem's
+    two small reads per file, spread over `threads` threads for a parallel filesystem's
     latency. Rank `rank` of `world` checks every world-th file (a compact table's a chunk
     at a time, never listed), so the ranks together check each file once; the callers
     that build loaders on several ranks (train, bench-read) raise any rank's error on
@@ -231,6 +239,7 @@ def check_native_inputs(m: Manifest, rank: int = 0, world: int = 1, threads: int
                 return (f"{path} has {st.st_size} bytes but the manifest records {entry.bytes}: "
                         "the file is truncated or was changed; regenerate or re-stage it")
             check_magic(path, os.pread(fd, 8, 0))
+            check_tail(path, os.pread(fd, TAIL_BYTES, max(0, st.st_size - TAIL_BYTES)))
         except DatasetError as e:
             return str(e)
         finally:

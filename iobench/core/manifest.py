@@ -742,6 +742,25 @@ def check_magic(path: str | Path, head: bytes, suffix: str | None = None) -> Non
                            "another kind of file: regenerate it")
 
 
+# what a whole file of each kind ends with: PNG's IEND chunk (with its CRC), JPEG's EOI
+# marker. A file cut short keeps its magic bytes, and a manifest resealed over it (sizes and
+# checksums recomputed) keeps it listed; DALI's native decoders are then handed a cut stream
+MAGIC_TAILS: dict[str, bytes] = {".png": b"\x00\x00\x00\x00IEND\xaeB`\x82",
+                                 ".jpeg": b"\xff\xd9", ".jpg": b"\xff\xd9"}
+TAIL_BYTES = max(len(t) for t in MAGIC_TAILS.values())
+
+
+def check_tail(path: str | Path, tail: bytes, suffix: str | None = None) -> None:
+    """A DatasetError when `tail` (a file's last TAIL_BYTES bytes, or all of a shorter
+    file) is not how a whole file of its kind (`suffix`, default the path's) ends."""
+    suffix = (suffix or Path(path).suffix).lower()
+    want = MAGIC_TAILS.get(suffix)
+    if want is not None and not bytes(tail).endswith(want):
+        raise DatasetError(f"{path}: does not end as a whole {suffix} file does (last bytes "
+                           f"{bytes(tail[-len(want):])!r}); it was cut short or damaged: "
+                           "regenerate it")
+
+
 # ------------------------------------------------------------------------ checking a manifest
 
 _ENTRY = Map({"path": Str, "bytes": Count, "sha256": Str, "first_sample": Int,
