@@ -81,9 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    ranked = _ranked(command)
     try:
-        command = next((a for a in argv if not a.startswith("-")), None)
-        with _signals(command):
+        with interrupts(defer=True) if ranked else contextlib.nullcontext():
             parser = build_parser(command if command in SUBCOMMANDS else None)
             args = parser.parse_args(argv)
             if args.command is None:
@@ -95,10 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("iobench: interrupted", file=sys.stderr)
-        return 130
+        return _leave(130, ranked)
     except Interrupted as e:  # SIGINT/SIGTERM where a command turned them into this
         print(f"iobench: interrupted ({e})", file=sys.stderr)
-        return e.exit_code
+        return _leave(e.exit_code, ranked)
     except Exception as e:  # the last line of defence: a bug, said in one line
         storage = storage_error(e)  # unless the storage failed (a dead mount, a full disk)
         if storage is not None:
@@ -117,15 +118,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 INTERNAL_ERROR = 70  # EX_SOFTWARE
 
 
-def _signals(command: str | None) -> contextlib.AbstractContextManager[None]:
-    """A command whose module sets `RANKED` (train, checkpoint) may be one of several ranks:
-    from its first moment (train's parser imports torch, seconds), an interrupt waits for
-    the ranks' first collective, so no rank leaves alone while a peer waits for it at the
-    rendezvous (`iobench.core.interrupts`); a single process acts on it as soon as it knows
-    it is alone (their `main`)."""
+def _ranked(command: str | None) -> bool:
+    """A command whose module sets `RANKED` (train, checkpoint) may be one of several ranks
+    and carries an interrupt to them at its collectives: from its first moment (train's
+    parser imports torch, seconds), an interrupt waits for the ranks' first collective, so
+    no rank leaves alone while a peer waits for it at the rendezvous
+    (`iobench.core.interrupts`); a single process acts on it as soon as it knows it is
+    alone (their `main`)."""
     module = SUBCOMMANDS[command][0] if command in SUBCOMMANDS else None
-    ranked = module is not None and getattr(importlib.import_module(module), "RANKED", False)
-    return interrupts(defer=True) if ranked else contextlib.nullcontext()
+    return module is not None and bool(getattr(importlib.import_module(module), "RANKED",
+                                               False))
+
+
+def _leave(code: int, ranked: bool) -> int:
+    """`code`, once an interrupted command's MPI peers have stopped too: the other commands
+    have no collective to carry the interrupt, and a signal that reached one rank alone
+    (a `kill`, a scheduler's per-task signal) would leave its peers working, then waiting
+    for it for ever (`iobench.core.world.leave_after_interrupt`)."""
+    if not ranked:
+        from iobench.core.world import leave_after_interrupt
+
+        sys.stderr.flush()
+        leave_after_interrupt(code)
+    return code
 
 
 def _write_traceback(e: BaseException) -> str:

@@ -92,6 +92,9 @@ def main(args: argparse.Namespace) -> int:
     from iobench.workflows import bench_read as bench
 
     cfg, dataset = build_config(args)
+    from iobench.core import faults
+
+    faults.at_start()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
     world = get_world()
     verbose = world.rank == 0
 

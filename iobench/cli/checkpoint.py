@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     from iobench.core.interrupts import act_now
     from iobench.core.world import get_world
 
-    # the CLI entered interrupts(defer=True) first thing (cli._signals): several ranks act
+    # the CLI entered interrupts(defer=True) first thing (cli._ranked): several ranks act
     # on an interrupt together, at a collective; one process at once, from here
     world = get_world()
     if world.size == 1:

@@ -55,8 +55,10 @@ def main(args: argparse.Namespace) -> int:
                          samples=args.samples, samples_per_file=args.samples_per_file,
                          compression=args.compression, seed=args.seed, jobs=args.jobs,
                          force=args.force, scale=args.scale)
+    from iobench.core import faults
     from iobench.core.interrupts import interrupts
 
+    faults.at_start()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
     world = get_world()
     with interrupts():  # SIGINT/SIGTERM: the pool stopped in order, one line, 130/143
         return _run(cfg, world, GenerateStats())

@@ -78,9 +78,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
 
 
 def main(args: argparse.Namespace) -> int:
+    from iobench.core import faults
     from iobench.core.errors import IobenchError
     from iobench.core.outputs import writable_dir
 
+    faults.at_start()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
     world = get_world()
     try:
         cfg, source = config_from_args(args)  # bad values fail here, the same on every rank

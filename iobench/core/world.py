@@ -102,6 +102,46 @@ class World:
         sys.exit(3)
 
 
+LEAVE_GRACE_S = 10.0  # an interrupted rank waits this long for its peers to stop as well
+_leaving: Any = None  # a copy of MPI's world communicator, used only to leave together
+
+
+def leave_after_interrupt(code: int, grace_s: float = LEAVE_GRACE_S) -> None:
+    """An interrupted command that has no collective to carry its interrupt to its peers
+    (generate, stage, bench-read, ...): wait up to `grace_s` for every rank to be leaving
+    too (a barrier of its own, so it meets no other collective). When the signal reached
+    this rank alone, its peers work on and would never finalise MPI, and this rank's
+    finalising would wait for them for ever: then every rank is ended with `code`
+    (MPI_Abort), so the job stops instead of hanging. A rank interrupted before it joined
+    the job (its peers wait for it in `get_world`) joins it first. Nothing to do outside an
+    MPI job of several ranks."""
+    if not launched_by_mpi():
+        return
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM):  # one interrupt is enough (mpiexec forwards
+        signal.signal(s, signal.SIG_IGN)       # the one the ranks may have had already)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if _leaving is None:
+        if mpi is not None and mpi.Is_initialized():  # interrupted while joining: no way
+            if mpi.COMM_WORLD.Get_size() > 1:           # to tell where the peers are
+                mpi.COMM_WORLD.Abort(code)
+            return
+        get_world()  # the peers wait for this rank there
+        if _leaving is None:
+            return  # a job of one rank
+    import time
+
+    done = _leaving.Ibarrier()
+    deadline = time.monotonic() + grace_s
+    while not done.Test():
+        if time.monotonic() > deadline:
+            print(f"iobench: rank {_leaving.Get_rank()} was interrupted alone; ending all "
+                  f"{_leaving.Get_size()} ranks", file=sys.stderr, flush=True)
+            _leaving.Abort(code)
+        time.sleep(0.02)
+
+
 def launched_by_mpi(env: Mapping[str, str] | None = None) -> bool:
     """Whether an MPI launcher (mpiexec, srun with PMI) started this process."""
     env = os.environ if env is None else env
@@ -156,6 +196,9 @@ def get_world() -> World:
                           num_hosts=len({p[1] for p in pairs}), node_names=tuple(unique),
                           _comm=comm)
             local.Free()
+            global _leaving
+            if _leaving is None:  # every rank gets its world the same times: collective
+                _leaving = comm.Dup()
             return world
     return World(hostname=host, node_name=name)
 
