@@ -521,11 +521,11 @@ def simulator(cfg: ProjectConfig, service: Service
 
 def run_projection(cfg: ProjectConfig) -> ProjectionDoc:
     """`project(cfg)` with the simulation `cfg` asks for (trace-driven when it names one)."""
+    service = Service(EXPONENTIAL)
+    if cfg.trace is not None:  # checked even when nothing is simulated: a wrong file is said
+        service = _trace_service(cfg.trace, load_typed(cfg.train))
     if cfg.simulate_max_nodes == 0:
         return project(cfg)
-    service = Service(EXPONENTIAL)
-    if cfg.trace is not None:
-        service = _trace_service(cfg.trace, load_typed(cfg.train))
     return project(cfg, simulator(cfg, service))
 
 
