@@ -315,3 +315,39 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path: Path,
     bad = tmp_path / "neg.json"
     bad.write_text(json.dumps(negative))
     _one_line_exit_2(["project", "--train", str(bad), "--probe", probe], capsys, "compute_s")
+
+
+def _trace(tmp_path: Path, run_id: str) -> Path:
+    """A `train --trace` file of one rank: 20 steps of 2 ms compute, a worker's fetches of
+    1 ms with every fifth 5 ms (bursts)."""
+    ev: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 100, "args": {"name": "worker 0"}},
+        {"name": "epoch", "ph": "X", "ts": 0.0, "dur": 60_000.0, "pid": 0, "tid": 1,
+         "args": {"repeat": 0, "epoch": 0, "steps": 20}}]
+    for k in range(20):
+        a = {"repeat": 0, "epoch": 0, "step": k}
+        ev.append({"name": "compute", "ph": "X", "ts": 3000.0 * k, "dur": 2000.0, "pid": 0,
+                   "tid": 4, "args": a})
+        ev.append({"name": "fetch", "ph": "X", "ts": 3000.0 * k, "pid": 0, "tid": 100,
+                   "dur": 5000.0 if k % 5 == 0 else 1000.0, "args": a})
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": ev, "otherData": {"iobench": {"run_id": run_id}}}))
+    return path
+
+
+def test_a_trace_drives_the_simulation_with_its_compute_and_bursts(tmp_path: Path) -> None:
+    from iobench.core.results import load_typed
+    from iobench.workflows.project import ProjectConfig, _trace_service, run_projection
+
+    train = _train(tmp_path)
+    run_id = json.loads(train.read_text())["run_id"]
+    service = _trace_service(_trace(tmp_path, run_id), load_typed(train))
+    assert service.compute_s == pytest.approx((0.002,) * 20)
+    assert sorted(set(round(f, 6) for f in service.factors)) == pytest.approx([1 / 1.8, 5 / 1.8])
+    cfg = ProjectConfig(train=train, probes=(_probe(tmp_path),), trace=tmp_path / "trace.json",
+                        nodes=(1, 2), simulate_max_nodes=2, simulate_steps=40)
+    doc = run_projection(cfg)
+    assert all(p.simulated_au is not None and 0 < p.simulated_au <= 1 for p in doc.points)
+    assert "driven by the trace" in doc.model.simulation
+    again = run_projection(cfg)  # seeded: the same answer
+    assert [p.simulated_au for p in again.points] == [p.simulated_au for p in doc.points]
