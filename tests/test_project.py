@@ -229,10 +229,12 @@ def test_staging_fitted_to_a_measured_copy_and_shared_by_many_nodes() -> None:
 # ------------------------------------------------------------------------ the command, end to end
 
 def _train(tmp_path: Path, step_s: float = 0.004, compute_s: float = 0.002,
-           name: str = "run.json") -> Path:
-    """The real v3 result with chosen per-step figures (1 rank, 2 workers, batch 32)."""
+           name: str = "run.json", slower: float = 0.0) -> Path:
+    """The real v3 result with chosen per-step figures (1 rank, 2 workers, batch 32); the
+    second epoch's step `slower` seconds longer."""
     doc = real_result()
-    for e in doc["epochs"]:
+    for i, e in enumerate(doc["epochs"]):
+        step_s += slower * i
         for r in e["ranks"]:
             r["steps"] = 2
             r["compute_s"] = 2 * compute_s
@@ -265,7 +267,8 @@ def _stage(tmp_path: Path, dataset: str = "cifar10") -> Path:
 def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     res = tmp_path / "res"
-    rc = main(["project", "--train", str(_train(tmp_path)), "--probe", str(_probe(tmp_path)),
+    rc = main(["project", "--train", str(_train(tmp_path, slower=0.001)),
+               "--probe", str(_probe(tmp_path)),
                "--stage", str(_stage(tmp_path)), "--nodes", "1,2,64,10000",
                "--pfs-mds-ops", "5000", "--simulate-max-nodes", "2", "--simulate-steps", "40",
                "--results", str(res)])
@@ -277,7 +280,10 @@ def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
     doc = json.loads(path.read_text())
     assert doc["schema"] == "iobench.projection" and doc["label"].startswith("PROJECTION")
     points = {p["nodes"]: p for p in doc["points"]}
-    assert points[1]["step_s"] == pytest.approx(0.004, rel=1e-6)  # fitted to the node
+    assert points[1]["step_s"] == pytest.approx(0.0045, rel=1e-6)  # fitted: median step
+    low, high = points[1]["au_range"]  # fitted to the fastest and slowest epoch's step
+    assert low == pytest.approx(0.002 / 0.005) and high == pytest.approx(0.002 / 0.004)
+    assert points[64]["au_range"][0] <= points[64]["au"] <= points[64]["au_range"][1]
     assert points[1]["simulated_au"] is not None and points[64]["simulated_au"] is None
     assert points[10000]["au"] < points[1]["au"]
     assert points[2]["stage_replicate_s"] > points[1]["stage_replicate_s"]

@@ -40,6 +40,8 @@ ASSUMPTIONS = (
     "batch size): steps per node per epoch = ceil(samples / (N x ranks per node x batch)).",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
+    "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "
+    "measured step (over epochs and repetitions); the tier's figures are taken as exact.",
     "Node-local storage keeps up with the accelerators (an epoch from a staged copy is "
     "compute only); the staging break-even is stage time / epoch time saved.",
 )
@@ -76,6 +78,7 @@ class NodeFigures:
     epoch_samples: int  # global samples per epoch
     stall_s: float  # measured stall per epoch (max over ranks)
     au: float | None
+    step_range: tuple[float, float] | None = None  # the measured step's min and max (spread)
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -212,7 +212,8 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         worker_cpu_s=_median(workers_cpu) if workers_cpu else 0.0,
         first_batch_s=_median(firsts), sample_bytes=ds.total_bytes / ds.num_samples,
         ops_per_sample=ops, epoch_samples=max(e.summary.samples for e in run.epochs),
-        stall_s=_median(stalls), au=_median(au) if au else None)
+        stall_s=_median(stalls), au=_median(au) if au else None,
+        step_range=(min(steps), max(steps)))
 
 
 def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig) -> TierLimits:
@@ -303,6 +304,9 @@ class Point(Record):
     stage_shard_s: float
     break_even_replicate: Any  # epochs, or "never"
     break_even_shard: Any
+    # the model fitted to the fastest and the slowest measured step (epochs, repetitions)
+    au_range: tuple[float, ...] = key(default=(), optional=True)
+    stall_range_s: tuple[float, ...] = key(default=(), optional=True)
     simulated_au: float | None = key(default=None, optional=True)
     simulated_stall_s: float | None = key(default=None, optional=True)
 
@@ -390,6 +394,23 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
 class _Models:
     read: ReadModel
     stage: StagingModel
+    spread: tuple[ReadModel, ...] = ()  # fitted to the fastest and slowest measured step
+
+
+def _spread_models(node: NodeFigures, tier: TierLimits) -> tuple[ReadModel, ...]:
+    if node.step_range is None or node.step_range[0] == node.step_range[1]:
+        return ()
+    return tuple(ReadModel(replace(node, step_s=s), tier) for s in node.step_range)
+
+
+def _range(m: _Models, nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(AU low, high), (stall low, high) at `nodes` from the spread's models."""
+    if not m.spread:
+        return (), ()
+    ops = [(r.at(nodes), r) for r in m.spread]
+    aus = sorted(op.au for op, _ in ops)
+    stalls = sorted(r.epoch(op)[1] for op, r in ops)
+    return tuple(aus), tuple(stalls)
 
 
 def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Point:
@@ -400,6 +421,7 @@ def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Poi
     local_epoch = steps * node.compute_s
     rep, shard = m.stage.time(nodes, "replicate"), m.stage.time(nodes, "shard")
     per_step = node.ranks_per_node * node.batch_size
+    au_range, stall_range = _range(m, nodes)
     return Point(
         nodes=nodes, readers=nodes * node.readers, au=op.au, step_s=op.step_s,
         stall_s=stall_s, epoch_s=epoch_s, steps_per_epoch=steps,
@@ -409,6 +431,7 @@ def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Poi
         stage_replicate_s=rep, stage_shard_s=shard,
         break_even_replicate=jsonable_break_even(break_even_epochs(rep, epoch_s, local_epoch)),
         break_even_shard=jsonable_break_even(break_even_epochs(shard, epoch_s, local_epoch)),
+        au_range=au_range, stall_range_s=stall_range,
         simulated_au=simulated[0] if simulated else None,
         simulated_stall_s=simulated[1] if simulated else None)
 
@@ -445,7 +468,8 @@ def project(cfg: ProjectConfig,
     tier = tier_limits(probes, cfg)
     staging = staging_figures(stage, run)
     read = ReadModel(node, tier)
-    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0))
+    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0),
+                     _spread_models(node, tier))
     points = []
     for n in cfg.nodes:
         sim = simulate(read, n) if simulate and n <= cfg.simulate_max_nodes else None
@@ -537,11 +561,16 @@ def _be(v: Any) -> str:
     return v if isinstance(v, str) else _num(v, ".3g")
 
 
+def _span(r: Sequence[float], spec: str) -> str:
+    return f" [{format(r[0], spec)}-{format(r[-1], spec)}]" if r else ""
+
+
 def table(doc: ProjectionDoc) -> str:
     """The projection as text: a row per N, the saturation, the inputs and assumptions."""
-    head = ("nodes", "AU", "stall/epoch s", "epoch s", "limit", "util", "sim AU",
+    head = ("nodes", "AU [spread]", "stall/epoch s [spread]", "epoch s", "limit", "util", "sim AU",
             "sim stall s", "stage repl s", "stage shard s", "b-e repl", "b-e shard")
-    rows = [(f"{p.nodes:,}", f"{p.au:.3f}", _num(p.stall_s), _num(p.epoch_s),
+    rows = [(f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"),
+             _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
              RESOURCES[p.bottleneck], f"{max(p.utilization.values()):.0%}",
              _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
              _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
