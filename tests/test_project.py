@@ -281,9 +281,13 @@ def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
     assert doc["schema"] == "iobench.projection" and doc["label"].startswith("PROJECTION")
     points = {p["nodes"]: p for p in doc["points"]}
     assert points[1]["step_s"] == pytest.approx(0.0045, rel=1e-6)  # fitted: median step
+    assert points[1]["au_steady"] == pytest.approx(0.002 / 0.0045)
+    # the epoch's AU: 2 steps of 0.002 s compute, the first batch 0.01 s and one step's wait
+    assert points[1]["au"] == pytest.approx(0.004 / (0.004 + 0.01 + 0.0025))
     low, high = points[1]["au_range"]  # fitted to the fastest and slowest epoch's step
-    assert low == pytest.approx(0.002 / 0.005) and high == pytest.approx(0.002 / 0.004)
-    assert points[64]["au_range"][0] <= points[64]["au"] <= points[64]["au_range"][1]
+    assert low == pytest.approx(0.004 / 0.017) and high == pytest.approx(0.004 / 0.016)
+    for n in (1, 2, 64, 10000):
+        assert points[n]["au_range"][0] <= points[n]["au"] <= points[n]["au_range"][1], n
     assert points[1]["simulated_au"] is not None and points[64]["simulated_au"] is None
     assert points[10000]["au"] < points[1]["au"]
     assert points[2]["stage_replicate_s"] > points[1]["stage_replicate_s"]

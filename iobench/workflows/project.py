@@ -290,7 +290,8 @@ class Point(Record):
 
     nodes: int
     readers: int
-    au: float
+    au: float  # of the epoch: compute / wall, first batch included (as train measures it)
+    au_steady: float  # of a step once the readers run: compute / step
     step_s: float
     stall_s: float  # per epoch, from the tier
     epoch_s: float
@@ -407,10 +408,10 @@ def _range(m: _Models, nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]
     """(AU low, high), (stall low, high) at `nodes` from the spread's models."""
     if not m.spread:
         return (), ()
-    ops = [(r.at(nodes), r) for r in m.spread]
-    aus = sorted(op.au for op, _ in ops)
-    stalls = sorted(r.epoch(op)[1] for op, r in ops)
-    return tuple(aus), tuple(stalls)
+    epochs = [r.epoch(r.at(nodes)) for r in m.spread]
+    compute = m.read.steps_per_epoch(nodes) * m.read.node.compute_s
+    return (tuple(sorted(compute / wall for wall, _ in epochs)),
+            tuple(sorted(stall for _, stall in epochs)))
 
 
 def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Point:
@@ -423,7 +424,8 @@ def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Poi
     per_step = node.ranks_per_node * node.batch_size
     au_range, stall_range = _range(m, nodes)
     return Point(
-        nodes=nodes, readers=nodes * node.readers, au=op.au, step_s=op.step_s,
+        nodes=nodes, readers=nodes * node.readers, au=local_epoch / epoch_s,
+        au_steady=op.au, step_s=op.step_s,
         stall_s=stall_s, epoch_s=epoch_s, steps_per_epoch=steps,
         delivered_samples_per_s=per_step / op.step_s,
         demand_samples_per_s=per_step / node.compute_s,
@@ -527,7 +529,7 @@ def _trace_service(path: Path, run: TrainResult) -> Service:
 
 def simulator(cfg: ProjectConfig, service: Service
               ) -> Callable[[ReadModel, int], tuple[float, float]]:
-    """(AU, stall per epoch) at N nodes by the discrete-event simulation of `cfg`."""
+    """(epoch AU, stall per epoch) at N nodes by the discrete-event simulation of `cfg`."""
     def simulate(model: ReadModel, nodes: int) -> tuple[float, float]:
         n = model.node
         shape = TrainingShape(nodes=nodes, ranks_per_node=n.ranks_per_node, workers=n.workers,
@@ -539,7 +541,8 @@ def simulator(cfg: ProjectConfig, service: Service
                    else n.compute_s)
         step = max(step, compute)
         first, steps = model.first_batch(nodes), model.steps_per_epoch(nodes)
-        return min(1.0, compute / step), first + (steps - 1) * (step - compute)
+        stall = first + (steps - 1) * (step - compute)
+        return steps * compute / (steps * compute + stall), stall
     return simulate
 
 
@@ -567,9 +570,10 @@ def _span(r: Sequence[float], spec: str) -> str:
 
 def table(doc: ProjectionDoc) -> str:
     """The projection as text: a row per N, the saturation, the inputs and assumptions."""
-    head = ("nodes", "AU [spread]", "stall/epoch s [spread]", "epoch s", "limit", "util", "sim AU",
+    head = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s", "limit",
+            "util", "sim AU",
             "sim stall s", "stage repl s", "stage shard s", "b-e repl", "b-e shard")
-    rows = [(f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"),
+    rows = [(f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
              _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
              RESOURCES[p.bottleneck], f"{max(p.utilization.values()):.0%}",
              _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
@@ -586,7 +590,9 @@ def table(doc: ProjectionDoc) -> str:
     bounds = ", ".join(f"{k} at N = {_be(v)}" for k, v in s.bounds.items())
     out = [f"{doc.label}: {doc.dataset} ({doc.format}) from one node to N nodes",
            line(head), *map(line, rows), "",
-           f"the tier stops keeping up (AU < {s.threshold:.2f}) {where}; "
+           "AU: of the epoch (compute / wall, first batch included, as train measures it); "
+           "steady AU: compute / step once the readers run",
+           f"the tier stops keeping up (steady AU < {s.threshold:.2f}) {where}; "
            f"straight-line bounds (100 % busy at the demand): {bounds}", "", "inputs:"]
     out += [f"  {f.name}: {f.value:.4g} {f.unit} ({'GIVEN, not measured' if f.given else ''}"
             f"{'; ' if f.given else ''}{f.source})" for f in doc.figures]
@@ -612,12 +618,13 @@ def plot_projection(doc: ProjectionDoc, path: Path) -> Path:
 
     n = [p.nodes for p in doc.points]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.semilogx(n, [p.au for p in doc.points], "o-", label="AU (MVA model)")
+    a.semilogx(n, [p.au for p in doc.points], "o-", label="AU of the epoch (MVA model)")
+    a.semilogx(n, [p.au_steady for p in doc.points], ".:", label="steady AU (MVA model)")
     sim = [(p.nodes, p.simulated_au) for p in doc.points if p.simulated_au is not None]
     if sim:
-        a.semilogx(*zip(*sim, strict=True), "s", label="AU (simulation)")
+        a.semilogx(*zip(*sim, strict=True), "s", label="AU of the epoch (simulation)")
     a.axhline(doc.saturation.threshold, color="grey", ls="--", lw=0.8,
-              label=f"AU {doc.saturation.threshold:.2f}")
+              label=f"threshold {doc.saturation.threshold:.2f}")
     a.set(xlabel="nodes", ylabel="AU", ylim=(0, 1.05), title=f"{doc.label}: AU")
     a.legend(fontsize=8)
     b.loglog(n, [max(p.stall_s, 1e-6) for p in doc.points], "o-", label="stall per epoch")
