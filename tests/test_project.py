@@ -320,6 +320,11 @@ def test_bad_inputs_are_one_line_and_exit_2(tmp_path: Path,
                      "is not an iobench 'iobench.probe' document")
     _one_line_exit_2(["project", "--train", train], capsys, "no read bandwidth")
     _one_line_exit_2([*base, "--trace", train], capsys, "is of run None")
+    ingest = real_result()
+    ingest["compute"]["kind"] = "none"
+    (tmp_path / "ingest.json").write_text(json.dumps(ingest))
+    _one_line_exit_2(["project", "--train", str(tmp_path / "ingest.json"), "--probe", probe],
+                     capsys, "sets no demand")
     negative = real_result()
     negative["epochs"][0]["ranks"][0]["compute_s"] = -1.0
     bad = tmp_path / "neg.json"
