@@ -632,6 +632,11 @@ def plot_projection(doc: ProjectionDoc, path: Path) -> Path:
     b.loglog(n, [p.stage_shard_s for p in doc.points], "v-", label="staging, shard")
     b.set(xlabel="nodes", ylabel="seconds", title="PROJECTION: stall and staging time")
     b.legend(fontsize=8)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for ax in (a, b):  # node counts as plain numbers, not powers of ten
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     fig.text(0.01, -0.02, "A model's prediction from one node's measured results, not a "
              "measurement; assumptions in the result and docs/projection.md.", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
