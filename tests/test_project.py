@@ -293,9 +293,15 @@ def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
     assert points[2]["stage_replicate_s"] > points[1]["stage_replicate_s"]
     given = [f for f in doc["figures"] if f["given"]]
     assert [f["name"] for f in given] == ["tier metadata rate"]
+    from iobench.core.results import find_documents
     from iobench.workflows.project import ProjectionDoc
 
     assert ProjectionDoc.from_dict(doc).points[0].nodes == 1
+    # beside training results, compare and report set a projection aside and say why
+    (res / "run.json").write_text((tmp_path / "run.json").read_text())
+    found = find_documents([res])
+    assert [p.name for p in found.results] == ["run.json"]
+    assert found.skipped == [(path, "an iobench.projection document, not a training result")]
 
 
 def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], words: str) -> None:
