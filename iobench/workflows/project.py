@@ -585,8 +585,9 @@ def table(doc: ProjectionDoc) -> str:
         return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
     s = doc.saturation
-    where = (f"from N = {s.nodes:,} ({s.resource} first)" if s.nodes is not None
-             else "not below 10 million nodes")
+    where = ("not below 10 million nodes" if s.nodes is None else
+             f"already at N = 1 (the measured node: {s.resource})" if s.nodes == 1 else
+             f"from N = {s.nodes:,} ({s.resource} first)")
     bounds = ", ".join(f"{k} at N = {_be(v)}" for k, v in s.bounds.items())
     out = [f"{doc.label}: {doc.dataset} ({doc.format}) from one node to N nodes",
            line(head), *map(line, rows), "",
