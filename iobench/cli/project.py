@@ -9,8 +9,8 @@ which resource limits first. The model's formulas: docs/projection.md; its
 assumptions are printed beside the table. Examples:
 
   iobench project --train res/RUN.json --probe res/probe-X.json
-  iobench project --train res/RUN.json --probe res/probe-X.json --stage res/stage-X.json \
-      --pfs-read-gbs 400 --pfs-mds-ops 50000 --nodes 1,64,1024
+  iobench project --train RUN.json --probe PROBE.json --stage STAGE.json --nodes 1,64,1024
+  iobench project --train RUN.json --pfs-read-gbs 400 --pfs-mds-ops 50000 --client-gbs 12
 """
 
 from __future__ import annotations
