@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "datasize": ("iobench.cli.datasize", "the dataset MLPerf Storage requires for a workload on N accelerators"),
     "search": ("iobench.cli.search", "largest accelerator count a storage keeps at AU >= threshold"),
     "diagnose": ("iobench.cli.diagnose", "stage or tune? storage, loader or neither, against the accelerator's demand"),
+    "project": ("iobench.cli.project", "PROJECT one node's results to N nodes (queueing model): AU, stall, staging"),
 }
 
 

@@ -175,7 +175,7 @@ def find_documents(paths: Iterable[str | Path]) -> Found:
 
 # Documents iobench writes into a results directory beside training results.
 OTHER_RESULTS = ("iobench.probe", "iobench.sweep", "iobench.bench_read", "iobench.search",
-                 "iobench.diagnose")
+                 "iobench.diagnose", "iobench.projection")
 
 
 def _sort_into(found: Found, path: Path, given: bool = False) -> None:

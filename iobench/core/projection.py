@@ -1,0 +1,322 @@
+"""The projection model: one node's measured demand and the shared tier's limits, as queues, at N nodes.
+
+Pure arithmetic over `iobench.core.queueing` (no files, no clocks): a node's
+loader readers are the customers of a closed network whose stations are the
+tier's metadata server, its aggregate read bandwidth, each node's client link
+and a fixed latency; a copy thread of `iobench stage` is a customer of the
+same stations plus the node's local write. docs/projection.md gives every
+formula and assumption; `ASSUMPTIONS` is what the output prints beside them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from iobench.core.errors import ConfigError
+from iobench.core.queueing import DELAY, Network, Solution, Station, solve
+
+METADATA, BANDWIDTH, CLIENT, LATENCY, LOCAL = "metadata", "bandwidth", "client", "latency", "local"
+RESOURCES = {METADATA: "metadata (MDS ops/s)", BANDWIDTH: "aggregate read bandwidth",
+             CLIENT: "per-client limit", LOCAL: "node-local write",
+             LATENCY: "latency (the fitted per-batch delay)"}
+BUSY = 0.5  # a stalled step whose most-used queue is below this is the latency's doing
+MAX_NODES = 10_000_000  # the saturation search's ceiling
+STALLED = 1.03  # a measured step this much above the compute time counts as stalled
+BISECT_STEPS = 60
+
+ASSUMPTIONS = (
+    "PROJECTION, not a measurement: a closed queueing network solved by mean-value analysis "
+    "(docs/projection.md).",
+    "Customers: N nodes x R readers (R = ranks per node x loader workers); each reader "
+    "fetches one rank's batch per cycle; with workers, fetches overlap compute (prefetch), "
+    "without them a rank computes, then reads (think time = compute per step).",
+    "A cycle visits: the metadata server (ops per sample x batch / its ops/s), the aggregate "
+    "bandwidth (bytes per batch / its bytes/s), the node's own client link (one per node), "
+    "and a fixed latency (a delay, fitted so the model reproduces the measured node).",
+    "Queues are single servers with exponential service (product form); the tier's limits "
+    "are the same at every N (no server added, no contention outside this job).",
+    "Each node reads 1/N of the epoch's samples (the dataset is fixed; each node keeps its "
+    "batch size): steps per node per epoch = ceil(samples / (N x ranks per node x batch)).",
+    "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
+    "stragglers) is what the discrete-event simulation adds, where it ran.",
+    "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "
+    "measured step (over epochs and repetitions); the tier's figures are taken as exact.",
+    "Node-local storage keeps up with the accelerators (an epoch from a staged copy is "
+    "compute only); the staging break-even is stage time / epoch time saved.",
+)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A model input and where it came from: measured (a document) or given (an option)."""
+
+    value: float
+    source: str
+    given: bool = False
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.value) and self.value >= 0):
+            raise ConfigError(f"{self.source}: {self.value!r} must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class NodeFigures:
+    """One node's measured run: its shape, per-step compute and step times (seconds), the
+    loader's non-read work per batch, and per-sample bytes and metadata operations."""
+
+    nodes: int  # nodes the run had (the calibration point)
+    ranks_per_node: int
+    batch_size: int
+    workers: int
+    compute_s: float  # per step per rank
+    step_s: float  # measured steady step time (slowest rank)
+    worker_cpu_s: float  # per batch: a loader worker's decode (not read) time
+    first_batch_s: float  # measured: start-up and the first batch
+    sample_bytes: float
+    ops_per_sample: Figure
+    epoch_samples: int  # global samples per epoch
+    stall_s: float  # measured stall per epoch (max over ranks)
+    au: float | None
+    step_range: tuple[float, float] | None = None  # the measured step's min and max (spread)
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"node figure {name} = {getattr(self, name)} must be >= 1")
+        if not self.compute_s > 0:
+            raise ConfigError(f"compute per step {self.compute_s!r} s must be > 0: a run "
+                              "without compute (--model none) sets no demand to project")
+
+    @property
+    def readers(self) -> int:
+        """R: loader readers per node (a rank reads itself without workers)."""
+        return self.ranks_per_node * max(self.workers, 1)
+
+    @property
+    def prefetch(self) -> bool:
+        return self.workers > 0
+
+    @property
+    def batch_bytes(self) -> float:
+        return self.batch_size * self.sample_bytes
+
+
+@dataclass(frozen=True)
+class TierLimits:
+    """The shared tier's limits: aggregate read bytes/s, metadata ops/s, per-client bytes/s."""
+
+    bandwidth_Bps: Figure
+    metadata_ops: Figure
+    client_Bps: Figure | None = None
+
+    def __post_init__(self) -> None:
+        for f in (self.bandwidth_Bps, self.metadata_ops, self.client_Bps):
+            if f is not None and f.value <= 0:
+                raise ConfigError(f"{f.source}: {f.value} must be > 0")
+
+
+@dataclass(frozen=True)
+class StagingFigures:
+    """A staging to model: the dataset's bytes and files, copy threads per node, the copy's
+    chunk (bytes), and the measured staging time at `nodes` nodes when there was one."""
+
+    dataset_bytes: int
+    files: int
+    threads: int
+    chunk_bytes: int
+    measured_s: float | None = None
+    measured_mode: str = "replicate"
+    nodes: int = 1
+
+    @property
+    def chunks(self) -> int:
+        """Copy cycles for one whole copy: one per file, files larger than a chunk in chunks."""
+        return max(self.files, math.ceil(self.dataset_bytes / self.chunk_bytes), 1)
+
+
+def _queue(name: str, demand_s: float, copies: int = 1) -> Station:
+    return Station(name, demand_s, copies=copies)
+
+
+def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: float,
+                 think_s: float) -> Network:
+    """The stations one reader's batch visits with `nodes` nodes reading (module docstring)."""
+    b = node.batch_bytes
+    stations = [_queue(METADATA, node.batch_size * node.ops_per_sample.value
+                       / tier.metadata_ops.value),
+                _queue(BANDWIDTH, b / tier.bandwidth_Bps.value)]
+    if tier.client_Bps is not None:
+        stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=nodes))
+    stations.append(Station(LATENCY, latency_s, kind=DELAY))
+    return Network(tuple(stations), think_s=think_s)
+
+
+@dataclass(frozen=True)
+class Operating:
+    """The model at N nodes: step time and AU, the readers' solution, per-resource use."""
+
+    nodes: int
+    step_s: float
+    au: float
+    solution: Solution
+    utilization: dict[str, float]
+    bottleneck: str  # the most used queue, or the latency when the step waits on no queue
+
+
+class ReadModel:
+    """The read side at any N, after fitting the latency to the measured node."""
+
+    def __init__(self, node: NodeFigures, tier: TierLimits) -> None:
+        self.node, self.tier = node, tier
+        self.latency_s, self.latency_note = self._fit_latency()
+        self._first_io_s = self._io_time(node.nodes)
+
+    def _think(self) -> float:
+        n = self.node
+        return n.worker_cpu_s if n.prefetch else n.compute_s + n.worker_cpu_s
+
+    def _step(self, nodes: int, latency_s: float) -> tuple[float, Solution]:
+        """Step time (s) at `nodes` nodes: with prefetch, readers never idle when the step
+        waits, so the step is max(compute, cycle / workers); else a rank's cycle."""
+        n = self.node
+        net = read_network(n, self.tier, nodes, latency_s, self._think())
+        sol = solve(net, nodes * n.readers)
+        if n.prefetch:
+            return max(n.compute_s, sol.cycle_s / n.workers), sol
+        return sol.cycle_s, sol
+
+    def _fit_latency(self) -> tuple[float, str]:
+        """The fixed latency per batch that makes the model's step at the measured node count
+        the measured step; 0 where the node did not stall (then it cannot be seen)."""
+        n = self.node
+        if n.step_s <= n.compute_s * STALLED:
+            return 0.0, ("the measured node kept up (step within 3 % of compute), so its "
+                         "latency cannot be fitted: 0 s (optimistic)")
+        if self._step(n.nodes, 0.0)[0] >= n.step_s:
+            return 0.0, ("the tier's limits alone make the measured node slower than it was "
+                         "(they are lower bounds, e.g. one client's figures): latency 0 s")
+        lo, hi = 0.0, n.step_s * max(n.workers, 1)
+        for _ in range(BISECT_STEPS):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self._step(n.nodes, mid)[0] < n.step_s else (lo, mid)
+        return lo, "fitted: the model's step at the measured node count equals the measured step"
+
+    def _io_time(self, nodes: int) -> float:
+        """The first batch's read time at `nodes` nodes (every reader starts at once)."""
+        sol = self._step(nodes, self.latency_s)[1]
+        return sol.response_s
+
+    def at(self, nodes: int) -> Operating:
+        """The model at `nodes` nodes."""
+        if nodes < 1:
+            raise ConfigError(f"node count {nodes} must be >= 1")
+        n = self.node
+        step, sol = self._step(nodes, self.latency_s)
+        batches_per_s = nodes * n.ranks_per_node / step
+        util = {s.name: batches_per_s * s.demand_s / s.copies
+                for s in read_network(n, self.tier, nodes, self.latency_s, 0.0).queues}
+        top = max(util, key=lambda k: util[k])
+        if util[top] < BUSY and step > n.compute_s * STALLED:
+            top = LATENCY
+        return Operating(nodes=nodes, step_s=step, au=min(1.0, n.compute_s / step),
+                         solution=sol, utilization=util, bottleneck=top)
+
+    def steps_per_epoch(self, nodes: int) -> int:
+        n = self.node
+        return max(1, math.ceil(n.epoch_samples / (nodes * n.ranks_per_node * n.batch_size)))
+
+    def first_batch(self, nodes: int) -> float:
+        """The first batch's wait (s): the measured one, moved by the change in the first
+        read's time from the measured node count to `nodes`."""
+        return max(0.0, self.node.first_batch_s + self._io_time(nodes) - self._first_io_s)
+
+    def epoch(self, op: Operating) -> tuple[float, float]:
+        """(epoch wall, stall per epoch) in seconds at an operating point: the first batch,
+        then steady steps."""
+        n = self.node
+        steps = self.steps_per_epoch(op.nodes)
+        stall = self.first_batch(op.nodes) + (steps - 1) * (op.step_s - n.compute_s)
+        return steps * n.compute_s + stall, stall
+
+    def saturation(self, threshold: float) -> int | None:
+        """The least node count whose AU falls below `threshold` (None: not below
+        `MAX_NODES`); AU never rises with N, so a bisection finds it."""
+        if self.at(1).au < threshold:
+            return 1
+        if self.at(MAX_NODES).au >= threshold:
+            return None
+        lo, hi = 1, MAX_NODES  # au(lo) >= threshold > au(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.at(mid).au >= threshold else (lo, mid)
+        return hi
+
+    def bounds(self) -> dict[str, float]:
+        """Per resource, the node count where it would be 100 % busy if every node got its
+        demand (the straight line; infinite: never; 1: already at one node)."""
+        n = self.node
+        demand = n.ranks_per_node / n.compute_s  # batches/s one node asks for
+        out = {}
+        for s in read_network(n, self.tier, 1, 0.0, 0.0).queues:
+            per_node = demand * s.demand_s
+            if s.name == CLIENT:
+                out[s.name] = 1.0 if per_node >= 1 else math.inf
+            else:
+                out[s.name] = 1.0 / per_node if per_node > 0 else math.inf
+        return out
+
+
+class StagingModel:
+    """Staging to node-local storage with every node reading the tier at once."""
+
+    def __init__(self, staging: StagingFigures, tier: TierLimits, ops_per_file: float) -> None:
+        self.staging, self.tier, self.ops_per_file = staging, tier, ops_per_file
+        self.local_s, self.note = self._fit_local()
+
+    def _network(self, nodes: int, local_s: float) -> Network:
+        st, t = self.staging, self.tier
+        chunk = st.dataset_bytes / st.chunks
+        stations = [_queue(METADATA, st.files * self.ops_per_file / st.chunks
+                           / t.metadata_ops.value),
+                    _queue(BANDWIDTH, chunk / t.bandwidth_Bps.value)]
+        if t.client_Bps is not None:
+            stations.append(_queue(CLIENT, chunk / t.client_Bps.value, copies=nodes))
+        stations.append(_queue(LOCAL, local_s, copies=nodes))
+        return Network(tuple(stations))
+
+    def time(self, nodes: int, mode: str, local_s: float | None = None) -> float:
+        """Seconds to stage with `nodes` nodes: replicate copies the dataset to every node,
+        shard one copy spread over them; throughput from the copy threads' network."""
+        st = self.staging
+        total = st.chunks * (nodes if mode == "replicate" else 1)
+        customers = max(1, min(nodes * st.threads, total))
+        sol = solve(self._network(nodes, self.local_s if local_s is None else local_s),
+                    customers)
+        return total / sol.throughput if sol.throughput > 0 else math.inf
+
+    def _fit_local(self) -> tuple[float, str]:
+        st = self.staging
+        if st.measured_s is None:
+            return 0.0, ("no stage result: node-local writes are taken as free (optimistic) "
+                         f"and {st.threads} copy threads per node")
+
+        def fit(local_s: float) -> float:
+            return self.time(st.nodes, st.measured_mode, local_s)
+
+        if fit(0.0) >= st.measured_s:
+            return 0.0, ("the tier's limits alone make the measured staging slower than it "
+                         "was: node-local write 0 s per chunk")
+        lo, hi = 0.0, st.measured_s
+        for _ in range(BISECT_STEPS):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if fit(mid) < st.measured_s else (lo, mid)
+        return lo, ("node-local write time per chunk fitted so the model's staging at the "
+                    "measured node count takes the measured time")
+
+
+def break_even_epochs(stage_s: float, epoch_tier_s: float, epoch_local_s: float) -> float:
+    """Epochs until staging pays: stage_s / (epoch from the tier - epoch from local);
+    infinite when the local copy saves nothing (docs/metrics.md)."""
+    gain = epoch_tier_s - epoch_local_s
+    return stage_s / gain if gain > 0 else math.inf

@@ -1,0 +1,656 @@
+"""`iobench project`: stall, AU and staging time at N nodes from one node's results, by a queueing model.
+
+`project(cfg)` reads one node's `train` result (the demand: compute per
+step, batch, readers, bytes and metadata operations per sample; the measured
+step and stall), the shared tier's `probe` results or the site's figures
+given as options (aggregate read bandwidth, metadata ops/s, per-client
+limit), and optionally a `stage` result and the run's `--trace`. It fits
+the model (`iobench.core.projection`) to the measured node, then predicts
+each N: AU, stall and epoch time, staging time (replicate, shard) and its
+break-even, and the node count where the tier stops keeping up and which
+resource limits first; with a trace, a discrete-event simulation
+(`iobench.core.simulation`) adds the bursts for small N. The document
+(`iobench.projection` v1) is labelled a projection throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from iobench.core.breakeven import jsonable_break_even
+from iobench.core.errors import ConfigError, IobenchError
+from iobench.core.formats import FORMATS
+from iobench.core.jsonio import read_json
+from iobench.core.projection import (
+    ASSUMPTIONS,
+    RESOURCES,
+    Figure,
+    NodeFigures,
+    ReadModel,
+    StagingFigures,
+    StagingModel,
+    TierLimits,
+    break_even_epochs,
+    read_network,
+)
+from iobench.core.result_types import (
+    ProbeStorage,
+    Record,
+    StageDoc,
+    TrainResult,
+    key,
+)
+from iobench.core.results import (
+    PROBE_SCHEMA,
+    PROBE_SCHEMA_VERSION,
+    STAGE_SCHEMA,
+    STAGE_SCHEMA_VERSION,
+    load_typed,
+    now_iso,
+)
+from iobench.core.schema import Enum
+from iobench.core.simulation import EXPONENTIAL, TRACE, Service, TrainingShape, simulate_training
+
+SCHEMA, SCHEMA_VERSION = "iobench.projection", 1
+DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 10_000)
+MAX_NODES_OPTION = 1_000_000
+STAGE_THREADS = 4  # iobench stage's default copy threads per rank
+STAGE_CHUNK = 16 * 2**20  # iobench stage's default buffer (bytes)
+LABEL = "PROJECTION (model, not measured)"
+
+
+class ProjectionInputError(IobenchError, ValueError):
+    """The inputs of a projection do not fit together (`which`: the input at fault)."""
+
+    def __init__(self, message: str, which: str) -> None:
+        super().__init__(message)
+        self.which = which
+
+
+def parse_nodes(text: str | Sequence[int]) -> tuple[int, ...]:
+    """`1,8,64` -> (1, 8, 64): node counts, each in [1, 1,000,000], sorted, distinct."""
+    try:
+        vals = [int(x) for x in text.split(",")] if isinstance(text, str) else list(text)
+    except ValueError:
+        raise ConfigError(f"--nodes {text!r}: give node counts separated by commas, e.g. "
+                          "1,16,256") from None
+    bad = [v for v in vals if not 1 <= v <= MAX_NODES_OPTION]
+    if not vals or bad:
+        raise ConfigError(f"--nodes {text!r}: each node count must be in [1, "
+                          f"{MAX_NODES_OPTION:,}] (got {bad or 'none'})")
+    return tuple(sorted(set(vals)))
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{name} {value!r} must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class ProjectConfig:
+    """What to project from. Rates: bytes/s and operations/s; None: from the probe(s)."""
+
+    train: Path
+    probes: tuple[Path, ...] = ()
+    stage: Path | None = None
+    trace: Path | None = None
+    nodes: tuple[int, ...] = DEFAULT_NODES
+    pfs_read_Bps: float | None = None  # given: the site's aggregate read bandwidth
+    pfs_mds_ops: float | None = None  # given: the site's metadata operations/s
+    client_Bps: float | None = None  # given: one client node's read ceiling
+    ops_per_sample: float | None = None  # None: 1 for one file per sample, else 0
+    threshold: float = 0.90  # AU below which the tier "stops keeping up" (MLPerf Storage)
+    simulate_max_nodes: int = 8  # simulate N up to this (0: no simulation)
+    simulate_steps: int = 200  # steps per node in a simulation
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", parse_nodes(self.nodes))
+        for name in ("pfs_read_Bps", "pfs_mds_ops", "client_Bps"):
+            _positive(name, getattr(self, name))
+        if self.ops_per_sample is not None and not (math.isfinite(self.ops_per_sample)
+                                                    and self.ops_per_sample >= 0):
+            raise ConfigError(f"--ops-per-sample {self.ops_per_sample!r} must be >= 0")
+        if not 0 < self.threshold < 1:
+            raise ConfigError(f"--threshold {self.threshold} must be in (0, 1)")
+        if self.simulate_max_nodes < 0 or self.simulate_steps < 1:
+            raise ConfigError(f"simulation of up to {self.simulate_max_nodes} nodes, "
+                              f"{self.simulate_steps} steps: give >= 0 nodes and >= 1 step")
+
+
+# ------------------------------------------------------------------------------ inputs
+
+@dataclass(frozen=True, kw_only=True)
+class _ProbeFigures(Record):
+    """The probe figures a projection reads (`summary` of an `iobench.probe` document)."""
+
+    seq_read_MBps: float | None
+    stat_per_s: float | None
+    open_stat_close_per_s: float | None = key(default=None, optional=True)
+    readers_max: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Probe(Record):
+    """An `iobench.probe` document, the parts a projection reads."""
+
+    label: str
+    storage: ProbeStorage
+    summary: _ProbeFigures
+
+
+def _load_probe(path: Path) -> _Probe:
+    return _Probe.from_dict(read_json(path, schema=PROBE_SCHEMA,
+                                      max_version=PROBE_SCHEMA_VERSION), str(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StagePlan(Record):
+    """A stage result's configuration (`config`), the parts a projection reads."""
+
+    threads: int
+    buffer_bytes: int
+    num_nodes: int = key(default=1, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Stage(StageDoc):
+    """An `iobench.stage` document with its configuration and file counts."""
+
+    config: _StagePlan
+    copied_files: int = key(default=0, optional=True)
+
+
+def _load_stage(path: Path) -> _Stage:
+    return _Stage.from_dict(read_json(path, schema=STAGE_SCHEMA,
+                                        max_version=STAGE_SCHEMA_VERSION), str(path))
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
+    """One node's figures from a training result: medians over its epochs, the slowest rank's
+    steady step ((wall - first batch) / steps) and the mean rank's compute per step."""
+    if not run.complete or not run.epochs:
+        raise ProjectionInputError(f"training result {run.run_id} is {run.status} (no whole "
+                                   "epochs): project from a complete run", "train")
+    if run.compute.kind == "none":
+        raise ProjectionInputError("the training result has no compute (--model none): it "
+                                   "sets no demand; project from a run with a model or "
+                                   "--compute-time", "train")
+    steps, computes, firsts, stalls, workers_cpu = [], [], [], [], []
+    for e in run.epochs:
+        ranks = [r for r in e.ranks if r.steps > 0]
+        steps.append(max((r.wall_s - (r.first_batch_s or 0.0)) / r.steps for r in ranks))
+        computes.append(sum(r.compute_s / r.steps for r in ranks) / len(ranks))
+        firsts.append(max(r.first_batch_s or 0.0 for r in ranks))
+        stalls.append(e.summary.stall_s_max)
+        workers_cpu += [r.loader.decode_s / r.loader.batches for r in ranks
+                        if r.loader is not None and r.loader.batches > 0]
+    ds, world = run.dataset, run.world
+    if ops_per_sample is None:
+        per_file = FORMATS[ds.format].per_sample_files if ds.format in FORMATS else False
+        ops = Figure(1.0 if per_file else 0.0,
+                     f"format {ds.format}: " + ("one file per sample, one open each" if per_file
+                                                else "container files, opens per epoch "
+                                                     "negligible"))
+    else:
+        ops = Figure(ops_per_sample, "--ops-per-sample", given=True)
+    au = [e.summary.au_min for e in run.epochs if e.summary.au_min is not None]
+    return NodeFigures(
+        nodes=world.num_nodes, ranks_per_node=max(1, world.size // world.num_nodes),
+        batch_size=run.config.batch_size, workers=run.config.workers,
+        compute_s=_median(computes), step_s=_median(steps),
+        worker_cpu_s=_median(workers_cpu) if workers_cpu else 0.0,
+        first_batch_s=_median(firsts), sample_bytes=ds.total_bytes / ds.num_samples,
+        ops_per_sample=ops, epoch_samples=max(e.summary.samples for e in run.epochs),
+        stall_s=_median(stalls), au=_median(au) if au else None,
+        step_range=(min(steps), max(steps)))
+
+
+def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig) -> TierLimits:
+    """The tier's limits: each from an option (given) or the best over the probes (measured
+    from one client: the aggregate is then what that client reached)."""
+    def best(field: Callable[[_ProbeFigures], float | None], what: str
+             ) -> Figure | None:
+        vals = [(v, p, d) for p, d in probes if (v := field(d.summary)) is not None and v > 0]
+        if not vals:
+            return None
+        v, p, d = max(vals, key=lambda t: t[0])
+        return Figure(v, f"measured: probe {p.name} ({d.label}), {what}, best of 1-"
+                         f"{d.summary.readers_max} readers of one client")
+
+    bw = best(lambda s: s.seq_read_MBps * 1e6 if s.seq_read_MBps else None,
+              "sequential read")
+    md = best(lambda s: s.open_stat_close_per_s or s.stat_per_s, "open+stat+close/s")
+    bandwidth = (Figure(cfg.pfs_read_Bps, "given: --pfs-read-gbs", given=True)
+                 if cfg.pfs_read_Bps else bw)
+    metadata = (Figure(cfg.pfs_mds_ops, "given: --pfs-mds-ops", given=True)
+                if cfg.pfs_mds_ops else md)
+    if bandwidth is None:
+        raise ProjectionInputError("no read bandwidth for the tier: give --probe FILE (an "
+                                   "iobench probe of it) or --pfs-read-gbs", "probe")
+    if metadata is None:
+        raise ProjectionInputError("no metadata rate for the tier: give --probe FILE or "
+                                   "--pfs-mds-ops", "probe")
+    client = (Figure(cfg.client_Bps, "given: --client-gbs", given=True) if cfg.client_Bps
+              else bw if cfg.pfs_read_Bps and bw is not None else None)
+    return TierLimits(bandwidth_Bps=bandwidth, metadata_ops=metadata, client_Bps=client)
+
+
+def staging_figures(stage: _Stage | None, run: TrainResult) -> StagingFigures:
+    """The staging to model: measured (a stage result of the same dataset) or its defaults."""
+    ds = run.dataset
+    per_file = FORMATS[ds.format].per_sample_files if ds.format in FORMATS else False
+    files = ds.num_samples if per_file else 1
+    if stage is None:
+        return StagingFigures(dataset_bytes=ds.total_bytes, files=files,
+                              threads=STAGE_THREADS, chunk_bytes=STAGE_CHUNK)
+    if (stage.dataset.dataset, stage.dataset.format) != (ds.dataset, ds.format):
+        raise ProjectionInputError(
+            f"the stage result copied {stage.dataset.dataset} ({stage.dataset.format}) but the "
+            f"training result read {ds.dataset} ({ds.format}): give results of one dataset",
+            "stage")
+    if stage.skipped_files:
+        raise ProjectionInputError(f"the stage result was resumed ({stage.skipped_files} files "
+                                   "were already there): its time is no staging cost; give a "
+                                   "full staging", "stage")
+    c, sp = stage.config, stage.spread
+    # the median of repeated stagings, as compare's break-even takes it
+    stage_s = sp.stage_s.median if sp is not None and sp.stage_s is not None else stage.stage_s
+    return StagingFigures(dataset_bytes=ds.total_bytes, files=max(files, stage.copied_files),
+                          threads=c.threads, chunk_bytes=c.buffer_bytes, measured_s=stage_s,
+                          measured_mode=stage.mode or "replicate", nodes=c.num_nodes)
+
+
+# ------------------------------------------------------------------------------ the document
+
+@dataclass(frozen=True, kw_only=True)
+class InputFigure(Record):
+    """One input of the model: its value, unit, and source (`given`: an option, not measured)."""
+
+    name: str
+    value: float
+    unit: str
+    source: str
+    given: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point(Record):
+    """The projection at one node count (`points[i]`): per node and per epoch, seconds."""
+
+    nodes: int
+    readers: int
+    au: float  # of the epoch: compute / wall, first batch included (as train measures it)
+    au_steady: float  # of a step once the readers run: compute / step
+    step_s: float
+    stall_s: float  # per epoch, from the tier
+    epoch_s: float
+    steps_per_epoch: int
+    delivered_samples_per_s: float  # per node
+    demand_samples_per_s: float  # per node
+    utilization: Mapping[str, float]
+    bottleneck: str
+    method: str
+    stage_replicate_s: float
+    stage_shard_s: float
+    break_even_replicate: Any  # epochs, or "never"
+    break_even_shard: Any
+    # the model fitted to the fastest and the slowest measured step (epochs, repetitions)
+    au_range: tuple[float, ...] = key(default=(), optional=True)
+    stall_range_s: tuple[float, ...] = key(default=(), optional=True)
+    simulated_au: float | None = key(default=None, optional=True)
+    simulated_stall_s: float | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Saturation(Record):
+    """Where the tier stops keeping up: the least N with AU below `threshold` (None: not up
+    to 10 million nodes) and the resource most used there; per resource, the N where it
+    would be 100 % busy at the demand (the straight-line bound; "never" when it never is)."""
+
+    threshold: float
+    nodes: int | None
+    resource: str | None
+    bounds: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo(Record):
+    """The model: its method, the fitted constants and every assumption (`model`)."""
+
+    method: str
+    latency_s: float
+    latency_note: str
+    local_write_s: float
+    staging_note: str
+    simulation: str
+    assumptions: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectionDoc(Record):
+    """An `iobench.projection` document (a model's prediction, not a measurement)."""
+
+    EXTRA: ClassVar[bool] = False
+
+    schema: str = key(Enum(SCHEMA))
+    schema_version: int = key(Enum(SCHEMA_VERSION))
+    kind: str = key(Enum("projection"))
+    label: str
+    created: str
+    dataset: str
+    format: str
+    inputs: Mapping[str, Any]
+    figures: tuple[InputFigure, ...]
+    model: ModelInfo
+    points: tuple[Point, ...] = key(min_len=1)
+    saturation: Saturation
+    warnings: tuple[str, ...]
+
+
+def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> list[InputFigure]:
+    def fig(name: str, value: float, unit: str, source: str, given: bool = False
+            ) -> InputFigure:
+        return InputFigure(name=name, value=value, unit=unit, source=source, given=given)
+
+    run = "measured: the training result"
+    out = [fig("compute per step", node.compute_s, "s", run + " (mean rank, median epoch)"),
+           fig("step time", node.step_s, "s", run + " (slowest rank, first batch excluded)"),
+           fig("first batch", node.first_batch_s, "s", run),
+           fig("batch per rank", node.batch_size, "samples", run),
+           fig("ranks per node", node.ranks_per_node, "ranks", run),
+           fig("loader workers per rank", node.workers, "workers", run),
+           fig("decode per batch", node.worker_cpu_s, "s", run + " (loader clocks)"),
+           fig("bytes per sample", node.sample_bytes, "bytes", run + " (dataset manifest)"),
+           fig("metadata ops per sample", node.ops_per_sample.value, "ops",
+               node.ops_per_sample.source, node.ops_per_sample.given),
+           fig("tier read bandwidth", tier.bandwidth_Bps.value / 1e6, "MB/s",
+               tier.bandwidth_Bps.source, tier.bandwidth_Bps.given),
+           fig("tier metadata rate", tier.metadata_ops.value, "ops/s",
+               tier.metadata_ops.source, tier.metadata_ops.given)]
+    if tier.client_Bps is not None:
+        out.append(fig("per-client read limit", tier.client_Bps.value / 1e6, "MB/s",
+                       tier.client_Bps.source, tier.client_Bps.given))
+    out.append(fig("staging copy threads per node", staging.threads, "threads",
+                   "measured: the stage result" if staging.measured_s is not None
+                   else "assumed: iobench stage's default"))
+    if staging.measured_s is not None:
+        out.append(fig("staging time", staging.measured_s, "s",
+                       f"measured: the stage result ({staging.measured_mode}, "
+                       f"{staging.nodes} node(s))"))
+    return out
+
+
+@dataclass(frozen=True)
+class _Models:
+    read: ReadModel
+    stage: StagingModel
+    spread: tuple[ReadModel, ...] = ()  # fitted to the fastest and slowest measured step
+
+
+def _spread_models(node: NodeFigures, tier: TierLimits) -> tuple[ReadModel, ...]:
+    if node.step_range is None or node.step_range[0] == node.step_range[1]:
+        return ()
+    return tuple(ReadModel(replace(node, step_s=s), tier) for s in node.step_range)
+
+
+def _range(m: _Models, nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(AU low, high), (stall low, high) at `nodes` from the spread's models."""
+    if not m.spread:
+        return (), ()
+    epochs = [r.epoch(r.at(nodes)) for r in m.spread]
+    compute = m.read.steps_per_epoch(nodes) * m.read.node.compute_s
+    return (tuple(sorted(compute / wall for wall, _ in epochs)),
+            tuple(sorted(stall for _, stall in epochs)))
+
+
+def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Point:
+    node = m.read.node
+    op = m.read.at(nodes)
+    epoch_s, stall_s = m.read.epoch(op)
+    steps = m.read.steps_per_epoch(nodes)
+    local_epoch = steps * node.compute_s
+    rep, shard = m.stage.time(nodes, "replicate"), m.stage.time(nodes, "shard")
+    per_step = node.ranks_per_node * node.batch_size
+    au_range, stall_range = _range(m, nodes)
+    return Point(
+        nodes=nodes, readers=nodes * node.readers, au=local_epoch / epoch_s,
+        au_steady=op.au, step_s=op.step_s,
+        stall_s=stall_s, epoch_s=epoch_s, steps_per_epoch=steps,
+        delivered_samples_per_s=per_step / op.step_s,
+        demand_samples_per_s=per_step / node.compute_s,
+        utilization=op.utilization, bottleneck=op.bottleneck, method=op.solution.method,
+        stage_replicate_s=rep, stage_shard_s=shard,
+        break_even_replicate=jsonable_break_even(break_even_epochs(rep, epoch_s, local_epoch)),
+        break_even_shard=jsonable_break_even(break_even_epochs(shard, epoch_s, local_epoch)),
+        au_range=au_range, stall_range_s=stall_range,
+        simulated_au=simulated[0] if simulated else None,
+        simulated_stall_s=simulated[1] if simulated else None)
+
+
+def _saturation(read: ReadModel, threshold: float) -> Saturation:
+    n = read.saturation(threshold)
+    bounds = {RESOURCES[k]: ("never" if math.isinf(v) else v) for k, v in read.bounds().items()}
+    return Saturation(threshold=threshold, nodes=n,
+                      resource=RESOURCES[read.at(n).bottleneck] if n is not None else None,
+                      bounds=bounds)
+
+
+def _warnings(node: NodeFigures, tier: TierLimits, n_probes: int) -> list[str]:
+    out = []
+    if not tier.bandwidth_Bps.given and n_probes:
+        out.append("the tier's bandwidth is what one client measured: the aggregate of a real "
+                   "parallel filesystem is usually higher (give --pfs-read-gbs), so the "
+                   "projection is pessimistic beyond one node")
+    if node.au is not None and node.au < 0.5:
+        out.append(f"the measured node had AU {node.au:.2f}: it was far from its demand, so "
+                   "the fitted latency carries most of the step")
+    return out
+
+
+def project(cfg: ProjectConfig,
+            simulate: Callable[[ReadModel, int], tuple[float, float]] | None = None
+            ) -> ProjectionDoc:
+    """The projection document of `cfg` (module docstring); `simulate(model, nodes)` gives
+    (AU, stall per epoch) by simulation for node counts up to `cfg.simulate_max_nodes`."""
+    run = load_typed(cfg.train)
+    probes = [(p, _load_probe(p)) for p in cfg.probes]
+    stage = _load_stage(cfg.stage) if cfg.stage is not None else None
+    node = node_figures(run, cfg.ops_per_sample)
+    tier = tier_limits(probes, cfg)
+    staging = staging_figures(stage, run)
+    read = ReadModel(node, tier)
+    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0),
+                     _spread_models(node, tier))
+    points = []
+    for n in cfg.nodes:
+        sim = simulate(read, n) if simulate and n <= cfg.simulate_max_nodes else None
+        points.append(_point(models, n, sim))
+    return ProjectionDoc(
+        schema=SCHEMA, schema_version=SCHEMA_VERSION, kind="projection", label=LABEL,
+        created=now_iso(), dataset=run.dataset.dataset, format=run.dataset.format,
+        inputs={"train": str(cfg.train), "probes": [str(p) for p in cfg.probes],
+                "stage": str(cfg.stage) if cfg.stage else None,
+                "trace": str(cfg.trace) if cfg.trace else None},
+        figures=tuple(_figures(node, tier, staging)),
+        model=ModelInfo(method="closed queueing network, mean-value analysis (exact up to "
+                        "2,000 readers, Schweitzer's approximation above)",
+                        latency_s=read.latency_s, latency_note=read.latency_note,
+                        local_write_s=models.stage.local_s, staging_note=models.stage.note,
+                        simulation=_simulation_words(cfg, simulate is not None),
+                        assumptions=ASSUMPTIONS),
+        points=tuple(points), saturation=_saturation(read, cfg.threshold),
+        warnings=tuple(_warnings(node, tier, len(probes))))
+
+
+def _simulation_words(cfg: ProjectConfig, ran: bool) -> str:
+    if not ran or cfg.simulate_max_nodes == 0:
+        return "not run"
+    src = f"driven by the trace {cfg.trace}" if cfg.trace else "exponential service times"
+    return (f"discrete-event simulation, seed {cfg.seed}, {cfg.simulate_steps} steps per "
+            f"node, N up to {cfg.simulate_max_nodes}, {src}; synchronous steps across nodes")
+
+
+# ------------------------------------------------------------------------ simulation, output
+
+def _trace_service(path: Path, run: TrainResult) -> Service:
+    """The trace's per-step compute times and its fetch times over their mean (bursts)."""
+    from iobench.core.jsonio import load_json
+    from iobench.workflows.timeline import load_timeline
+
+    head = load_json(path)
+    other = head.get("otherData") if isinstance(head, dict) else None
+    ib = other.get("iobench") if isinstance(other, dict) else None
+    run_id = ib.get("run_id") if isinstance(ib, dict) else None
+    if run_id != run.run_id:
+        raise ProjectionInputError(f"--trace {path} is of run {run_id}, the training result "
+                                   f"of run {run.run_id}: give the trace that run wrote",
+                                   "trace")
+    epochs = load_timeline(path)
+    compute = [d / 1e6 for ep in epochs for r in ep.ranks.values() for _, d in r.compute]
+    fetch = [d for ep in epochs for r in ep.ranks.values() for lane in r.lanes.values()
+             for kind, _, d in lane if kind == "fetch"]
+    if not fetch or not compute:
+        raise ProjectionInputError(f"--trace {path} holds no fetch or compute spans to drive "
+                                   "the simulation (a DALI run has none)", "trace")
+    mean = sum(fetch) / len(fetch)
+    return Service(TRACE, factors=tuple(d / mean for d in fetch), compute_s=tuple(compute))
+
+
+def simulator(cfg: ProjectConfig, service: Service
+              ) -> Callable[[ReadModel, int], tuple[float, float]]:
+    """(epoch AU, stall per epoch) at N nodes by the discrete-event simulation of `cfg`."""
+    def simulate(model: ReadModel, nodes: int) -> tuple[float, float]:
+        n = model.node
+        shape = TrainingShape(nodes=nodes, ranks_per_node=n.ranks_per_node, workers=n.workers,
+                              compute_s=n.compute_s, worker_cpu_s=n.worker_cpu_s,
+                              steps=cfg.simulate_steps)
+        net = read_network(n, model.tier, nodes, model.latency_s, 0.0)
+        step = simulate_training(shape, net, seed=cfg.seed, service=service)
+        compute = (sum(service.compute_s) / len(service.compute_s) if service.compute_s
+                   else n.compute_s)
+        step = max(step, compute)
+        first, steps = model.first_batch(nodes), model.steps_per_epoch(nodes)
+        stall = first + (steps - 1) * (step - compute)
+        return steps * compute / (steps * compute + stall), stall
+    return simulate
+
+
+def run_projection(cfg: ProjectConfig) -> ProjectionDoc:
+    """`project(cfg)` with the simulation `cfg` asks for (trace-driven when it names one)."""
+    service = Service(EXPONENTIAL)
+    if cfg.trace is not None:  # checked even when nothing is simulated: a wrong file is said
+        service = _trace_service(cfg.trace, load_typed(cfg.train))
+    if cfg.simulate_max_nodes == 0:
+        return project(cfg)
+    return project(cfg, simulator(cfg, service))
+
+
+def _num(v: float | None, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _be(v: Any) -> str:
+    return v if isinstance(v, str) else _num(v, ".3g")
+
+
+def _span(r: Sequence[float], spec: str) -> str:
+    return f" [{format(r[0], spec)}-{format(r[-1], spec)}]" if r else ""
+
+
+def table(doc: ProjectionDoc) -> str:
+    """The projection as text: a row per N, the saturation, the inputs and assumptions."""
+    head = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s", "limit",
+            "util", "sim AU",
+            "sim stall s", "stage repl s", "stage shard s", "b-e repl", "b-e shard")
+    rows = [(f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
+             _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
+             RESOURCES[p.bottleneck], f"{max(p.utilization.values()):.0%}",
+             _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
+             _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
+            for p in doc.points]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
+    s = doc.saturation
+    where = ("not below 10 million nodes" if s.nodes is None else
+             f"already at N = 1 (the measured node: {s.resource})" if s.nodes == 1 else
+             f"from N = {s.nodes:,} ({s.resource} first)")
+    bounds = ", ".join(f"{k} at N = {_be(v)}" for k, v in s.bounds.items())
+    out = [f"{doc.label}: {doc.dataset} ({doc.format}) from one node to N nodes",
+           line(head), *map(line, rows), "",
+           "AU: of the epoch (compute / wall, first batch included, as train measures it); "
+           "steady AU: compute / step once the readers run",
+           f"the tier stops keeping up (steady AU < {s.threshold:.2f}) {where}; "
+           f"straight-line bounds (100 % busy at the demand): {bounds}", "", "inputs:"]
+    out += [f"  {f.name}: {f.value:.4g} {f.unit} ({'GIVEN, not measured' if f.given else ''}"
+            f"{'; ' if f.given else ''}{f.source})" for f in doc.figures]
+    m = doc.model
+    out += ["model:", f"  {m.method}", f"  latency per batch {m.latency_s:.4g} s: "
+            f"{m.latency_note}", f"  staging: {m.staging_note}", f"  simulation: {m.simulation}",
+            "assumptions:", *(f"  - {a}" for a in m.assumptions)]
+    return "\n".join(out)
+
+
+def plot_projection(doc: ProjectionDoc, path: Path) -> Path:
+    """Draw AU and stall per epoch (model and simulation) and staging time against N (log
+    axis), labelled a projection, to a PNG written atomically; returns its path."""
+    import os
+    import tempfile
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from iobench.core.errors import StorageError
+
+    n = [p.nodes for p in doc.points]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.semilogx(n, [p.au for p in doc.points], "o-", label="AU of the epoch (MVA model)")
+    a.semilogx(n, [p.au_steady for p in doc.points], ".:", label="steady AU (MVA model)")
+    sim = [(p.nodes, p.simulated_au) for p in doc.points if p.simulated_au is not None]
+    if sim:
+        a.semilogx(*zip(*sim, strict=True), "s", label="AU of the epoch (simulation)")
+    a.axhline(doc.saturation.threshold, color="grey", ls="--", lw=0.8,
+              label=f"threshold {doc.saturation.threshold:.2f}")
+    a.set(xlabel="nodes", ylabel="AU", ylim=(0, 1.05), title=f"{doc.label}: AU")
+    a.legend(fontsize=8)
+    b.loglog(n, [max(p.stall_s, 1e-6) for p in doc.points], "o-", label="stall per epoch")
+    b.loglog(n, [p.stage_replicate_s for p in doc.points], "^-", label="staging, replicate")
+    b.loglog(n, [p.stage_shard_s for p in doc.points], "v-", label="staging, shard")
+    b.set(xlabel="nodes", ylabel="seconds", title="PROJECTION: stall and staging time")
+    b.legend(fontsize=8)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for ax in (a, b):  # node counts as plain numbers, not powers of ten
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    fig.text(0.01, -0.02, "A model's prediction from one node's measured results, not a "
+             "measurement; assumptions in the result and docs/projection.md.", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,374 @@
+"""`iobench project`: the queueing model on cases with known answers, the simulation against it,
+the projection fitted to a node, and the command end to end (bad inputs: one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from iobench.cli import main
+from iobench.core.errors import ConfigError
+from iobench.core.projection import (
+    BANDWIDTH,
+    CLIENT,
+    LATENCY,
+    METADATA,
+    Figure,
+    NodeFigures,
+    ReadModel,
+    StagingFigures,
+    StagingModel,
+    TierLimits,
+    break_even_epochs,
+)
+from iobench.core.queueing import (
+    DELAY,
+    Network,
+    Station,
+    bounds,
+    mva_exact,
+    mva_schweitzer,
+    solve,
+)
+from iobench.core.simulation import (
+    FIXED,
+    Service,
+    TrainingShape,
+    simulate_closed,
+    simulate_training,
+)
+from tests.result_docs import probe_doc, real_result
+
+# ------------------------------------------------------------------ the model's known answers
+
+
+def _repairman_throughput(n: int, d: float, z: float) -> float:
+    """The closed M/M/1//n queue (machine repairman): X = (1 - p0) / D, with
+    p0 = 1 / sum_k n!/(n-k)! (D/Z)^k."""
+    terms, t = [1.0], 1.0
+    for k in range(1, n + 1):
+        t *= (n - k + 1) * d / z
+        terms.append(t)
+    return (1.0 - 1.0 / sum(terms)) / d
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 20, 60])
+def test_mva_of_one_queue_is_the_machine_repairman_closed_form(n: int) -> None:
+    d, z = 0.02, 0.3
+    x = mva_exact(Network((Station("q", d),), think_s=z), n).throughput
+    assert x == pytest.approx(_repairman_throughput(n, d, z), rel=1e-9)
+
+
+def test_one_queue_without_think_time_serves_at_its_rate_whatever_the_population() -> None:
+    for n in (1, 3, 50):
+        sol = mva_exact(Network((Station("q", 0.25),)), n)
+        assert sol.throughput == pytest.approx(4.0)
+        assert sol.response_s == pytest.approx(0.25 * n)  # Little's law: n = X R
+        assert sol.utilization["q"] == pytest.approx(1.0)
+
+
+def test_many_customers_thinking_long_approach_the_open_mm1_response() -> None:
+    # n customers each thinking Z = n / lambda: arrivals ~ Poisson(lambda) as n grows, so the
+    # response tends to M/M/1's D / (1 - rho)
+    d, lam, n = 0.01, 60.0, 2000
+    sol = mva_exact(Network((Station("q", d),), think_s=n / lam), n)
+    assert sol.response_s == pytest.approx(d / (1 - lam * d), rel=0.01)
+
+
+def test_a_delay_station_adds_its_demand_and_no_queue() -> None:
+    net = Network((Station("q", 0.1), Station("lat", 0.4, kind=DELAY)))
+    sol = mva_exact(net, 5)
+    assert sol.residence_s["lat"] == pytest.approx(0.4)
+    assert sol.utilization["lat"] == 0.0
+
+
+def test_kleinrock_bounds_hold_and_meet_at_the_saturation_population() -> None:
+    net = Network((Station("a", 0.01), Station("b", 0.04), Station("c", 0.02)), think_s=0.13)
+    b = bounds(net)
+    assert b.bottleneck == "b"
+    assert b.saturation == pytest.approx((0.07 + 0.13) / 0.04)  # N* = (D + Z) / D_max = 5
+    for n in range(1, 60):
+        assert mva_exact(net, n).throughput <= b.throughput_bound(n) * (1 + 1e-12)
+    assert mva_exact(net, 400).throughput == pytest.approx(1 / 0.04, rel=1e-3)
+    assert mva_exact(net, 1).throughput == pytest.approx(1 / 0.2)
+
+
+def test_copies_share_a_demand_evenly() -> None:
+    one = mva_exact(Network((Station("q", 0.1, copies=4),)), 1)
+    assert one.response_s == pytest.approx(0.1)
+    many = mva_exact(Network((Station("q", 0.1, copies=4),)), 2000)
+    # a balanced network of K = 4 queues of demand D = 0.025: X(n) = n / ((n + K - 1) D)
+    assert many.throughput == pytest.approx(2000 / (2003 * 0.025), rel=1e-9)
+    assert bounds(Network((Station("q", 0.1, copies=4),))).max_demand_s == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize("n", [10, 100, 1000])
+def test_schweitzer_approximates_exact_mva(n: int) -> None:
+    net = Network((Station("a", 0.01), Station("b", 0.03), Station("c", 0.02, copies=8),
+                   Station("lat", 0.05, kind=DELAY)), think_s=0.5)
+    exact, approx = mva_exact(net, n), mva_schweitzer(net, n)
+    assert approx.throughput == pytest.approx(exact.throughput, rel=0.05)
+    assert solve(net, n).method == "exact MVA"
+    assert solve(net, 5000).method == "Schweitzer approximate MVA"
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: Station("q", -1.0), lambda: Station("q", math.nan), lambda: Station("q", 1, copies=0),
+    lambda: Network((Station("q", 1.0),), think_s=-1), lambda: mva_exact(Network(()), 0)])
+def test_bad_model_inputs_are_config_errors(bad: Any) -> None:
+    with pytest.raises(ConfigError):
+        bad()
+
+
+# ------------------------------------------------------------------------------ simulation
+
+def test_the_simulation_agrees_with_mva_on_a_product_form_network() -> None:
+    net = Network((Station("a", 0.01), Station("b", 0.02), Station("lat", 0.05, kind=DELAY)),
+                  think_s=0.1)
+    for n in (1, 4, 12):
+        sim = simulate_closed(net, n, cycles=3000, seed=7)
+        assert sim == pytest.approx(mva_exact(net, n).throughput, rel=0.05), n
+    assert simulate_closed(net, 4, 500, seed=3) == simulate_closed(net, 4, 500, seed=3)
+
+
+def test_simulated_training_with_a_fixed_bottleneck_steps_at_its_service_time() -> None:
+    # one rank, 2 workers, every batch 0.03 s on one shared queue, compute 0.01 s: the
+    # queue sets the pace (0.03 s a step); with no demand, compute does (0.01 s)
+    shape = TrainingShape(nodes=1, ranks_per_node=1, workers=2, compute_s=0.01,
+                          worker_cpu_s=0.0, steps=80)
+    slow = Network((Station(BANDWIDTH, 0.03),))
+    assert simulate_training(shape, slow, service=Service(FIXED)) == pytest.approx(0.03)
+    free = Network((Station(BANDWIDTH, 0.0),))
+    assert simulate_training(shape, free, service=Service(FIXED)) == pytest.approx(0.01)
+    # two nodes share the queue: each step needs both nodes' batches, 0.06 s (the prefetched
+    # batches still draining in the measured window: within 2 %)
+    two = TrainingShape(**{**shape.__dict__, "nodes": 2})
+    assert simulate_training(two, slow, service=Service(FIXED)) == pytest.approx(0.06, rel=0.02)
+
+
+def test_simulated_training_without_workers_reads_then_computes() -> None:
+    shape = TrainingShape(nodes=1, ranks_per_node=1, workers=0, compute_s=0.01,
+                          worker_cpu_s=0.0, steps=40)
+    net = Network((Station(BANDWIDTH, 0.004), Station(LATENCY, 0.002, kind=DELAY)))
+    assert simulate_training(shape, net, service=Service(FIXED)) == pytest.approx(0.016)
+
+
+# ------------------------------------------------------------------------------ projection
+
+def _node(step_s: float = 0.02, compute_s: float = 0.01, workers: int = 2,
+          ops: float = 0.0, **kw: Any) -> NodeFigures:
+    base: dict[str, Any] = dict(
+        nodes=1, ranks_per_node=1, batch_size=32, workers=workers, compute_s=compute_s,
+        step_s=step_s, worker_cpu_s=0.0, first_batch_s=0.05, sample_bytes=100_000,
+        ops_per_sample=Figure(ops, "test"), epoch_samples=32 * 100, stall_s=1.0, au=0.5)
+    return NodeFigures(**{**base, **kw})
+
+
+def _tier(bw: float = 1e9, md: float = 1e5, client: float | None = None) -> TierLimits:
+    return TierLimits(Figure(bw, "bw"), Figure(md, "md"),
+                      Figure(client, "client") if client else None)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 4])
+def test_the_fitted_latency_reproduces_the_measured_node(workers: int) -> None:
+    node = _node(step_s=0.025, workers=workers)
+    model = ReadModel(node, _tier())
+    assert model.latency_s > 0
+    assert model.at(1).step_s == pytest.approx(0.025, rel=1e-6)
+    assert model.at(1).bottleneck == LATENCY  # 3.2 MB a batch at 1 GB/s: the queue idles
+
+
+def test_a_node_that_kept_up_fits_no_latency_and_keeps_up_until_the_bandwidth_bound() -> None:
+    node = _node(step_s=0.01, compute_s=0.01)  # 3.2 MB per 0.01 s: 320 MB/s a node
+    model = ReadModel(node, _tier(bw=1e9))
+    assert model.latency_s == 0.0
+    assert model.bounds()[BANDWIDTH] == pytest.approx(1e9 / 320e6)  # straight line: 3.125
+    assert model.at(1).au == pytest.approx(1.0)
+    aus = [model.at(n).au for n in (1, 2, 3, 4, 8, 64)]
+    assert aus == sorted(aus, reverse=True)
+    assert model.at(64).au == pytest.approx(1e9 / 64 / 320e6, rel=0.01)  # the bound's share
+    sat = model.saturation(0.9)
+    assert sat is not None and 2 <= sat <= 4
+    assert model.at(sat).bottleneck == BANDWIDTH
+
+
+def test_metadata_and_per_client_limits_are_found_first_when_they_are_lower() -> None:
+    meta = ReadModel(_node(step_s=0.01, ops=1.0), _tier(bw=1e12, md=32 / 0.01 * 5))  # 5 nodes
+    assert meta.at(20).bottleneck == METADATA
+    assert meta.bounds()[METADATA] == pytest.approx(5.0)
+    client = ReadModel(_node(step_s=0.02), _tier(bw=1e12, client=160e6))
+    assert client.bounds()[CLIENT] == 1.0  # a node asks 320 MB/s of a 160 MB/s link
+    assert client.at(1000).bottleneck == CLIENT
+
+
+def test_epochs_split_the_dataset_over_the_nodes() -> None:
+    model = ReadModel(_node(step_s=0.01, compute_s=0.01), _tier(bw=1e12))
+    assert model.steps_per_epoch(1) == 100
+    assert model.steps_per_epoch(3) == 34
+    assert model.steps_per_epoch(10_000) == 1
+    wall, stall = model.epoch(model.at(4))
+    assert wall == pytest.approx(25 * 0.01 + stall)
+
+
+def test_staging_fitted_to_a_measured_copy_and_shared_by_many_nodes() -> None:
+    st = StagingFigures(dataset_bytes=10**9, files=10, threads=4, chunk_bytes=2**24,
+                        measured_s=5.0)
+    model = StagingModel(st, _tier(bw=1e9), ops_per_file=1.0)
+    assert model.time(1, "replicate") == pytest.approx(5.0, rel=1e-6)
+    # a whole copy per node through 1 GB/s: at least N seconds
+    assert model.time(100, "replicate") >= 100 * 1.0
+    assert model.time(100, "shard") < model.time(1, "shard")
+    assert break_even_epochs(10.0, 7.0, 2.0) == 2.0
+    assert math.isinf(break_even_epochs(10.0, 2.0, 2.0))
+
+
+# ------------------------------------------------------------------------ the command, end to end
+
+def _train(tmp_path: Path, step_s: float = 0.004, compute_s: float = 0.002,
+           name: str = "run.json", slower: float = 0.0) -> Path:
+    """The real v3 result with chosen per-step figures (1 rank, 2 workers, batch 32); the
+    second epoch's step `slower` seconds longer."""
+    doc = real_result()
+    for i, e in enumerate(doc["epochs"]):
+        step_s += slower * i
+        for r in e["ranks"]:
+            r["steps"] = 2
+            r["compute_s"] = 2 * compute_s
+            r["first_batch_s"] = 0.01
+            r["wall_s"] = 0.01 + 2 * step_s
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _probe(tmp_path: Path) -> Path:
+    doc = probe_doc("/lustre", 100.0)
+    doc["summary"].update(seq_read_MBps=500.0, stat_per_s=20_000.0)
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _stage(tmp_path: Path, dataset: str = "cifar10") -> Path:
+    doc = {"schema": "iobench.stage", "schema_version": 3, "created": "x",
+           "dataset": {"dataset": dataset, "format": "hdf5"}, "mode": "replicate",
+           "from": {"root": "/lustre/x"}, "to": {"root": "/nvme/x"}, "stage_s": 0.05,
+           "stage_bytes": 203264, "config": {"threads": 4, "buffer_bytes": 2**24},
+           "copied_files": 1}
+    path = tmp_path / f"stage-{dataset}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = tmp_path / "res"
+    rc = main(["project", "--train", str(_train(tmp_path, slower=0.001)),
+               "--probe", str(_probe(tmp_path)),
+               "--stage", str(_stage(tmp_path)), "--nodes", "1,2,64,10000",
+               "--pfs-mds-ops", "5000", "--simulate-max-nodes", "2", "--simulate-steps", "40",
+               "--results", str(res)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "PROJECTION" in out and "assumptions:" in out and "GIVEN, not measured" in out
+    (path,) = res.glob("projection-*.json")
+    assert path.with_suffix(".png").is_file()
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "iobench.projection" and doc["label"].startswith("PROJECTION")
+    points = {p["nodes"]: p for p in doc["points"]}
+    assert points[1]["step_s"] == pytest.approx(0.0045, rel=1e-6)  # fitted: median step
+    assert points[1]["au_steady"] == pytest.approx(0.002 / 0.0045)
+    # the epoch's AU: 2 steps of 0.002 s compute, the first batch 0.01 s and one step's wait
+    assert points[1]["au"] == pytest.approx(0.004 / (0.004 + 0.01 + 0.0025))
+    low, high = points[1]["au_range"]  # fitted to the fastest and slowest epoch's step
+    assert low == pytest.approx(0.004 / 0.017) and high == pytest.approx(0.004 / 0.016)
+    for n in (1, 2, 64, 10000):
+        assert points[n]["au_range"][0] <= points[n]["au"] <= points[n]["au_range"][1], n
+    assert points[1]["simulated_au"] is not None and points[64]["simulated_au"] is None
+    assert points[10000]["au"] < points[1]["au"]
+    assert points[2]["stage_replicate_s"] > points[1]["stage_replicate_s"]
+    given = [f for f in doc["figures"] if f["given"]]
+    assert [f["name"] for f in given] == ["tier metadata rate"]
+    from iobench.core.results import find_documents
+    from iobench.workflows.project import ProjectionDoc
+
+    assert ProjectionDoc.from_dict(doc).points[0].nodes == 1
+    # beside training results, compare and report set a projection aside and say why
+    (res / "run.json").write_text((tmp_path / "run.json").read_text())
+    found = find_documents([res])
+    assert [p.name for p in found.results] == ["run.json"]
+    assert found.skipped == [(path, "an iobench.projection document, not a training result")]
+
+
+def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], words: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_bad_inputs_are_one_line_and_exit_2(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    train, probe = str(_train(tmp_path)), str(_probe(tmp_path))
+    base = ["project", "--train", train, "--probe", probe, "--results", str(tmp_path / "r"),
+            "--no-plot", "--simulate-max-nodes", "0"]
+    _one_line_exit_2([*base, "--nodes", "0,4"], capsys, "node count must be in")
+    _one_line_exit_2([*base, "--pfs-read-gbs", "-3"], capsys, "must be a number > 0")
+    _one_line_exit_2([*base, "--ops-per-sample", "-1"], capsys, "must be >= 0")
+    _one_line_exit_2([*base, "--stage", str(_stage(tmp_path, "imagenet"))], capsys,
+                     "give results of one dataset")
+    _one_line_exit_2(["project", "--train", probe, "--probe", probe], capsys,
+                     "is not an iobench 'iobench.result' document")
+    _one_line_exit_2(["project", "--train", train, "--probe", train], capsys,
+                     "is not an iobench 'iobench.probe' document")
+    _one_line_exit_2(["project", "--train", train], capsys, "no read bandwidth")
+    _one_line_exit_2([*base, "--trace", train], capsys, "is of run None")
+    ingest = real_result()
+    ingest["compute"]["kind"] = "none"
+    (tmp_path / "ingest.json").write_text(json.dumps(ingest))
+    _one_line_exit_2(["project", "--train", str(tmp_path / "ingest.json"), "--probe", probe],
+                     capsys, "sets no demand")
+    negative = real_result()
+    negative["epochs"][0]["ranks"][0]["compute_s"] = -1.0
+    bad = tmp_path / "neg.json"
+    bad.write_text(json.dumps(negative))
+    _one_line_exit_2(["project", "--train", str(bad), "--probe", probe], capsys, "compute_s")
+
+
+def _trace(tmp_path: Path, run_id: str) -> Path:
+    """A `train --trace` file of one rank: 20 steps of 2 ms compute, a worker's fetches of
+    1 ms with every fifth 5 ms (bursts)."""
+    ev: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 100, "args": {"name": "worker 0"}},
+        {"name": "epoch", "ph": "X", "ts": 0.0, "dur": 60_000.0, "pid": 0, "tid": 1,
+         "args": {"repeat": 0, "epoch": 0, "steps": 20}}]
+    for k in range(20):
+        a = {"repeat": 0, "epoch": 0, "step": k}
+        ev.append({"name": "compute", "ph": "X", "ts": 3000.0 * k, "dur": 2000.0, "pid": 0,
+                   "tid": 4, "args": a})
+        ev.append({"name": "fetch", "ph": "X", "ts": 3000.0 * k, "pid": 0, "tid": 100,
+                   "dur": 5000.0 if k % 5 == 0 else 1000.0, "args": a})
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": ev, "otherData": {"iobench": {"run_id": run_id}}}))
+    return path
+
+
+def test_a_trace_drives_the_simulation_with_its_compute_and_bursts(tmp_path: Path) -> None:
+    from iobench.core.results import load_typed
+    from iobench.workflows.project import ProjectConfig, _trace_service, run_projection
+
+    train = _train(tmp_path)
+    run_id = json.loads(train.read_text())["run_id"]
+    service = _trace_service(_trace(tmp_path, run_id), load_typed(train))
+    assert service.compute_s == pytest.approx((0.002,) * 20)
+    assert sorted(set(round(f, 6) for f in service.factors)) == pytest.approx([1 / 1.8, 5 / 1.8])
+    cfg = ProjectConfig(train=train, probes=(_probe(tmp_path),), trace=tmp_path / "trace.json",
+                        nodes=(1, 2), simulate_max_nodes=2, simulate_steps=40)
+    doc = run_projection(cfg)
+    assert all(p.simulated_au is not None and 0 < p.simulated_au <= 1 for p in doc.points)
+    assert "driven by the trace" in doc.model.simulation
+    again = run_projection(cfg)  # seeded: the same answer
+    assert [p.simulated_au for p in again.points] == [p.simulated_au for p in doc.points]
