@@ -225,6 +225,25 @@ def test_a_kill_mid_save_leaves_no_checkpoint_a_reader_accepts(storage, tmp_path
     assert not list((tmp_path / "res").glob("*.json"))  # a killed job writes no result
 
 
+def test_an_interrupt_waits_for_the_save_and_drain_in_flight(storage, tmp_path) -> None:
+    """Ctrl-C with an async save and a drain in flight: exit 130, the epochs that completed
+    written, nothing left that looks complete and is not, no unfinished folder."""
+    ck, pfs = tmp_path / "ck", tmp_path / "pfs"
+    out = run_cmd("train", "--storage", storage, *BASE, "--results", tmp_path / "res",
+                  "--checkpoint-every", "1", "--checkpoint-to", ck, "--checkpoint-mode", "async",
+                  "--drain-to", pfs,
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,step=1,action=sigint"}, timeout=240)
+    assert out.returncode == 130, out.stderr[-3000:]
+    doc = _result(tmp_path / "res")
+    assert doc["status"] == "interrupted" and len(doc["epochs"]) == 1
+    for tier in (ck, pfs):
+        (run_dir,) = tier.iterdir()
+        left = sorted(run_dir.iterdir())
+        assert left and len(left) <= 2 and all(p.name.startswith("ckpt-") for p in left)
+        for p in left:
+            _load(p, 1)
+
+
 # ------------------------------------------------------------------------ pieces
 
 def test_stall_split_counts_each_step_once() -> None:
