@@ -151,15 +151,17 @@ def test_async_with_a_drain_commits_an_identical_copy(storage, tmp_path) -> None
 
 
 @pytest.mark.mpi
-def test_two_ranks_ddp_async_one_shard_each_and_drained(storage, tmp_path) -> None:
+@pytest.mark.parametrize("mode, drain", [("sync", False), ("async", True)])
+def test_two_ranks_ddp_one_shard_each(storage, tmp_path, mode, drain) -> None:
     ck, pfs = tmp_path / "ck", tmp_path / "pfs"
     out = run_mpi(2, "train", "--storage", storage, *BASE, "--results", tmp_path / "res",
-                  "--checkpoint-every", "2", "--checkpoint-to", ck, "--checkpoint-mode",
-                  "async", "--drain-to", pfs, timeout=240)
+                  "--checkpoint-every", "2", "--checkpoint-to", ck, "--checkpoint-mode", mode,
+                  *(["--drain-to", pfs] if drain else []), timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("checkpoints: 4 save(s)") == 1  # rank 0 prints
     doc = _result(tmp_path / "res")
-    _check_figures(doc, 4, "async")
+    _check_figures(doc, 4, mode)
+    assert len(doc["checkpoint"]["drained"]) == (2 if drain else 0)
     for path in doc["checkpoint"]["kept"] + doc["checkpoint"]["drained"]:
         assert sorted(p.name for p in Path(path).glob("*.distcp")) == [
             "__0_0.distcp", "__1_0.distcp"]
