@@ -648,6 +648,7 @@ class CheckpointSave(Record):
     save_s: float
     blocked_s: float
     waited_s: float
+    stage_s: float  # async: the copy of the state to CPU memory (in blocked_s)
     commit_s: float
     drain: SaveDrain | None
 

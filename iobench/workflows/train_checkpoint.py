@@ -390,7 +390,7 @@ class TrainCheckpoints:
                 err = StorageError(f"cannot create {tmp}: {e.strerror or e}")
         agree(self.world, err)  # (also: every rank's state is of the same step)
         rec: dict[str, Any] = {"index": k, "repeat": self.rep, "epoch": epoch,
-                               "step": self.steps, "waited_s": waited}
+                               "step": self.steps, "waited_s": waited, "stage_s": 0.0}
         self.mine.append(rec)
         w = writer(tmp, lambda: self._after_shard(tmp, k))
         state = model_state(self.model, self.opt)
@@ -401,6 +401,8 @@ class TrainCheckpoints:
 
             fut: Any = async_save(state, storage_writer=w, process_group=self.pg,
                                   no_dist=no_dist)
+            staged = time.perf_counter_ns()  # the write's clock starts with the copy made
+            rec["stage_s"], t0 = (staged - t0) / 1e9, staged
             self.inflight = self.saver.submit(self._job, rec, fut.result, w, t0, tmp, final)
             return rec
         from torch.distributed.checkpoint.state_dict_saver import save
@@ -429,7 +431,7 @@ class TrainCheckpoints:
         was fsync'ed: rank 0 may commit then."""
         run_save()
         t1 = time.perf_counter_ns()
-        rec["write_s"] = ((w.shard_end_ns or t1) - t0) / 1e9
+        rec["write_s"] = max((w.shard_end_ns or t1) - t0, 0) / 1e9
         rec["save_s"] = (t1 - t0) / 1e9
         if self.world.is_root:
             files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
@@ -570,6 +572,7 @@ def _merge(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "save_s": max(r.get("save_s", 0.0) for r in ranks),
             "blocked_s": max(r.get("blocked_s", 0.0) for r in ranks),
             "waited_s": max(r.get("waited_s", 0.0) for r in ranks),
+            "stage_s": max(r.get("stage_s", 0.0) for r in ranks),
             "commit_s": root.get("commit_s", 0.0),
             "committed_ns": root.get("committed_ns", 0)}
 
