@@ -87,6 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
     _add_run_arguments(p)
+    _add_checkpoint_arguments(p)
     add_workload_arguments(p)
 
 
@@ -138,6 +139,37 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "then time a copy from memory; the result says so)")
 
 
+def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """Checkpoints while training (docs/checkpoint.md, 'Checkpoints in training')."""
+    from iobench.workflows.train_checkpoint import DEFAULT_KEEP, MODES
+
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="save the model and optimizer state every N steps with "
+                        "torch.distributed.checkpoint (one file per rank, fsync'ed, committed "
+                        "whole) and report the time steps were blocked by it, apart from the "
+                        "data stall (needs --checkpoint-to; default: no checkpoints)")
+    p.add_argument("--checkpoint-to", default=None, metavar="DIR",
+                   help="where the checkpoints go (a folder iobench-train-<run id> in DIR, one "
+                        "filesystem every rank sees; never inside the dataset); only the "
+                        "newest --checkpoint-keep complete ones stay")
+    p.add_argument("--checkpoint-mode", default="sync", choices=MODES,
+                   help="sync: the step waits for the whole save; async: DCP's async_save, "
+                        "the step waits only for the copy to CPU memory (and a previous save "
+                        "still in flight), the write goes on in the background (default: sync)")
+    p.add_argument("--checkpoint-keep", type=int, default=DEFAULT_KEEP, metavar="K",
+                   help="complete checkpoints kept in DIR (and DIR2); older ones are removed "
+                        f"to bound the disk used (default {DEFAULT_KEEP})")
+    p.add_argument("--drain-to", default=None, metavar="DIR2",
+                   help="the burst-buffer pattern: rank 0 copies each committed checkpoint to "
+                        "DIR2 (the shared tier) in the background and commits it there whole; "
+                        "the result gives each drain's time and the data stall of steps "
+                        "taken while a drain ran against the others (default: no drain)")
+    p.add_argument("--mtbf", type=float, default=None, metavar="HOURS",
+                   help="with --checkpoint-every: the job's mean time between failures; the "
+                        "verdict gives Young/Daly's interval sqrt(2 x cost x MTBF) in seconds "
+                        "and steps, and the time lost per day at it and at N (default: none)")
+
+
 def build_config(args: argparse.Namespace) -> Any:
     from iobench.core.datasets import parse_dataset
     from iobench.workflows.train import TrainConfig
@@ -184,7 +216,15 @@ def build_config(args: argparse.Namespace) -> Any:
                        step_sync=not args.no_step_sync, server_cache_gb=args.server_cache_gb,
                        au_threshold=args.au_threshold, evict_cmd=args.evict_cmd,
                        tier=args.tier,
-                       trace=None if args.trace is None else os.path.abspath(args.trace))
+                       trace=None if args.trace is None else os.path.abspath(args.trace),
+                       checkpoint=_checkpoint_plan(args))
+
+
+def _checkpoint_plan(args: argparse.Namespace) -> Any:
+    from iobench.workflows.train_checkpoint import plan_from_options
+
+    return plan_from_options(args.checkpoint_every, args.checkpoint_to, args.checkpoint_mode,
+                             args.checkpoint_keep, args.drain_to, args.mtbf)
 
 
 def _apply_workload(args: argparse.Namespace) -> None:
@@ -367,6 +407,7 @@ class _Output:
 
     def epoch(self, rec: dict[str, Any]) -> None:
         from iobench.core.metrics import fmt_rate
+        from iobench.workflows.train_checkpoint import epoch_words
 
         if not self.on:
             return
@@ -384,6 +425,7 @@ class _Output:
                 f"{fmt_rate(s['samples_per_s'])} samples/s, {fmt_rate(s['read_MBps'])} MB/s, "
                 f"stall {s['stall_fraction_max']:.1%} (max {s['stall_s_max']:.2f} s of "
                 f"{s['wall_s']:.2f} s), AU {s['au_mean']:.2f}")
+        line += epoch_words(rec)
         if t and t["accuracy"] is not None:
             line += f", train acc {t['accuracy']:.3f}"
         if t:
@@ -439,4 +481,8 @@ class _Output:
                 self.shown.add(w)
                 self.console.print(f"[bold red]WARNING:[/] {w}")
         self.console.print(f"result: {path}")
+        from iobench.workflows.train_checkpoint import checkpoint_line
+
+        if (ckpt := checkpoint_line(doc)) is not None:
+            print(ckpt, flush=True)
         print(doc["summary"]["verdict"]["line"], flush=True)  # one line, never wrapped

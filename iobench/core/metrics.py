@@ -21,7 +21,8 @@ MB = 1_000_000  # docs/metrics.md: MB = 10^6 bytes
 class EpochClock:
     """One rank's per-step clock for one epoch (all times in integer nanoseconds)."""
 
-    __slots__ = ("_last", "batch_bytes", "compute_ns", "samples", "start_ns", "wait_ns")
+    __slots__ = ("_last", "batch_bytes", "compute_ns", "excluded_ns", "samples", "start_ns",
+                 "wait_ns")
 
     def __init__(self) -> None:
         self.start_ns: int | None = None
@@ -30,6 +31,7 @@ class EpochClock:
         self.compute_ns: list[int] = []
         self.samples = 0
         self.batch_bytes = 0
+        self.excluded_ns = 0  # time outside every step (a checkpoint blocked training)
 
     def start(self) -> int:
         """Mark the epoch start: call right before the first `next(iterator)`."""
@@ -51,6 +53,15 @@ class EpochClock:
         self._last = now
         self.samples += samples
         self.batch_bytes += batch_bytes
+
+    def exclude(self) -> int:
+        """The time since the last read was neither wait nor compute (a checkpoint blocked
+        training, `train --checkpoint-every`): it leaves the epoch's wall; returns it (ns)."""
+        now = time.perf_counter_ns()
+        gap = now - self._last
+        self.excluded_ns += gap
+        self._last = now
+        return gap
 
     @property
     def last_ns(self) -> int:
@@ -83,7 +94,7 @@ def rank_figures(clock: EpochClock) -> dict[str, Any]:
         raise RuntimeError("EpochClock.start() was never called")
     waits = np.asarray(clock.wait_ns[1:], dtype=np.int64) / 1e9
     steps = clock.steps
-    wall = (clock.end_ns - clock.start_ns) / 1e9
+    wall = (clock.end_ns - clock.start_ns - clock.excluded_ns) / 1e9
     stall = sum(clock.wait_ns[:steps]) / 1e9
     compute = sum(clock.compute_ns) / 1e9
     return {
@@ -116,7 +127,7 @@ def au_mlperf(clock: EpochClock) -> float | None:
     """
     if clock.start_ns is None or not clock.compute_ns:
         return None
-    wall = clock.end_ns - clock.start_ns - clock.wait_ns[0]
+    wall = clock.end_ns - clock.start_ns - clock.excluded_ns - clock.wait_ns[0]
     return sum(clock.compute_ns) / wall if wall > 0 else None
 
 

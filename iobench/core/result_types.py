@@ -246,6 +246,31 @@ class LoaderClock(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DrainSplit(Record):
+    """The data stall of steps taken while a checkpoint drain ran against the others (one
+    rank's, or all ranks' summed; `train --drain-to`)."""
+
+    steps_in_flight: int
+    stall_in_flight_s: float
+    steps_idle: int
+    stall_idle_s: float
+    stall_per_step_in_flight_s: float | None
+    stall_per_step_idle_s: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankCheckpoint(Record):
+    """One rank's checkpoints in one epoch (`epochs[i].ranks[r].checkpoint`, `train
+    --checkpoint-every`): its steps' blocked time, outside `wall_s`."""
+
+    saves: int
+    blocked_s: float
+    wall_with_checkpoint_s: float
+    au_with_checkpoint: float | None
+    drain: DrainSplit | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankRecord(Record):
     """One rank's figures for one epoch (`epochs[i].ranks[r]`)."""
 
@@ -268,6 +293,7 @@ class RankRecord(Record):
     cache_resident_fraction_at_start: float | None
     loader: LoaderClock | None = key(default=None, optional=True)
     compute_mean_s: float | None = key(default=None, optional=True)
+    checkpoint: RankCheckpoint | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,6 +358,22 @@ class Training(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EpochCheckpoint(Record):
+    """An epoch's checkpoints across ranks (`epochs[i].checkpoint`): saves started in it,
+    the slowest rank's blocked time, AU with the checkpoints' time in the wall."""
+
+    saves: int
+    blocked_s_max: float
+    blocked_s_mean: float
+    wall_with_checkpoint_s: float
+    au_with_checkpoint_mean: float | None
+    au_with_checkpoint_min: float | None
+    bytes: int | None
+    write_s_max: float | None
+    drain: DrainSplit | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Epoch(Record):
     """One epoch of one repetition (`epochs[i]`)."""
 
@@ -342,6 +384,7 @@ class Epoch(Record):
     per_node: tuple[NodeRecord, ...] = key(default=(), optional=True, min_len=1)
     cache: EpochCache
     training: Training | None
+    checkpoint: EpochCheckpoint | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -580,6 +623,87 @@ class Ceilings(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SaveDrain(Record):
+    """A checkpoint's copy to the shared tier (`checkpoint.saves[i].drain`)."""
+
+    path: str
+    bytes: int
+    drain_s: float
+    queued_s: float  # waiting for the drain of an earlier checkpoint
+    kept_up: bool | None  # done within one checkpoint interval of the commit
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSave(Record):
+    """One checkpoint a training run saved (`checkpoint.saves[i]`): MLPerf's duration (the
+    slowest rank's write), the slowest rank's blocked time, rank 0's commit."""
+
+    index: int
+    repeat: int
+    epoch: int
+    step: int
+    path: str
+    bytes: int
+    write_s: float
+    save_s: float
+    blocked_s: float
+    waited_s: float
+    stage_s: float  # async: the copy of the state to CPU memory (in blocked_s)
+    commit_s: float
+    drain: SaveDrain | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointYoung(Record):
+    """Young/Daly's interval from the measured cost of a save (`checkpoint.summary.young`)."""
+
+    mtbf_s: float
+    cost_s: float
+    restart_s: float
+    optimal_s: float
+    lost_per_day_s: float
+    used_s: float | None
+    lost_per_day_used_s: float | None
+    step_s: float
+    used_steps: int
+    optimal_steps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSummary(Record):
+    """A training run's checkpoints in sum (`checkpoint.summary`)."""
+
+    saves: int
+    cost_s: float | None  # the median time a save blocked the steps
+    save_s_median: float | None
+    write_s_median: float | None
+    bytes_median: float | None
+    blocked_s: float
+    fraction: float | None  # of training time (with the checkpoints' time)
+    interval_steps: int
+    step_s: float | None
+    interval_s: float | None
+    final_drain_wait_s: float | None
+    drains_kept_up: bool | None
+    young: CheckpointYoung | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainCheckpoint(Record):
+    """Checkpoints saved while training (`checkpoint`, `train --checkpoint-every`)."""
+
+    mode: str = key(Enum("sync", "async"))
+    every_steps: int
+    keep: int
+    to: str
+    drain_to: str | None
+    saves: tuple[CheckpointSave, ...]
+    kept: tuple[str, ...]
+    drained: tuple[str, ...]
+    summary: CheckpointSummary
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainResult(Record):
     """An `iobench.result` document: one `iobench train` run (v1, v2 and v3 load)."""
 
@@ -606,6 +730,7 @@ class TrainResult(Record):
     status: str = key(Enum("complete", "interrupted", "incomplete"), default="complete",
                       optional=True)
     status_reason: str | None = key(default=None, optional=True)
+    checkpoint: TrainCheckpoint | None = key(default=None, optional=True)
 
     @property
     def repetitions(self) -> int:

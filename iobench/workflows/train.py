@@ -59,6 +59,12 @@ from iobench.core.userdata import USER_DATASET
 from iobench.core.watchdog import Watchdog
 from iobench.core.world import World, agree
 from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
+from iobench.workflows.train_checkpoint import (
+    CheckpointPlan,
+    TrainCheckpoints,
+    check_for_run,
+    epoch_record,
+)
 
 LOADER_NAMES: tuple[str, ...] = (*FORMATS, "dali")
 # residency above this after eviction means eviction did not take
@@ -104,6 +110,8 @@ class TrainConfig:
     label_key: str | None = None  # its labels array or LMDB record, else detected
     tier: str | None = None  # the storage tier's name in reports (--tier); None: its path
     trace: str | None = None  # a per-step trace of every rank goes there (iobench.core.trace)
+    # --checkpoint-every N: the model saved while it trains (iobench.workflows.train_checkpoint)
+    checkpoint: CheckpointPlan | None = None
 
     def __post_init__(self) -> None:
         parse_loader(self.loader)
@@ -125,6 +133,8 @@ class TrainConfig:
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
         self._check_cache()
+        if self.checkpoint is not None:
+            check_for_run(self.checkpoint, self.compute_kind, self.trace)
 
     def _check_dataset(self) -> None:
         """A generated dataset by name, or the user's data (`--data`) with its keys."""
@@ -357,12 +367,19 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
                    if world.is_root else None)
     run.watchdog = dog
     try:
+        if config.checkpoint is not None:
+            assert config.model_name is not None  # check_for_run: a real model
+            run.ckpt = TrainCheckpoints(config.checkpoint, world, run.run_id, config.model_name,
+                                        config.seed, config.timeout_s)
+            run.ckpt.open()
         _repetitions(run, loader_factory, started)
     except Interrupted as e:
         run.write_trace()  # the epochs that completed
         raise RunInterrupted(e.signum, run.document(memory, "interrupted", str(e))
                              if world.is_root else None) from None
     finally:
+        if run.ckpt is not None:
+            run.ckpt.close()  # what is in flight waited for; no unfinished folder left
         dog.close()
         if world.is_root:
             shutil.rmtree(beats, ignore_errors=True)
@@ -645,6 +662,7 @@ class _Run:
         self._clocks: StepClocks | None = None
         self.trace = (Trace(config.loader, device.type) if config.trace is not None
                       and world.is_root else None)
+        self.ckpt: TrainCheckpoints | None = None  # --checkpoint-every
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
         """Start the loader's workers before any epoch's clock and counters (timed, counted)."""
@@ -680,12 +698,17 @@ class _Run:
 
     def repetition(self, rep: int, loader: Loader, startup: dict[str, Any]) -> None:
         self.compute = _Compute(self.config, self.world, self.device)  # a fresh model each time
+        if self.ckpt is not None:
+            self.ckpt.start_repetition(rep, self.compute.model, self.compute.opt)
         startups = self.world.allgather(startup)
         if self.world.is_root:
             self.startups.append({"repeat": rep, "seconds_max": max(s["seconds"] for s in startups),
                                   "ranks": startups})
         for epoch in range(self.config.epochs):
             self._epoch(rep, epoch, loader)
+        if self.ckpt is not None:  # every save written, committed and drained
+            self._at("waiting for the checkpoints in flight")
+            self.ckpt.end_repetition(self.epochs if self.world.is_root else None)
         if rep == 0 and self._last_batch is not None:
             self.demand = self._measure_demand(self.compute, *self._last_batch)
         self._last_batch = None
@@ -735,6 +758,8 @@ class _Run:
         tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None
         io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
         compute.reset()
+        if self.ckpt is not None:
+            self.ckpt.epoch_start()
         clock, timing = self._steps(rep, epoch, loader, compute)
         io = procio.tree_io() - io0
         tier = None
@@ -749,6 +774,8 @@ class _Run:
                "os_rchar": io.rchar, "os_processes": io.processes,
                "loader": timing,
                "cache_resident_fraction_at_start": node_frac.get(world.node)}
+        if self.ckpt is not None:
+            fig["checkpoint"] = self.ckpt.epoch_end(fig)
         self._at(f"gathering epoch {epoch + 1}'s figures from every rank")
         part = (epoch_part(world.rank, world.hostname, clock, self._clocks)
                 if self._clocks is not None else None)
@@ -817,6 +844,9 @@ class _Run:
         faults.at_step(self.fault, self.world.rank, epoch, step)
         end = compute.step(x, y, t_ready, batch.finish)
         clock.compute_done(len(batch.indices), batch.payload_bytes, end)
+        if self.ckpt is not None:  # a checkpoint when due, its time outside the step's
+            self._at(f"checkpointing after step {step + 1} of epoch {epoch + 1}", step)
+            self.ckpt.after_step(epoch, clock)
         if (compute.kind == "model" and step == steps_total - 1
                 and epoch == self.config.epochs - 1 and self.demand is None):
             # the run's last planned step, after its clock stopped: a copy, so that no
@@ -840,6 +870,8 @@ class _Run:
                "per_node": node_summaries(ranks, list(report.per_node), report.warn_above),
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
                "training": training, "tier_bytes": tier}
+        if self.ckpt is not None:
+            rec["checkpoint"] = epoch_record(ranks)
         rec["warnings"] = _cache_warnings(config, self.mount, self.manifest, report)
         if training and training["loss"] is not None and not math.isfinite(training["loss"]):
             training["loss"] = None  # JSON has no NaN; say it instead
@@ -897,6 +929,7 @@ class _Run:
             "warnings": warnings,
             "staging": None,
             **({"ceilings": self.ceilings} if self.ceilings is not None else {}),
+            **({"checkpoint": self.ckpt.section(self.epochs)} if self.ckpt is not None else {}),
         }
 
     def _world_section(self) -> dict[str, Any]:

@@ -144,6 +144,12 @@ def _resolve(config: TrainConfig, world: World, stage: StagePlan | None = None) 
         dataset.refuse_inside(config.results, copies=[stage.dest] if stage else [])
         if config.trace is not None:  # nor a trace into the dataset (--stage-to's source)
             check_trace_path(config.trace, dataset)
+        if config.checkpoint is not None:  # nor checkpoints (--checkpoint-to, --drain-to)
+            from iobench.workflows.train_checkpoint import check_dirs
+
+            copies = [stage.dest] if stage else []
+            check_dirs(config.checkpoint,
+                       lambda path, option: dataset.refuse_inside(path, option, copies=copies))
     except IobenchError as e:
         err = e
     agree(world, err)

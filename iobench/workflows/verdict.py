@@ -52,7 +52,7 @@ import os
 import shlex
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from iobench.core.breakeven import outcome
@@ -275,7 +275,48 @@ def judge(res: TrainResult, threshold: float = DEFAULT_THRESHOLD, probe: ProbeDo
           break_even: Mapping[str, Any] | None = None,
           dali_gpu: float | None = None) -> Verdict:
     """The verdict on one training result (see the module docstring); `dali_gpu` is the
-    samples/s DALI decoded on this node's GPU in another run, when there is one."""
+    samples/s DALI decoded on this node's GPU in another run, when there is one. A run that
+    checkpointed (`train --checkpoint-every`) also gets `checkpoint_words`."""
+    v = _judge_ingest(res, threshold, probe, break_even, dali_gpu)
+    evidence, advice = checkpoint_words(res)
+    if not evidence and not advice:
+        return v
+    return replace(v, evidence=v.evidence + tuple(evidence), advice=v.advice + tuple(advice),
+                   line="; ".join([v.line, *evidence, *advice]))
+
+
+def checkpoint_words(res: TrainResult) -> tuple[list[str], list[str]]:
+    """(evidence, advice) on a run's checkpoints: what a save cost the steps (the median
+    time it blocked them) and the share of training time checkpoints took; with --mtbf,
+    Young/Daly's interval sqrt(2 x cost x MTBF) in steps and seconds, and the time lost per
+    day at it and at the interval used (docs/metrics.md, "Checkpoints in training")."""
+    c = res.checkpoint
+    if c is None or not c.saves or c.summary.cost_s is None:
+        return [], []
+    s = c.summary
+    every = f"every {s.interval_steps:,} steps" + (
+        f" ({s.interval_s:.3g} s)" if s.interval_s is not None else "")
+    with_it = _median([e.checkpoint.au_with_checkpoint_mean for e in res.epochs
+                       if e.checkpoint is not None])
+    data_only = _median([e.summary.au_mean for e in res.epochs])
+    evidence = [f"checkpoints ({c.mode}, {every}): {s.cost_s:.3g} s of blocked steps per "
+                f"save, {s.fraction or 0:.1%} of training time"
+                + (f" (AU {with_it:.2f} with the checkpoints' time, {data_only:.2f} with the "
+                   "data stall alone)" if with_it is not None and data_only is not None
+                   else "")]
+    y = s.young
+    if y is None or y.lost_per_day_used_s is None:
+        return evidence, []
+    return evidence, [
+        f"with an MTBF of {y.mtbf_s / 3600:g} h, Young/Daly's interval is every "
+        f"{y.optimal_steps:,} steps ({y.optimal_s:,.3g} s): about {y.lost_per_day_s:,.0f} s "
+        f"lost per day, against {y.lost_per_day_used_s:,.0f} s every {y.used_steps:,} steps "
+        "(checkpoints and lost work; the restart is not counted)"]
+
+
+def _judge_ingest(res: TrainResult, threshold: float, probe: ProbeDoc | None,
+                  break_even: Mapping[str, Any] | None, dali_gpu: float | None) -> Verdict:
+    """The verdict on a run's ingest (`judge` without the checkpoints)."""
     au = _spread_median(res, "au")
     if au is None:
         au = _median([e.summary.au_mean for e in res.epochs])
