@@ -157,7 +157,7 @@ def test_repeat_gives_independent_tagged_repetitions_and_their_spread(plain_stor
     assert cli("train", "--loader", "hdf5", "--storage", plain_storage, "--model", "none",
                "--epochs", "2", "--workers", "0", "--repeat", "3", "--results", tmp_path) == 0
     doc = _result(tmp_path)
-    assert doc["schema_version"] == results.SCHEMA_VERSION == 3
+    assert doc["schema_version"] == results.SCHEMA_VERSION == 4
     assert [(e["repeat"], e["epoch"]) for e in doc["epochs"]] == [(r, e) for r in range(3)
                                                                    for e in range(2)]
     assert all(e["cache"]["status"] == "cold" for e in doc["epochs"])

@@ -43,9 +43,11 @@ SCHEMA = "iobench.result"
 # start-up apart (`loader`), user-space and server caches (`cache.user_space`,
 # `cache.server_cache`), synchronised emulated steps (`compute.steps`). v3: per-node figures of each epoch
 # (`epochs[i].per_node`), the batch job (`provenance.job`), node names (`world.nodes`,
-# `ranks[r].node_name`), stragglers in the verdict. v1 and v2 still load.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# `ranks[r].node_name`), stragglers in the verdict. v4: checkpoints in training
+# (`checkpoint`, `epochs[i].checkpoint`, `epochs[i].ranks[r].checkpoint`; `train
+# --checkpoint-every`). v1, v2 and v3 still load.
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 class ResultError(IobenchError, ValueError):
@@ -705,7 +707,7 @@ class TrainCheckpoint(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainResult(Record):
-    """An `iobench.result` document: one `iobench train` run (v1, v2 and v3 load)."""
+    """An `iobench.result` document: one `iobench train` run (v1, v2, v3 and v4 load)."""
 
     EXTRA: ClassVar[bool] = False
 
