@@ -341,3 +341,52 @@ def test_two_ranks_interrupted_together(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path)
     assert sorted(p.name for p in run_dir.iterdir()) == ["ckpt-000"]
     assert "interrupted (SIGINT)" in out.stderr
+
+
+# ------------------------------------------------------------------------ leftovers of killed runs
+
+def test_a_killed_runs_partial_is_refused_then_removed_by_the_next_run(tmp_path: Path) -> None:
+    """A run killed mid-write (SIGKILL: no clean-up) leaves `.ckpt-001.partial`: `--read`
+    refuses it, naming how it goes; the next run in the same --storage removes it and
+    says so, and leaves the killed run's complete checkpoint readable."""
+    out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                  "--keep", "--results", tmp_path / "res",
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,step=0,action=kill"})
+    assert out.returncode != 0
+    killed = _run_dir(tmp_path)
+    partial = killed / ".ckpt-001.partial"
+    assert partial.is_dir() and _accepted(killed) == ["ckpt-000"]
+    bad = run_cmd("checkpoint", "--read", partial)
+    assert bad.returncode == 2
+    _one_line_error(bad.stderr, "no completion marker")
+    assert "rm -rf" in bad.stderr and "removes it once that run is gone" in bad.stderr
+    nxt = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn",
+                  "--results", tmp_path / "res2")
+    assert nxt.returncode == 0, nxt.stderr[-3000:]
+    assert not partial.exists() and _accepted(killed) == ["ckpt-000"]
+    doc = _doc(tmp_path / "res2")
+    assert any("removed 1 incomplete checkpoint folder(s) a killed run left" in w
+               for w in doc["warnings"]), doc["warnings"]
+    assert cli("checkpoint", "--read", killed / "ckpt-000", "--results", tmp_path / "r") == 0
+
+
+def test_partials_of_a_live_or_foreign_writer_are_named_not_removed(tmp_path: Path) -> None:
+    """A `.partial` whose writer still runs (this test's own process) or ran on another host
+    is left in place, and the warning names the command that removes it."""
+    import json as _json
+
+    from iobench.core.checkpoint_store import OWNER, claim
+
+    live, foreign = tmp_path / "iobench-checkpoint-live", tmp_path / "iobench-checkpoint-far"
+    for run in (live, foreign):
+        (run / ".ckpt-000.partial").mkdir(parents=True)
+        claim(run)
+    rec = _json.loads((foreign / OWNER).read_text())
+    (foreign / OWNER).write_text(_json.dumps({**rec, "host": "another-node"}))
+    out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn",
+                  "--results", tmp_path / "res")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (live / ".ckpt-000.partial").is_dir() and (foreign / ".ckpt-000.partial").is_dir()
+    warnings = " ".join(_doc(tmp_path / "res")["warnings"])
+    assert "its run is still writing" in warnings and "another host" in warnings
+    assert f"rm -rf {live / '.ckpt-000.partial'}" in warnings

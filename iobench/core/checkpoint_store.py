@@ -23,6 +23,8 @@ import hashlib
 import io
 import os
 import pickle
+import shlex
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,16 +107,103 @@ def commit(tmp: Path, final: Path, marker: Marker) -> None:
     fsync_dir(final.parent)
 
 
+OWNER = ".iobench-owner.json"  # in a folder while a run writes checkpoints into it
+OWNER_SCHEMA = "iobench.checkpoint_owner"
+
+
+def claim(folder: Path) -> None:
+    """Record in `folder` which process writes checkpoints there (host, boot, pid and its
+    start time), so that a later run can tell the `.partial` folders of a run that is gone
+    from those of one still writing (`sweep_partials`); `release` removes the record."""
+    write_json_atomic(folder / OWNER, {"schema": OWNER_SCHEMA, "schema_version": 1,
+                                       **_this_process()})
+
+
+def release(folder: Path) -> None:
+    (folder / OWNER).unlink(missing_ok=True)
+
+
+def _this_process() -> dict[str, Any]:
+    import socket
+
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(),
+            "start": _start_time(os.getpid())}
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None: no such process), so that
+    a pid reused by another process is not taken for the one recorded."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def writer_gone(folder: Path) -> bool | None:
+    """Whether the run that claimed `folder` has ended: True (same host, and another boot or
+    its process gone), False (it still runs), None (no readable record, or another host:
+    this process cannot tell)."""
+    import socket
+
+    try:
+        rec = read_json(folder / OWNER, schema=OWNER_SCHEMA, max_version=1)
+    except (DatasetError, OSError):
+        return None
+    if rec.get("host") != socket.gethostname() or rec.get("boot_id") is None:
+        return None
+    if rec["boot_id"] != _boot_id():
+        return True
+    pid = rec.get("pid")
+    return not isinstance(pid, int) or _start_time(pid) != rec.get("start")
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What `sweep_partials` did in one folder: `.partial` folders removed, and those left
+    (their writer may still run: `gone` False, or cannot be told: None)."""
+
+    folder: Path
+    removed: tuple[Path, ...]
+    left: tuple[Path, ...]
+    gone: bool | None
+
+
+def sweep_partials(folder: Path) -> Swept:
+    """Remove the `.partial` folders a killed run left in `folder` (its claim says its
+    process has ended); leave those of a run that may still be writing."""
+    partials = tuple(sorted(p for p in folder.glob(f".*{PARTIAL}") if p.is_dir()))
+    gone = writer_gone(folder) if partials else None
+    if not partials or not gone:
+        return Swept(folder, (), partials, gone)
+    for p in partials:
+        shutil.rmtree(p, ignore_errors=True)
+    release(folder)
+    return Swept(folder, tuple(p for p in partials if not p.exists()),
+                 tuple(p for p in partials if p.exists()), gone)
+
+
 def check_marker(path: Path, ranks: int | None = None) -> Marker:
     """The marker of the checkpoint at `path`, once its files match it; else
     CheckpointRefused, naming what is wrong (one line)."""
     if not path.is_dir():
         raise CheckpointRefused(f"--read {path}: no such directory")
     if not (path / MARKER).is_file():
+        left = (f"; a {PARTIAL} folder is a checkpoint being written, or left by a killed "
+                f"run: the next `iobench checkpoint --storage {path.parent.parent}` removes "
+                f"it once that run is gone, or remove it with: rm -rf {shlex.quote(str(path))}"
+                if path.name.endswith(PARTIAL) else "")
         raise CheckpointRefused(
             f"--read {path}: no completion marker ({MARKER}): not a complete checkpoint "
             "written by `iobench checkpoint` (a write that failed or was interrupted leaves "
-            "none); refusing to read it")
+            f"none); refusing to read it{left}")
     marker = Marker.from_dict(read_json(path / MARKER, schema=MARKER_SCHEMA,
                                         max_version=MARKER_VERSION), str(path / MARKER))
     for name, size in marker.files.items():

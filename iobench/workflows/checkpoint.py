@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -35,12 +36,15 @@ from iobench.core.checkpoint_store import (
     Marker,
     check_marker,
     check_tensors,
+    claim,
     commit,
     fsync_dir,
     load_metadata,
     partial_dir,
     reader,
+    release,
     sha256_of,
+    sweep_partials,
     writer,
 )
 from iobench.core.dataref import refuse_in_dataset
@@ -227,9 +231,29 @@ def _plan_write(cfg: CheckpointConfig, world: World) -> _Plan:
         raise StorageError(f"--storage {storage}: not writable by this user")
     refuse_in_dataset(storage, "--storage")  # checkpoints never go into data a run reads
     layout = layout_for(cfg.model, cfg.scale, world.size)
+    left = _sweep(storage) if world.is_root else []  # before the space is counted
     _check_space(layout, storage, cfg.repeat, world)
     _check_memory(layout, world)
-    return _Plan(layout, cfg.seed, "", None, warnings=_layout_warnings(layout, world))
+    return _Plan(layout, cfg.seed, "", None, warnings=[*left, *_layout_warnings(layout, world)])
+
+
+def _sweep(storage: Path) -> list[str]:
+    """Rank 0: remove the incomplete checkpoints (`.ckpt-NNN.partial`) that runs killed
+    before their clean-up left in `storage`; name those it cannot tell are abandoned (their
+    run still writes, or ran on another host), with the command that removes them."""
+    out = []
+    for run in sorted(p for p in storage.glob("iobench-checkpoint-*") if p.is_dir()):
+        s = sweep_partials(run)
+        if s.removed:
+            out.append(f"removed {len(s.removed)} incomplete checkpoint folder(s) a killed "
+                       f"run left in {run} ({', '.join(p.name for p in s.removed)})")
+        if s.left:
+            why = ("its run is still writing" if s.gone is False else
+                   "their run ran on another host or before iobench recorded its writer")
+            out.append(f"{run} holds incomplete checkpoint folder(s) that `--read` refuses "
+                       f"({why}); once that run is gone, remove them with: rm -rf "
+                       + " ".join(shlex.quote(str(p)) for p in s.left))
+    return out
 
 
 def estimated_bytes(layout: Layout) -> int:
@@ -294,8 +318,11 @@ def _make_run_dir(run_dir: Path, world: World) -> None:
     if world.is_root:
         try:
             run_dir.mkdir()
+            claim(run_dir)  # a later run in --storage then knows our .partial folders are ours
         except OSError as e:
             err = StorageError(f"cannot create {run_dir}: {e.strerror or e}")
+        except StorageError as e:
+            err = e
     agree(world, err)
     seen = run_dir.is_dir()
     missing = [r for r, ok in enumerate(world.allgather(seen)) if not ok]
@@ -658,8 +685,9 @@ def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> N
     if not world.is_root or plan.run_dir is None or not plan.run_dir.is_dir():
         return
     for p in plan.run_dir.iterdir():
-        if p.name.startswith("."):
+        if p.name.startswith(".") and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
+    release(plan.run_dir)
     if _filled():
         (plan.run_dir / "filler").unlink(missing_ok=True)
     if not cfg.keep:
