@@ -58,14 +58,46 @@ class WriteBehindFile(io.BufferedWriter):
         super().__init__(io.FileIO(path, "wb"), buffer_size=1 << 20)
         self._started = 0  # bytes whose write-back was started
 
+        self._pos = 0  # bytes written (torch.save writes ~20 pieces a tensor: no lseek each)
+
     def write(self, b: Any) -> int:
         n = super().write(b)
-        pos = self.tell()
-        if pos - self._started >= WRITE_BEHIND and _sync_file_range is not None:
+        self._pos += n
+        if self._pos - self._started >= WRITE_BEHIND and _sync_file_range is not None:
             self.flush()
-            _sync_file_range(self.fileno(), self._started, pos - self._started, _SFR_WRITE)
-            self._started = pos
+            _sync_file_range(self.fileno(), self._started, self._pos - self._started,
+                             _SFR_WRITE)
+            self._started = self._pos
         return n
+
+
+class _NoClose(io.IOBase):
+    """What DCP wraps each item's stream in (its `NoCloseWriter`: close flushes, the file
+    stays open), defined once: DCP defines the class anew for every tensor."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        return int(self.raw.write(b))
+
+    def close(self) -> None:
+        self.raw.flush()
+
+
+def plain_transforms() -> Any:
+    """DCP's stream transforms without extensions (its default), as `_NoClose` wrappers."""
+    from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+
+    class _Plain(_StorageWriterTransforms):
+        def transform_save_stream(self, write_item: Any, raw_stream: Any
+                                  ) -> tuple[Any, list[str]]:
+            return _NoClose(raw_stream), []
+
+    return _Plain()
 
 
 @contextlib.contextmanager

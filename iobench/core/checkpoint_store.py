@@ -30,7 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from iobench.core.checkpoint_io import DamagedShard, no_zip_crc, read_ranges, write_behind_fs
+from iobench.core.checkpoint_io import (
+    DamagedShard,
+    no_zip_crc,
+    plain_transforms,
+    read_ranges,
+    write_behind_fs,
+)
 from iobench.core.errors import DatasetError
 from iobench.core.jsonio import read_json, write_json_atomic
 from iobench.core.schema import Count, Dict, Map, Num, Str, check
@@ -295,6 +301,7 @@ def writer(path: Path, after_shard: Any) -> Any:
     w = _Writer(path, single_file_per_rank=True, sync_files=True, thread_count=1,
                 overwrite=False)
     w.fs = write_behind_fs()  # the same files, their write-back started as they are written
+    w.transforms = plain_transforms()  # DCP's default (no extensions), a class less a tensor
     return w
 
 
