@@ -700,3 +700,72 @@ def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> N
 def _filled() -> bool:
     fault = faults.planned()
     return fault is not None and fault.action == "fill"
+
+
+# ------------------------------------------------------------------------------ side by side
+
+def load_result(path: Path) -> dict[str, Any]:
+    """The `iobench.checkpoint` document in `path`, checked (`validate`); else a DatasetError
+    (SchemaError) naming what is wrong."""
+    from iobench.core.jsonio import read_json
+
+    return validate(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION), str(path))
+
+
+def tier_of(doc: dict[str, Any]) -> str:
+    """Where a checkpoint run wrote: its storage path, filesystem and kind."""
+    st = doc["provenance"].get("storage") or {}
+    fs = ", ".join(str(x) for x in (st.get("fstype"), st.get("kind")) if x)
+    return f"{st.get('path', '?')}" + (f" ({fs})" if fs else "")
+
+
+def side_by_side(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per checkpoint result: where, what, and per phase (write, read) MLPerf's
+    figures over its checkpoints (throughput, duration = max over ranks, slowest rank's
+    GB/s = min over ranks: each a spread), with the throughput's ratio to the first row's."""
+    rows = []
+    for i, d in enumerate(docs):
+        s, lay = d["summary"], d["layout"]
+        one = (d["writes"] or d["reads"])[0]
+        row: dict[str, Any] = {
+            "run": i, "tier": tier_of(d), "run_id": d["run_id"],
+            "what": f"{lay['model']}" + (f" x{lay['scale']:g}" if lay["scale"] < 1 else "")
+                    + f", {d['world']['size']} rank(s)",
+            "GB": one["bytes"] / GB, "read_cache": ",".join(s["read_cache"]),
+            "os_read_check": ",".join(s["os_read_check"])}
+        for phase in ("write", "read"):
+            row[phase] = s[phase]
+            first = docs[0]["summary"][phase]["throughput_GBps"]
+            mine = s[phase]["throughput_GBps"]
+            row[f"{phase}_vs_first"] = (mine["median"] / first["median"]
+                                        if mine and first and first["median"] > 0 else None)
+        rows.append(row)
+    return rows
+
+
+SIDE_BY_SIDE_HEADER = ("run", "tier", "checkpoint", "GB", "write GB/s", "write s (max rank)",
+                       "write GB/s slowest rank", "write ×run1", "read GB/s",
+                       "read s (max rank)", "read GB/s slowest rank", "read ×run1", "reads")
+
+
+def side_by_side_cells(row: dict[str, Any]) -> list[str]:
+    """A `side_by_side` row as table cells (SIDE_BY_SIDE_HEADER): median [min-max] over the
+    run's checkpoints, `-` for a phase it did not run."""
+    from iobench.core.spread import fmt_spread
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    cells = [str(row["run"] + 1), row["tier"], row["what"], f"{row['GB']:.3f}"]
+    for phase in ("write", "read"):
+        sp = row[phase]
+        cells += [fmt_spread(sp["throughput_GBps"], ".3g"), fmt_spread(sp["duration_s"], ".3g"),
+                  fmt_spread(sp["rank_GBps_min"], ".3g"), ratio(row[f"{phase}_vs_first"])]
+    return [*cells, f"{row['read_cache']}; OS bytes {row['os_read_check']}"]
+
+
+SIDE_BY_SIDE_NOTE = ("iobench checkpoint (MLPerf Storage's figures): GB/s = a checkpoint's "
+                     "bytes over its duration, the slowest rank's time; 'slowest rank' = the "
+                     "minimum over ranks of each rank's GB/s; median [min-max] over the run's "
+                     "checkpoints (--repeat); ×run1 = the median throughput over run 1's; "
+                     "GB = 10^9 bytes per checkpoint")
