@@ -380,9 +380,9 @@ def test_partials_of_a_live_or_foreign_writer_are_named_not_removed(tmp_path: Pa
     live, foreign = tmp_path / "iobench-checkpoint-live", tmp_path / "iobench-checkpoint-far"
     for run in (live, foreign):
         (run / ".ckpt-000.partial").mkdir(parents=True)
-        claim(run)
-    rec = _json.loads((foreign / OWNER).read_text())
-    (foreign / OWNER).write_text(_json.dumps({**rec, "host": "another-node"}))
+        claim(run / ".ckpt-000.partial")
+    rec = _json.loads((foreign / ".ckpt-000.partial" / OWNER).read_text())
+    (foreign / ".ckpt-000.partial" / OWNER).write_text(_json.dumps({**rec, "host": "far"}))
     out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn",
                   "--results", tmp_path / "res")
     assert out.returncode == 0, out.stderr[-3000:]

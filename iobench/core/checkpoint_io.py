@@ -89,8 +89,12 @@ class _NoClose(io.IOBase):
 
 
 def plain_transforms() -> Any:
-    """DCP's stream transforms without extensions (its default), as `_NoClose` wrappers."""
-    from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+    """DCP's stream transforms without extensions (its default), as `_NoClose` wrappers;
+    None where this torch has no such hook (its own transforms are then kept)."""
+    try:
+        from torch.distributed.checkpoint.filesystem import _StorageWriterTransforms
+    except ImportError:
+        return None
 
     class _Plain(_StorageWriterTransforms):
         def transform_save_stream(self, write_item: Any, raw_stream: Any
@@ -104,8 +108,11 @@ def plain_transforms() -> Any:
 def no_zip_crc() -> Iterator[None]:
     """`torch.save` without the CRC-32 of each record (torch.load never checks it; computing
     it costs a pass over every byte, about 2 GB/s): DCP's files are otherwise the same."""
-    from torch.utils.serialization import config
-
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # an older torch: its records keep their CRC
+        yield
+        return
     before = config.save.compute_crc32
     config.save.compute_crc32 = False
     try:

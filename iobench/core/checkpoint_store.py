@@ -118,9 +118,10 @@ OWNER_SCHEMA = "iobench.checkpoint_owner"
 
 
 def claim(folder: Path) -> None:
-    """Record in `folder` which process writes checkpoints there (host, boot, pid and its
-    start time), so that a later run can tell the `.partial` folders of a run that is gone
-    from those of one still writing (`sweep_partials`); `release` removes the record."""
+    """Record in `folder` (a `.partial` folder being written) which process writes it (host,
+    boot, pid and its start time), so that a later run can tell one a killed run left from
+    one still being written (`sweep_partials`); `release` removes the record (before the
+    commit: a checkpoint holds no such record)."""
     write_json_atomic(folder / OWNER, {"schema": OWNER_SCHEMA, "schema_version": 1,
                                        **_this_process()})
 
@@ -173,27 +174,28 @@ def writer_gone(folder: Path) -> bool | None:
 
 @dataclass(frozen=True)
 class Swept:
-    """What `sweep_partials` did in one folder: `.partial` folders removed, and those left
-    (their writer may still run: `gone` False, or cannot be told: None)."""
+    """What `sweep_partials` did in one folder: `.partial` folders removed (their writer is
+    gone), and those left: their writer still runs, or this process cannot tell."""
 
     folder: Path
     removed: tuple[Path, ...]
-    left: tuple[Path, ...]
-    gone: bool | None
+    running: tuple[Path, ...]
+    unknown: tuple[Path, ...]
 
 
 def sweep_partials(folder: Path) -> Swept:
-    """Remove the `.partial` folders a killed run left in `folder` (its claim says its
-    process has ended); leave those of a run that may still be writing."""
-    partials = tuple(sorted(p for p in folder.glob(f".*{PARTIAL}") if p.is_dir()))
-    gone = writer_gone(folder) if partials else None
-    if not partials or not gone:
-        return Swept(folder, (), partials, gone)
-    for p in partials:
-        shutil.rmtree(p, ignore_errors=True)
-    release(folder)
-    return Swept(folder, tuple(p for p in partials if not p.exists()),
-                 tuple(p for p in partials if p.exists()), gone)
+    """Remove the `.partial` folders in `folder` that a killed run left (the claim inside
+    each says its process has ended); leave those of a run that may still be writing."""
+    removed: list[Path] = []
+    running: list[Path] = []
+    unknown: list[Path] = []
+    for p in sorted(p for p in folder.glob(f".*{PARTIAL}") if p.is_dir()):
+        gone = writer_gone(p)
+        if gone:
+            shutil.rmtree(p, ignore_errors=True)
+        (unknown if gone is None else running if not gone
+         else unknown if p.exists() else removed).append(p)
+    return Swept(folder, tuple(removed), tuple(running), tuple(unknown))
 
 
 def check_marker(path: Path, ranks: int | None = None) -> Marker:
@@ -301,7 +303,9 @@ def writer(path: Path, after_shard: Any) -> Any:
     w = _Writer(path, single_file_per_rank=True, sync_files=True, thread_count=1,
                 overwrite=False)
     w.fs = write_behind_fs()  # the same files, their write-back started as they are written
-    w.transforms = plain_transforms()  # DCP's default (no extensions), a class less a tensor
+    transforms = plain_transforms()  # DCP's default (no extensions), one class less a tensor
+    if transforms is not None and hasattr(w, "transforms"):
+        w.transforms = transforms
     return w
 
 

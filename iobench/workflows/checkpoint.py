@@ -247,12 +247,13 @@ def _sweep(storage: Path) -> list[str]:
         if s.removed:
             out.append(f"removed {len(s.removed)} incomplete checkpoint folder(s) a killed "
                        f"run left in {run} ({', '.join(p.name for p in s.removed)})")
-        if s.left:
-            why = ("its run is still writing" if s.gone is False else
-                   "their run ran on another host or before iobench recorded its writer")
-            out.append(f"{run} holds incomplete checkpoint folder(s) that `--read` refuses "
-                       f"({why}); once that run is gone, remove them with: rm -rf "
-                       + " ".join(shlex.quote(str(p)) for p in s.left))
+        for left, why in ((s.running, "its run is still writing"),
+                          (s.unknown, "their run ran on another host, or no record says "
+                                      "which")):
+            if left:
+                out.append(f"{run} holds incomplete checkpoint folder(s) that `--read` "
+                           f"refuses ({why}); once that run is gone, remove them with: "
+                           "rm -rf " + " ".join(shlex.quote(str(p)) for p in left))
     return out
 
 
@@ -318,11 +319,8 @@ def _make_run_dir(run_dir: Path, world: World) -> None:
     if world.is_root:
         try:
             run_dir.mkdir()
-            claim(run_dir)  # a later run in --storage then knows our .partial folders are ours
         except OSError as e:
             err = StorageError(f"cannot create {run_dir}: {e.strerror or e}")
-        except StorageError as e:
-            err = e
     agree(world, err)
     seen = run_dir.is_dir()
     missing = [r for r, ok in enumerate(world.allgather(seen)) if not ok]
@@ -362,8 +360,11 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
     if world.is_root:
         try:
             tmp.mkdir()
+            claim(tmp)  # a later run can tell it from one a killed run left (_sweep)
         except OSError as e:
             err = StorageError(f"cannot create {tmp}: {e.strerror or e}")
+        except StorageError as e:
+            err = e
     agree(world, err)  # (also a barrier: the ranks start together)
     # tests only (IOBENCH_TEST_FAULT, iobench.core.faults): `epoch` names the checkpoint,
     # step 0 is after this rank's shard is on storage and before DCP writes the metadata
@@ -396,6 +397,7 @@ def _commit(plan: _Plan, world: World, k: int, tmp: Path, final: Path,
             marker = Marker(model=plan.layout.model, scale=plan.layout.scale,
                             ranks=world.size, seed=plan.seed, files=files,
                             metadata_sha256=sha256_of(tmp / METADATA), created=now_iso())
+            release(tmp)  # the checkpoint holds DCP's files and the marker, nothing else
             commit(tmp, final, marker)
             commit_s = (time.perf_counter_ns() - t1) / 1e9
         except (OSError, IobenchError) as e:
@@ -685,9 +687,8 @@ def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> N
     if not world.is_root or plan.run_dir is None or not plan.run_dir.is_dir():
         return
     for p in plan.run_dir.iterdir():
-        if p.name.startswith(".") and p.is_dir():
+        if p.name.startswith("."):
             shutil.rmtree(p, ignore_errors=True)
-    release(plan.run_dir)
     if _filled():
         (plan.run_dir / "filler").unlink(missing_ok=True)
     if not cfg.keep:
