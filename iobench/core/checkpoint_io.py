@@ -85,7 +85,9 @@ class _NoClose(io.IOBase):
         return int(self.raw.write(b))
 
     def close(self) -> None:
-        self.raw.flush()
+        if not self.closed:  # the wrapper closes, once; the file stays open
+            self.raw.flush()
+            super().close()
 
 
 def plain_transforms() -> Any:
