@@ -341,3 +341,102 @@ def test_two_ranks_interrupted_together(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path)
     assert sorted(p.name for p in run_dir.iterdir()) == ["ckpt-000"]
     assert "interrupted (SIGINT)" in out.stderr
+
+
+# ------------------------------------------------------------------------ leftovers of killed runs
+
+def test_a_killed_runs_partial_is_refused_then_removed_by_the_next_run(tmp_path: Path) -> None:
+    """A run killed mid-write (SIGKILL: no clean-up) leaves `.ckpt-001.partial`: `--read`
+    refuses it, naming how it goes; the next run in the same --storage removes it and
+    says so, and leaves the killed run's complete checkpoint readable."""
+    out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                  "--keep", "--results", tmp_path / "res",
+                  env={"IOBENCH_TEST_FAULT": "rank=0,epoch=1,step=0,action=kill"})
+    assert out.returncode != 0
+    killed = _run_dir(tmp_path)
+    partial = killed / ".ckpt-001.partial"
+    assert partial.is_dir() and _accepted(killed) == ["ckpt-000"]
+    bad = run_cmd("checkpoint", "--read", partial)
+    assert bad.returncode == 2
+    _one_line_error(bad.stderr, "no completion marker")
+    assert "rm -rf" in bad.stderr and "removes it once that run is gone" in bad.stderr
+    nxt = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn",
+                  "--results", tmp_path / "res2")
+    assert nxt.returncode == 0, nxt.stderr[-3000:]
+    assert not partial.exists() and _accepted(killed) == ["ckpt-000"]
+    doc = _doc(tmp_path / "res2")
+    assert any("removed 1 incomplete checkpoint folder(s) a killed run left" in w
+               for w in doc["warnings"]), doc["warnings"]
+    assert cli("checkpoint", "--read", killed / "ckpt-000", "--results", tmp_path / "r") == 0
+
+
+def test_partials_of_a_live_or_foreign_writer_are_named_not_removed(tmp_path: Path) -> None:
+    """A `.partial` whose writer still runs (this test's own process) or ran on another host
+    is left in place, and the warning names the command that removes it."""
+    import json as _json
+
+    from iobench.core.checkpoint_store import OWNER, claim
+
+    live, foreign = tmp_path / "iobench-checkpoint-live", tmp_path / "iobench-checkpoint-far"
+    for run in (live, foreign):
+        (run / ".ckpt-000.partial").mkdir(parents=True)
+        claim(run / ".ckpt-000.partial")
+    rec = _json.loads((foreign / ".ckpt-000.partial" / OWNER).read_text())
+    (foreign / ".ckpt-000.partial" / OWNER).write_text(_json.dumps({**rec, "host": "far"}))
+    out = run_cmd("checkpoint", "--storage", tmp_path, "--model", "cnn",
+                  "--results", tmp_path / "res")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (live / ".ckpt-000.partial").is_dir() and (foreign / ".ckpt-000.partial").is_dir()
+    warnings = " ".join(_doc(tmp_path / "res")["warnings"])
+    assert "its run is still writing" in warnings and "another host" in warnings
+    assert f"rm -rf {live / '.ckpt-000.partial'}" in warnings
+
+
+# ------------------------------------------------------------------------ the shard I/O
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_shards_stay_dcps_format_both_ways(tmp_path: Path, monkeypatch) -> None:
+    """iobench's writer (write-behind, no zip CRC) writes files DCP's stock reader loads,
+    and iobench's reader (O_DIRECT ranges, records copied without torch.load) loads them,
+    the plain tensors by the fast path and a transposed one through torch.load."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core import checkpoint_io
+    from iobench.core.checkpoint_store import load_metadata, reader, writer
+
+    gen = torch.Generator().manual_seed(0)
+    state = {f"rank0/t{i}": torch.randn(3000 + 7 * i, generator=gen).to(
+        torch.bfloat16 if i % 2 else torch.float32) for i in range(40)}
+    state["rank0/transposed"] = torch.randn(64, 32, generator=gen).t()
+    state["rank0/empty"] = torch.zeros(0)
+    save(state, storage_writer=writer(tmp_path, lambda: None), no_dist=True)
+    stock = {k: torch.zeros_like(v) for k, v in state.items()}
+    load(stock, storage_reader=FileSystemReader(tmp_path), no_dist=True)
+    decoded = []
+    plain = checkpoint_io.tensor_bytes
+    monkeypatch.setattr(checkpoint_io, "tensor_bytes",
+                        lambda *a: decoded.append(plain(*a) is not None) or plain(*a))
+    fast = {k: torch.zeros_like(v) for k, v in state.items()}
+    load(fast, storage_reader=reader(tmp_path, load_metadata(tmp_path)), no_dist=True)
+    assert decoded == [True] * 40  # every plain tensor; the transposed one by torch.load
+    for k, v in state.items():
+        assert torch.equal(stock[k], v) and torch.equal(fast[k], v), k
+    record = next(iter(tmp_path.glob("__0_*.distcp"))).read_bytes()
+    view = memoryview(bytearray(record))
+    assert checkpoint_io.tensor_bytes(view[:10], torch.float32, (3000,)) is None  # not a record
+
+
+def test_read_ranges_cover_every_item_aligned() -> None:
+    from iobench.core.checkpoint_io import READ_RANGE, ranges
+
+    items = [(0, 100, "a"), (5000, 10, "b"), (7000, READ_RANGE * 2, "c"),
+             (7000 + READ_RANGE * 2, 50, "d")]
+    out = ranges(list(reversed(items)))
+    held = [r for _, _, rs in out for r in rs]
+    assert sorted(held) == sorted(items)
+    for start, end, rs in out:
+        assert start % 4096 == 0 and end % 4096 == 0
+        assert all(start <= off and off + n <= end for off, n, _ in rs)

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results", nargs="+", metavar="RESULT",
                    help="result .json files or directories of them, searched with their "
                         "sub-directories (the first run is the baseline); `iobench stage` "
-                        "results among them give the break-even of staging, other "
+                        "results among them give the break-even of staging, `iobench "
+                        "checkpoint` results a table of their own, other "
                         "documents (probe, sweep, bench-read) are skipped with a note")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw stall time per epoch, grouped by run, into this PNG")
@@ -35,10 +36,16 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"{opt} {value}: give a file name ending in .png")
         if value is not None:
             writable_file(value, opt)  # before reading anything
-    docs, stages, skipped = compare.load_documents(args.results)
-    for path, why in skipped:
+    loaded = compare.load_all(args.results)
+    docs = loaded.runs
+    for path, why in loaded.skipped:
         print(f"compare: skipped {path}: {why}")
-    compare.render_table(docs, stages=stages)
+    if docs:
+        compare.render_table(docs, stages=loaded.stages)
+    if loaded.checkpoints:  # `iobench checkpoint` results, in a table of their own
+        compare.render_checkpoints(loaded.checkpoints)
+    if (args.plot or args.accuracy_plot) and not docs:
+        raise ConfigError("--plot and --accuracy-plot draw training runs; none was given")
     if args.plot:
         path = compare.plot_stall(docs, args.plot)
         print(f"plot: {path}")

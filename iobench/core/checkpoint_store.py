@@ -23,11 +23,20 @@ import hashlib
 import io
 import os
 import pickle
+import shlex
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from iobench.core.checkpoint_io import (
+    DamagedShard,
+    no_zip_crc,
+    plain_transforms,
+    read_ranges,
+    write_behind_fs,
+)
 from iobench.core.errors import DatasetError
 from iobench.core.jsonio import read_json, write_json_atomic
 from iobench.core.schema import Count, Dict, Map, Num, Str, check
@@ -104,16 +113,105 @@ def commit(tmp: Path, final: Path, marker: Marker) -> None:
     fsync_dir(final.parent)
 
 
+OWNER = ".iobench-owner.json"  # in a folder while a run writes checkpoints into it
+OWNER_SCHEMA = "iobench.checkpoint_owner"
+
+
+def claim(folder: Path) -> None:
+    """Record in `folder` (a `.partial` folder being written) which process writes it (host,
+    boot, pid and its start time), so that a later run can tell one a killed run left from
+    one still being written (`sweep_partials`); `release` removes the record (before the
+    commit: a checkpoint holds no such record)."""
+    write_json_atomic(folder / OWNER, {"schema": OWNER_SCHEMA, "schema_version": 1,
+                                       **_this_process()})
+
+
+def release(folder: Path) -> None:
+    (folder / OWNER).unlink(missing_ok=True)
+
+
+def _this_process() -> dict[str, Any]:
+    import socket
+
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(),
+            "start": _start_time(os.getpid())}
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None: no such process), so that
+    a pid reused by another process is not taken for the one recorded."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def writer_gone(folder: Path) -> bool | None:
+    """Whether the run that claimed `folder` has ended: True (same host, and another boot or
+    its process gone), False (it still runs), None (no readable record, or another host:
+    this process cannot tell)."""
+    import socket
+
+    try:
+        rec = read_json(folder / OWNER, schema=OWNER_SCHEMA, max_version=1)
+    except (DatasetError, OSError):
+        return None
+    if rec.get("host") != socket.gethostname() or rec.get("boot_id") is None:
+        return None
+    if rec["boot_id"] != _boot_id():
+        return True
+    pid = rec.get("pid")
+    return not isinstance(pid, int) or _start_time(pid) != rec.get("start")
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What `sweep_partials` did in one folder: `.partial` folders removed (their writer is
+    gone), and those left: their writer still runs, or this process cannot tell."""
+
+    folder: Path
+    removed: tuple[Path, ...]
+    running: tuple[Path, ...]
+    unknown: tuple[Path, ...]
+
+
+def sweep_partials(folder: Path) -> Swept:
+    """Remove the `.partial` folders in `folder` that a killed run left (the claim inside
+    each says its process has ended); leave those of a run that may still be writing."""
+    removed: list[Path] = []
+    running: list[Path] = []
+    unknown: list[Path] = []
+    for p in sorted(p for p in folder.glob(f".*{PARTIAL}") if p.is_dir()):
+        gone = writer_gone(p)
+        if gone:
+            shutil.rmtree(p, ignore_errors=True)
+        (unknown if gone is None else running if not gone
+         else unknown if p.exists() else removed).append(p)
+    return Swept(folder, tuple(removed), tuple(running), tuple(unknown))
+
+
 def check_marker(path: Path, ranks: int | None = None) -> Marker:
     """The marker of the checkpoint at `path`, once its files match it; else
     CheckpointRefused, naming what is wrong (one line)."""
     if not path.is_dir():
         raise CheckpointRefused(f"--read {path}: no such directory")
     if not (path / MARKER).is_file():
+        left = (f"; a {PARTIAL} folder is a checkpoint being written, or left by a killed "
+                f"run: the next `iobench checkpoint --storage {path.parent.parent}` removes "
+                f"it once that run is gone, or remove it with: rm -rf {shlex.quote(str(path))}"
+                if path.name.endswith(PARTIAL) else "")
         raise CheckpointRefused(
             f"--read {path}: no completion marker ({MARKER}): not a complete checkpoint "
             "written by `iobench checkpoint` (a write that failed or was interrupted leaves "
-            "none); refusing to read it")
+            f"none); refusing to read it{left}")
     marker = Marker.from_dict(read_json(path / MARKER, schema=MARKER_SCHEMA,
                                         max_version=MARKER_VERSION), str(path / MARKER))
     for name, size in marker.files.items():
@@ -185,8 +283,9 @@ def check_tensors(metadata: Any, state: dict[str, Any], path: Path) -> None:
 
 
 def writer(path: Path, after_shard: Any) -> Any:
-    """A DCP writer of one fsync'ed file per rank into `path`, which records when this rank's
-    shard is on storage (`shard_end_ns`) and its files, then calls `after_shard()`."""
+    """A DCP writer of one fsync'ed file per rank into `path` (written behind:
+    `checkpoint_io.WriteBehindFile`), which records when this rank's shard is on storage
+    (`shard_end_ns`) and its files, then calls `after_shard()`."""
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
     class _Writer(FileSystemWriter):
@@ -194,21 +293,29 @@ def writer(path: Path, after_shard: Any) -> Any:
         files: tuple[str, ...] = ()
 
         def write_data(self, plan: Any, planner: Any) -> Any:
-            fut = super().write_data(plan, planner)
+            with no_zip_crc():
+                fut = super().write_data(plan, planner)
             self.files = tuple(sorted({r.storage_data.relative_path for r in fut.value()}))
             self.shard_end_ns = time.perf_counter_ns()
             after_shard()
             return fut
 
-    return _Writer(path, single_file_per_rank=True, sync_files=True, thread_count=1,
-                   overwrite=False)
+    w = _Writer(path, single_file_per_rank=True, sync_files=True, thread_count=1,
+                overwrite=False)
+    w.fs = write_behind_fs()  # the same files, their write-back started as they are written
+    transforms = plain_transforms()  # DCP's default (no extensions), one class less a tensor
+    if transforms is not None and hasattr(w, "transforms"):
+        w.transforms = transforms
+    return w
 
 
 def reader(path: Path, metadata: Any) -> Any:
     """A DCP reader of the checked checkpoint at `path` that hands DCP `metadata` (from
-    `load_metadata`) instead of unpickling `.metadata` itself, and records when this rank's
-    reads ended (`read_end_ns`)."""
+    `load_metadata`) instead of unpickling `.metadata` itself, reads each shard in large
+    sequential ranges (`read_ranges`: O_DIRECT where the filesystem allows it, a few ranges
+    in flight) and records when this rank's reads ended (`read_end_ns`)."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.futures import Future
 
     class _Reader(FileSystemReader):
         read_end_ns: int | None = None
@@ -219,7 +326,16 @@ def reader(path: Path, metadata: Any) -> Any:
             return metadata
 
         def read_data(self, plan: Any, planner: Any) -> Any:
-            fut = super().read_data(plan, planner)
+            if any(self.storage_data[r.storage_index].transform_descriptors
+                   for r in plan.items):  # DCP's stream extensions: its own reader
+                fut = super().read_data(plan, planner)
+            else:
+                try:
+                    read_ranges(Path(self.path), self.storage_data, plan.items, planner)
+                except DamagedShard as e:
+                    raise CheckpointRefused(str(e)) from None
+                fut = Future()
+                fut.set_result(None)
             self.read_end_ns = time.perf_counter_ns()
             return fut
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -35,12 +36,15 @@ from iobench.core.checkpoint_store import (
     Marker,
     check_marker,
     check_tensors,
+    claim,
     commit,
     fsync_dir,
     load_metadata,
     partial_dir,
     reader,
+    release,
     sha256_of,
+    sweep_partials,
     writer,
 )
 from iobench.core.dataref import refuse_in_dataset
@@ -227,9 +231,30 @@ def _plan_write(cfg: CheckpointConfig, world: World) -> _Plan:
         raise StorageError(f"--storage {storage}: not writable by this user")
     refuse_in_dataset(storage, "--storage")  # checkpoints never go into data a run reads
     layout = layout_for(cfg.model, cfg.scale, world.size)
+    left = _sweep(storage) if world.is_root else []  # before the space is counted
     _check_space(layout, storage, cfg.repeat, world)
     _check_memory(layout, world)
-    return _Plan(layout, cfg.seed, "", None, warnings=_layout_warnings(layout, world))
+    return _Plan(layout, cfg.seed, "", None, warnings=[*left, *_layout_warnings(layout, world)])
+
+
+def _sweep(storage: Path) -> list[str]:
+    """Rank 0: remove the incomplete checkpoints (`.ckpt-NNN.partial`) that runs killed
+    before their clean-up left in `storage`; name those it cannot tell are abandoned (their
+    run still writes, or ran on another host), with the command that removes them."""
+    out = []
+    for run in sorted(p for p in storage.glob("iobench-checkpoint-*") if p.is_dir()):
+        s = sweep_partials(run)
+        if s.removed:
+            out.append(f"removed {len(s.removed)} incomplete checkpoint folder(s) a killed "
+                       f"run left in {run} ({', '.join(p.name for p in s.removed)})")
+        for left, why in ((s.running, "its run is still writing"),
+                          (s.unknown, "their run ran on another host, or no record says "
+                                      "which")):
+            if left:
+                out.append(f"{run} holds incomplete checkpoint folder(s) that `--read` "
+                           f"refuses ({why}); once that run is gone, remove them with: "
+                           "rm -rf " + " ".join(shlex.quote(str(p)) for p in left))
+    return out
 
 
 def estimated_bytes(layout: Layout) -> int:
@@ -335,8 +360,11 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
     if world.is_root:
         try:
             tmp.mkdir()
+            claim(tmp)  # a later run can tell it from one a killed run left (_sweep)
         except OSError as e:
             err = StorageError(f"cannot create {tmp}: {e.strerror or e}")
+        except StorageError as e:
+            err = e
     agree(world, err)  # (also a barrier: the ranks start together)
     # tests only (IOBENCH_TEST_FAULT, iobench.core.faults): `epoch` names the checkpoint,
     # step 0 is after this rank's shard is on storage and before DCP writes the metadata
@@ -369,6 +397,7 @@ def _commit(plan: _Plan, world: World, k: int, tmp: Path, final: Path,
             marker = Marker(model=plan.layout.model, scale=plan.layout.scale,
                             ranks=world.size, seed=plan.seed, files=files,
                             metadata_sha256=sha256_of(tmp / METADATA), created=now_iso())
+            release(tmp)  # the checkpoint holds DCP's files and the marker, nothing else
             commit(tmp, final, marker)
             commit_s = (time.perf_counter_ns() - t1) / 1e9
         except (OSError, IobenchError) as e:
@@ -672,3 +701,72 @@ def _clean_up(cfg: CheckpointConfig, plan: _Plan, world: World, done: bool) -> N
 def _filled() -> bool:
     fault = faults.planned()
     return fault is not None and fault.action == "fill"
+
+
+# ------------------------------------------------------------------------------ side by side
+
+def load_result(path: Path) -> dict[str, Any]:
+    """The `iobench.checkpoint` document in `path`, checked (`validate`); else a DatasetError
+    (SchemaError) naming what is wrong."""
+    from iobench.core.jsonio import read_json
+
+    return validate(read_json(path, schema=SCHEMA, max_version=SCHEMA_VERSION), str(path))
+
+
+def tier_of(doc: dict[str, Any]) -> str:
+    """Where a checkpoint run wrote: its storage path, filesystem and kind."""
+    st = doc["provenance"].get("storage") or {}
+    fs = ", ".join(str(x) for x in (st.get("fstype"), st.get("kind")) if x)
+    return f"{st.get('path', '?')}" + (f" ({fs})" if fs else "")
+
+
+def side_by_side(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per checkpoint result: where, what, and per phase (write, read) MLPerf's
+    figures over its checkpoints (throughput, duration = max over ranks, slowest rank's
+    GB/s = min over ranks: each a spread), with the throughput's ratio to the first row's."""
+    rows = []
+    for i, d in enumerate(docs):
+        s, lay = d["summary"], d["layout"]
+        one = (d["writes"] or d["reads"])[0]
+        row: dict[str, Any] = {
+            "run": i, "tier": tier_of(d), "run_id": d["run_id"],
+            "what": f"{lay['model']}" + (f" x{lay['scale']:g}" if lay["scale"] < 1 else "")
+                    + f", {d['world']['size']} rank(s)",
+            "GB": one["bytes"] / GB, "read_cache": ",".join(s["read_cache"]),
+            "os_read_check": ",".join(s["os_read_check"])}
+        for phase in ("write", "read"):
+            row[phase] = s[phase]
+            first = docs[0]["summary"][phase]["throughput_GBps"]
+            mine = s[phase]["throughput_GBps"]
+            row[f"{phase}_vs_first"] = (mine["median"] / first["median"]
+                                        if mine and first and first["median"] > 0 else None)
+        rows.append(row)
+    return rows
+
+
+SIDE_BY_SIDE_HEADER = ("run", "tier", "checkpoint", "GB", "write GB/s", "write s (max rank)",
+                       "write GB/s slowest rank", "write ×run1", "read GB/s",
+                       "read s (max rank)", "read GB/s slowest rank", "read ×run1", "reads")
+
+
+def side_by_side_cells(row: dict[str, Any]) -> list[str]:
+    """A `side_by_side` row as table cells (SIDE_BY_SIDE_HEADER): median [min-max] over the
+    run's checkpoints, `-` for a phase it did not run."""
+    from iobench.core.spread import fmt_spread
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    cells = [str(row["run"] + 1), row["tier"], row["what"], f"{row['GB']:.3f}"]
+    for phase in ("write", "read"):
+        sp = row[phase]
+        cells += [fmt_spread(sp["throughput_GBps"], ".3g"), fmt_spread(sp["duration_s"], ".3g"),
+                  fmt_spread(sp["rank_GBps_min"], ".3g"), ratio(row[f"{phase}_vs_first"])]
+    return [*cells, f"{row['read_cache']}; OS bytes {row['os_read_check']}"]
+
+
+SIDE_BY_SIDE_NOTE = ("iobench checkpoint (MLPerf Storage's figures): GB/s = a checkpoint's "
+                     "bytes over its duration, the slowest rank's time; 'slowest rank' = the "
+                     "minimum over ranks of each rank's GB/s; median [min-max] over the run's "
+                     "checkpoints (--repeat); ×run1 = the median throughput over run 1's; "
+                     "GB = 10^9 bytes per checkpoint")

@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,91 @@ def load_documents(paths: list[str | Path]
         except IobenchError as e:
             found.skipped.append((p, str(e)))
     return [load_typed(p) for p in found.results], stages, found.skipped
+
+
+CHECKPOINT_SCHEMA = "iobench.checkpoint"  # iobench.workflows.checkpoint.SCHEMA
+
+
+@dataclass
+class Loaded:
+    """What `load_all` found: training runs, staging results, checkpoint results (checked
+    `iobench.checkpoint` documents) and what was set aside with why."""
+
+    runs: list[TrainResult]
+    stages: list[StageDoc]
+    checkpoints: list[dict[str, Any]]
+    skipped: list[tuple[Path, str]]
+
+
+def load_all(paths: Sequence[str | Path]) -> Loaded:
+    """`load_documents`, and the `iobench checkpoint` results among `paths` (files as given,
+    directories searched with their sub-directories): either kind alone is enough."""
+    from iobench.workflows.checkpoint import load_result
+
+    files, rest = _checkpoint_files(paths)
+    runs: list[TrainResult] = []
+    stages: list[StageDoc] = []
+    skipped: list[tuple[Path, str]] = []
+    if rest:
+        try:
+            runs, stages, skipped = load_documents(rest)
+        except ResultError:
+            if not files:
+                raise
+    checkpoints = []
+    for f in files:
+        try:
+            checkpoints.append(load_result(f))
+        except IobenchError as e:
+            skipped.append((f, str(e)))
+    if not runs and not checkpoints:
+        raise ResultError(f"no iobench training or checkpoint results among "
+                          f"{', '.join(map(str, paths))}")
+    return Loaded(runs, stages, checkpoints, skipped)
+
+
+def _checkpoint_files(paths: Sequence[str | Path]) -> tuple[list[Path], list[str | Path]]:
+    """The checkpoint result files named by `paths`, and the paths left for the training
+    results (a file that is a checkpoint result is not one of them)."""
+    from iobench.core.results import schema_of
+
+    files: list[Path] = []
+    rest: list[str | Path] = []
+    for p in map(Path, paths):
+        if p.is_file() and schema_of(p) == CHECKPOINT_SCHEMA:
+            files.append(p)
+            continue
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*.json")
+                            if f.is_file() and schema_of(f) == CHECKPOINT_SCHEMA)
+        rest.append(p)
+    return files, rest
+
+
+def render_checkpoints(docs: Sequence[Mapping[str, Any]], console: Any = None) -> Any:
+    """Print (and return) the checkpoint results side by side: write and read GB/s, the
+    duration (max over ranks) and the slowest rank's GB/s (min over ranks), spreads over
+    each run's checkpoints, ratios to run 1 (`iobench.workflows.checkpoint.side_by_side`)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from iobench.workflows.checkpoint import (
+        SIDE_BY_SIDE_HEADER,
+        SIDE_BY_SIDE_NOTE,
+        side_by_side,
+        side_by_side_cells,
+    )
+
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    table = Table(title="iobench compare: checkpoints, write then cold read")
+    for col in SIDE_BY_SIDE_HEADER:
+        table.add_column(col, justify="left" if col in ("tier", "checkpoint") else "right")
+    for row in side_by_side([dict(d) for d in docs]):
+        table.add_row(*(escape(c) for c in side_by_side_cells(row)))
+    console.print(table)
+    console.print(escape(SIDE_BY_SIDE_NOTE))
+    return table
 
 
 def run_label(doc: Doc) -> str:

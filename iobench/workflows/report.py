@@ -73,6 +73,7 @@ class Collection:
     probes: list[ProbeDoc] = field(default_factory=list)
     sweeps: list[SweepDoc] = field(default_factory=list)
     searches: list[SearchDoc] = field(default_factory=list)  # complete `iobench search`es
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # `iobench checkpoint`s
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -85,7 +86,11 @@ def _known() -> dict[str, int]:
             results.STAGE_SCHEMA: results.STAGE_SCHEMA_VERSION,
             results.PROBE_SCHEMA: results.PROBE_SCHEMA_VERSION,
             results.SWEEP_SCHEMA: results.SWEEP_SCHEMA_VERSION,
-            results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION}
+            results.SEARCH_SCHEMA: results.SEARCH_SCHEMA_VERSION,
+            _CHECKPOINT_SCHEMA: 1}
+
+
+_CHECKPOINT_SCHEMA = "iobench.checkpoint"  # iobench.workflows.checkpoint.SCHEMA (v1)
 
 
 def load_directory(results_dir: str | Path) -> Collection:
@@ -106,7 +111,8 @@ def load_directory(results_dir: str | Path) -> Collection:
                 _sort_document(col, name, doc)
             except ResultError as e:
                 col.skipped.append((name, str(e)))
-    if not (col.runs or col.stages or col.probes or col.sweeps or col.searches):
+    if not (col.runs or col.stages or col.probes or col.sweeps or col.searches
+            or col.checkpoints):
         raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
                                    "probe results), searched with its sub-directories; run "
                                    "`iobench train`, `stage`, `probe` or `sweep` with "
@@ -142,6 +148,11 @@ def _sort_document(col: Collection, name: str, doc: dict[str, Any]) -> None:
     from iobench.core import results
 
     schema = doc["schema"]
+    if schema == _CHECKPOINT_SCHEMA:
+        from iobench.workflows.checkpoint import validate
+
+        col.checkpoints.append(validate(doc, name))
+        return
     if schema == results.SCHEMA:
         run = TrainResult.from_dict(doc, name)
         if not run.complete:  # never averaged with whole runs
@@ -609,11 +620,29 @@ def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
     tables = [environment_table(col), *run_tables(rows)]
     if col.probes:
         tables.insert(1, probe_table(col.probes))
-    for table in (node_table(rows), staging_table(col, rows), search_table(col.searches),
+    for table in (node_table(rows), staging_table(col, rows), checkpoint_table(col),
+                  search_table(col.searches),
                   failed_sweeps_table(col.sweeps), warnings_table(col, rows)):
         if table is not None:
             tables.append(table)
     return tables
+
+
+def checkpoint_table(col: Collection) -> Table | None:
+    """`iobench checkpoint` results side by side (every tier, oldest first): write and cold
+    read GB/s, the duration (max over ranks), the slowest rank's GB/s (min over ranks)."""
+    from iobench.workflows.checkpoint import (
+        SIDE_BY_SIDE_HEADER,
+        SIDE_BY_SIDE_NOTE,
+        side_by_side,
+        side_by_side_cells,
+    )
+
+    if not col.checkpoints:
+        return None
+    docs = sorted(col.checkpoints, key=lambda d: str(d["created"]))
+    return Table("Checkpoints: write, then cold read", list(SIDE_BY_SIDE_HEADER),
+                 [side_by_side_cells(r) for r in side_by_side(docs)], SIDE_BY_SIDE_NOTE)
 
 
 def environment_table(col: Collection) -> Table:

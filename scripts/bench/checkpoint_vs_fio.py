@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""`iobench checkpoint` against fio on the same files: sequential write with fsync, O_DIRECT read.
+
+For each rank count R (1, then `mpiexec -n 2`) and each tier, every repetition runs
+`iobench checkpoint --repeat 1 --keep` (DCP: one fsync'ed shard per rank, evicted, then read
+back cold) and fio on the same bytes, the order of the two alternating:
+
+- write: R fio jobs at once, each writing one file of the size of one of iobench's shards
+  (`rw=write`, `bs`, `end_fsync=1`: the file is fsync'ed before the job ends, as DCP's
+  `sync_files` does), against iobench's `throughput_GBps` (every shard's bytes over the
+  slowest rank's time to its shard fsync'ed: MLPerf's figure);
+- read: R fio jobs at once, each reading one of iobench's own shard files with O_DIRECT
+  (`direct=1`, nothing from the page cache), against iobench's cold read.
+
+fio's figure is computed the same way: all jobs' bytes over the slowest job's runtime. The
+script prints each repetition's ratios (iobench / fio, within the repetition) and, per rank
+count and tier, the median [min-max] of 3 (or --repeat) interleaved repetitions. With
+`--gluster`, the same on the one-box GlusterFS volume (scripts/pfs/local-gluster.sh, root;
+iobench reads with `--evict-cmd` emptying the bricks' cache), and the GlusterFS / local
+ratios. GB = 10^9 bytes.
+
+    .venv/bin/python scripts/bench/checkpoint_vs_fio.py [--work /var/tmp/iobench-ckpt-fio]
+        [--model llama3-8b] [--scale 0.05] [--ranks 1,2] [--repeat 3] [--bs 1m] [--gluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _tiers as t
+
+
+def mpi(ranks: int) -> list[str]:
+    if ranks == 1:
+        return []
+    exe = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    return [exe, "-n", str(ranks)]
+
+
+def iobench_run(storage: Path, ranks: int, a: argparse.Namespace,
+                evict_cmd: str | None) -> tuple[dict[str, Any], list[Path]]:
+    """One `iobench checkpoint` (kept): its result document and its shard files."""
+    with tempfile.TemporaryDirectory() as res:
+        cmd = [*mpi(ranks), *t.IOBENCH, "checkpoint", "--storage", str(storage), "--model",
+               a.model, "--scale", str(a.scale), "--keep", "--results", res]
+        if evict_cmd:
+            cmd += ["--evict-cmd", evict_cmd]
+        t.run(cmd, cwd=res)
+        doc = t.only_result(Path(res))
+    shards = sorted(Path(doc["kept"][0]).glob("__*_0.distcp"))
+    return doc, shards
+
+
+def fio_run(jobs: list[tuple[Path, int]], rw: str, a: argparse.Namespace) -> float:
+    """R fio jobs at once (one file each); all bytes over the slowest job's runtime, GB/s."""
+    common = [f"--bs={a.bs}", "--ioengine=psync", "--group_reporting=0",
+              "--output-format=json"]
+    common += (["--rw=write", "--end_fsync=1", "--fallocate=none"] if rw == "write"
+               else ["--rw=read", "--direct=1"])
+    argv = [a.fio, *common]
+    for k, (path, size) in enumerate(jobs):
+        argv += [f"--name=j{k}", f"--filename={path}", f"--size={size}"]
+    out = json.loads(t.run(argv).stdout)
+    phase = "write" if rw == "write" else "read"
+    total = sum(j[phase]["io_bytes"] for j in out["jobs"])
+    # job_runtime (ms) holds the whole job: for writes, the end_fsync too
+    slowest = max(j["job_runtime"] for j in out["jobs"]) / 1e3
+    return total / 1e9 / slowest
+
+
+def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | None,
+            fio_first: bool) -> dict[str, float]:
+    """One repetition on one tier: iobench and fio, write and read, in the given order."""
+    fio_dir = storage / "fio"
+    fio_dir.mkdir(exist_ok=True)
+    got: dict[str, float] = {}
+
+    def fio_write(sizes: list[int]) -> None:
+        jobs = [(fio_dir / f"shard{r}", s) for r, s in enumerate(sizes)]
+        got["fio_write"] = fio_run(jobs, "write", a)
+        for p, _ in jobs:
+            p.unlink()
+
+    sizes = a.sizes.get((str(storage), ranks))
+    if fio_first and sizes:
+        fio_write(sizes)
+    doc, shards = iobench_run(storage, ranks, a, evict_cmd)
+    sizes = a.sizes[(str(storage), ranks)] = [p.stat().st_size for p in shards]
+    if "fio_write" not in got:
+        fio_write(sizes)
+    got["fio_read"] = fio_run([(p, p.stat().st_size) for p in shards], "read", a)
+    shutil.rmtree(Path(doc["kept"][0]).parent)
+    got["io_write"] = doc["writes"][0]["throughput_GBps"]
+    got["io_read"] = doc["reads"][0]["throughput_GBps"]
+    got["cache"] = doc["reads"][0]["cache"]["status"] + "/" + doc["reads"][0]["os_read_check"]
+    got["bytes"] = doc["writes"][0]["bytes"]
+    return got
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]" if xs else "n/a"
+
+
+def table(reps: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
+    print("\n| tier | ranks | GB | fio write GB/s | iobench write GB/s | write ratio | "
+          "fio O_DIRECT read GB/s | iobench cold read GB/s | read ratio | reads |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for (tier, ranks), rs in reps.items():
+        col = {k: [r[k] for r in rs] for k in ("fio_write", "io_write", "fio_read", "io_read")}
+        wr = [r["io_write"] / r["fio_write"] for r in rs]
+        rr = [r["io_read"] / r["fio_read"] for r in rs]
+        print(f"| {tier} | {ranks} | {rs[0]['bytes'] / 1e9:.2f} | {spread(col['fio_write'])} | "
+              f"{spread(col['io_write'])} | {spread(wr)} | {spread(col['fio_read'])} | "
+              f"{spread(col['io_read'])} | {spread(rr)} | "
+              f"{','.join(sorted({r['cache'] for r in rs}))} |")
+
+
+def tier_ratios(reps: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
+    ranks = sorted({r for _, r in reps})
+    if not any(k[0] == "gluster" for k in reps):
+        return
+    print("\n| ranks | tool | phase | GlusterFS / local (median of per-repetition ratios) |")
+    print("|---:|---|---|---:|")
+    for r in ranks:
+        loc, glu = reps.get(("local", r)), reps.get(("gluster", r))
+        if not loc or not glu:
+            continue
+        for key, tool, phase in (("io_write", "iobench", "write"), ("fio_write", "fio", "write"),
+                                 ("io_read", "iobench", "read"), ("fio_read", "fio", "read")):
+            ratios = [g[key] / lo[key] for g, lo in zip(glu, loc, strict=True)]
+            print(f"| {r} | {tool} | {phase} | {spread(ratios)} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--work", default="/var/tmp/iobench-ckpt-fio",
+                   help="a folder on the local disk for the checkpoints and fio's files")
+    p.add_argument("--model", default="llama3-8b")
+    p.add_argument("--scale", type=float, default=0.05,
+                   help="iobench --scale (llama3-8b 0.05: 656 MB per rank)")
+    p.add_argument("--ranks", default="1,2")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--bs", default="1m", help="fio's block size (default 1m)")
+    p.add_argument("--fio", default=shutil.which("fio") or "fio")
+    p.add_argument("--gluster", action="store_true",
+                   help="also on the one-box GlusterFS volume (root; brought up if needed)")
+    a = p.parse_args()
+    a.sizes = {}
+    tiers = {"local": (Path(a.work), None)}
+    if a.gluster:
+        tiers["gluster"] = (t.gluster_up() / "ckpt-fio", t.EVICT)
+    for d, _ in tiers.values():
+        d.mkdir(parents=True, exist_ok=True)
+    print(t.header("checkpoint_vs_fio"))
+    print(f"model {a.model} --scale {a.scale:g}, fio bs={a.bs}, repetitions {a.repeat}\n")
+    reps: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for i in range(a.repeat):
+        for ranks in (int(x) for x in a.ranks.split(",")):
+            for tier, (d, evict) in tiers.items():
+                r = one_rep(d, ranks, a, evict, fio_first=bool(i % 2))
+                reps.setdefault((tier, ranks), []).append(r)
+                print(f"rep {i} {tier} ranks {ranks}: write iobench {r['io_write']:.3f} / fio "
+                      f"{r['fio_write']:.3f} GB/s = {r['io_write'] / r['fio_write']:.3f}; "
+                      f"read iobench {r['io_read']:.3f} / fio {r['fio_read']:.3f} GB/s = "
+                      f"{r['io_read'] / r['fio_read']:.3f} ({r['cache']}); load "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+    table(reps)
+    tier_ratios(reps)
+    print(f"\nmedian [min-max] of {a.repeat} interleaved repetitions; ratios within each "
+          f"repetition; ended {time.strftime('%H:%M UTC', time.gmtime())}, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
