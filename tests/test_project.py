@@ -382,6 +382,41 @@ def test_the_probes_sample_size_random_reads_become_a_request_rate_limit(
     assert figs["tier request rate"]["given"] and figs["tier request rate"]["value"] == 64000
 
 
+def test_report_and_compare_show_a_projection_apart_and_labelled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = tmp_path / "res"
+    train = _train(tmp_path, slower=0.001)
+    assert main(["project", "--train", str(train), "--probe", str(_probe(tmp_path)),
+                 "--nodes", "1,8", "--simulate-max-nodes", "0", "--no-plot",
+                 "--results", str(res)]) == 0
+    (res / "run.json").write_text(train.read_text())
+    (res / "broken").mkdir()
+    (res / "broken" / "p.json").write_text('{"schema": "iobench.projection", "points": []}')
+    capsys.readouterr()
+    assert main(["report", str(res), "--out", str(tmp_path / "r.md")]) == 0
+    page = (tmp_path / "r.md").read_text()
+    sections = page.split("\n## ")
+    proj = [s for s in sections if s.startswith("PROJECTION, not measured: ")]
+    assert len(proj) == 2, [s.splitlines()[0] for s in sections]
+    points, inputs = proj
+    assert "cifar10 (hdf5) at N nodes" in points.splitlines()[0]
+    assert "| nodes | AU [spread] |" in points and "b-e shard" in points
+    rows = [r for r in points.splitlines() if r.startswith("| 1 |") or r.startswith("| 8 |")]
+    assert len(rows) == 2 and "[" in rows[0]  # the spread beside AU and stall
+    assert "The tier stops keeping up" in points and "not a measurement" in points
+    assert "| assumption |" in inputs and "| input | tier read bandwidth |" in inputs
+    # the measured tables hold no projection row; the damaged one is listed as not read
+    measured = [s for s in sections if not s.startswith("PROJECTION")]
+    assert not any("PROJECTION" in s.split("\n", 1)[0] for s in measured)
+    assert "broken/p.json" in page and "projection, not measured, unreadable" in page
+    assert main(["compare", str(res)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out and "an iobench.projection document, not a training result" in out
+    tail = out[out.index("projections (projection, not measured"):]
+    assert "cifar10 (hdf5)" in tail and "1-8" in tail and "AU [spread] at the last N" in tail
+    assert out.index("projections (projection") > out.index("per run")  # after the runs
+
+
 def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], words: str) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -39,6 +39,9 @@ def main(args: argparse.Namespace) -> int:
     for path, why in skipped:
         print(f"compare: skipped {path}: {why}")
     compare.render_table(docs, stages=stages)
+    from iobench.workflows.projection_view import print_compare
+
+    print_compare(args.results)  # projections apart, labelled "projection, not measured"
     if args.plot:
         path = compare.plot_stall(docs, args.plot)
         print(f"plot: {path}")

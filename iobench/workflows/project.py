@@ -624,35 +624,53 @@ def _span(r: Sequence[float], spec: str) -> str:
     return f" [{format(r[0], spec)}-{format(r[-1], spec)}]" if r else ""
 
 
-def table(doc: ProjectionDoc) -> str:
-    """The projection as text: a row per N, the saturation, the inputs and assumptions."""
-    head = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s", "limit",
-            "util", "sim AU",
-            "sim stall s", "stage repl s", "stage shard s", "b-e repl", "b-e shard")
-    rows = [(f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
-             _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
-             RESOURCES[p.bottleneck], f"{max(p.utilization.values()):.0%}",
-             _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
-             _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
-            for p in doc.points]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+TABLE_HEADER = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s",
+                "limit", "util", "sim AU", "sim stall s", "stage repl s", "stage shard s",
+                "b-e repl", "b-e shard")
 
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
+def point_cells(p: Point) -> tuple[str, ...]:
+    """One node count's row of the table (`TABLE_HEADER`): [spread] is the model fitted to
+    the fastest and the slowest measured step; b-e: staging's break-even in epochs."""
+    return (f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
+            _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
+            RESOURCES.get(p.bottleneck, p.bottleneck),
+            f"{max(p.utilization.values(), default=0):.0%}",
+            _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
+            _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
+
+
+def saturation_words(doc: ProjectionDoc) -> str:
+    """Where the tier stops keeping up, the resource, and each resource's straight line."""
     s = doc.saturation
     where = ("not below 10 million nodes" if s.nodes is None else
              f"already at N = 1 (the measured node: {s.resource})" if s.nodes == 1 else
              f"from N = {s.nodes:,} ({s.resource} first)")
     bounds = ", ".join(f"{k} at N = {_be(v)}" for k, v in s.bounds.items())
+    return (f"the tier stops keeping up (steady AU < {s.threshold:.2f}) {where}; "
+            f"straight-line bounds (100 % busy at the demand): {bounds}")
+
+
+def figure_source(f: InputFigure) -> str:
+    """An input's source, "GIVEN, not measured" first when it was an option."""
+    return f"GIVEN, not measured; {f.source}" if f.given else f.source
+
+
+def table(doc: ProjectionDoc) -> str:
+    """The projection as text: a row per N, the saturation, the inputs and assumptions."""
+    head = TABLE_HEADER
+    rows = [point_cells(p) for p in doc.points]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
     out = [f"{doc.label}: {doc.dataset} ({doc.format}) from one node to N nodes",
            line(head), *map(line, rows), "",
            "AU: of the epoch (compute / wall, first batch included, as train measures it); "
            "steady AU: compute / step once the readers run",
-           f"the tier stops keeping up (steady AU < {s.threshold:.2f}) {where}; "
-           f"straight-line bounds (100 % busy at the demand): {bounds}", "", "inputs:"]
-    out += [f"  {f.name}: {f.value:.4g} {f.unit} ({'GIVEN, not measured' if f.given else ''}"
-            f"{'; ' if f.given else ''}{f.source})" for f in doc.figures]
+           saturation_words(doc), "", "inputs:"]
+    out += [f"  {f.name}: {f.value:.4g} {f.unit} ({figure_source(f)})" for f in doc.figures]
     m = doc.model
     out += ["model:", f"  {m.method}", f"  latency per batch {m.latency_s:.4g} s: "
             f"{m.latency_note}", f"  staging: {m.staging_note}", f"  simulation: {m.simulation}",
