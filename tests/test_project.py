@@ -26,6 +26,7 @@ from iobench.core.projection import (
     TierLimits,
     break_even_epochs,
     read_network,
+    request_demand_s,
     requests_per_batch,
 )
 from iobench.core.queueing import (
@@ -210,37 +211,47 @@ def test_metadata_and_per_client_limits_are_found_first_when_they_are_lower() ->
     assert client.at(1000).bottleneck == CLIENT
 
 
-def test_requests_per_batch_are_a_read_per_sample_when_shuffled_else_merged() -> None:
-    tier = _tier(request_bytes=4096.0)
-    small = _node(sample_bytes=3000)  # batch 32
-    assert requests_per_batch(small, tier) == 32  # a 3 kB sample is one 4 KiB request
-    assert requests_per_batch(_node(sample_bytes=10_000), tier) == 32 * 3
-    merged = _node(sample_bytes=3000, random_reads=False)
-    assert requests_per_batch(merged, tier) == math.ceil(32 * 3000 / 4096)  # 24
-    net = read_network(small, _tier(iops=8000.0), 1, 0.0, 0.0)
-    assert {s.name: s.demand_s for s in net.queues}[REQUESTS] == pytest.approx(32 / 8000)
+def test_requests_per_batch_are_its_bytes_over_the_request_size_net_of_transfer() -> None:
+    node = _node(sample_bytes=3000)  # batch 32: 96 kB
+    assert requests_per_batch(node, _tier(request_bytes=4096.0)) == pytest.approx(96_000 / 4096)
+    assert requests_per_batch(_node(sample_bytes=10, batch_size=2), _tier()) == 1.0  # at least
+    # 1 / 8,000 s a request, of which 4 KiB at 1 GB/s is transfer (the bandwidth's share)
+    tier = _tier(bw=1e9, iops=8000.0, request_bytes=4096.0)
+    per_request = 1 / 8000 - 4096 / 1e9
+    assert request_demand_s(node, tier) == pytest.approx(96_000 / 4096 * per_request)
+    net = read_network(node, tier, 1, 0.0, 0.0)
+    assert {s.name: s.demand_s for s in net.queues}[REQUESTS] == pytest.approx(
+        96_000 / 4096 * per_request)
+    # a request rate no faster than its own transfer adds nothing beyond the bandwidth
+    assert request_demand_s(node, _tier(bw=1e6, iops=100.0, request_bytes=1e5)) == 0.0
+
+
+# 3 kB samples, batch 32, one 3 kB request each; the probe's time per request includes its
+# 3 microseconds of transfer at 1 GB/s, so 1 ms per batch of request time is this rate
+_IOPS_1MS = 1 / (1 / 32_000 + 3000 / 1e9)
 
 
 def test_the_request_rate_is_found_first_when_it_is_the_lowest_limit() -> None:
-    # 3 kB samples, batch 32, 0.01 s compute, one rank: 3,200 requests/s and 9.6 MB/s a node.
-    # 32,000 requests/s saturate at 10 nodes; 1 GB/s and 1e6 ops/s not before 100.
+    # 0.01 s compute, one rank: 3,200 requests/s and 9.6 MB/s a node; the request queue is
+    # full at 10 nodes, 1 GB/s and 1e6 ops/s not before 100
     node = _node(step_s=0.01, compute_s=0.01, sample_bytes=3000)
-    model = ReadModel(node, _tier(bw=1e9, md=1e6, iops=32_000.0))
+    model = ReadModel(node, _tier(bw=1e9, md=1e6, iops=_IOPS_1MS, request_bytes=3000))
     assert model.bounds()[REQUESTS] == pytest.approx(10.0)  # N* = t_c / (r x D) = 0.01 / 0.001
     assert model.bounds()[BANDWIDTH] == pytest.approx(1e9 / 9.6e6)
     sat = model.saturation(0.9)
     # prefetching readers never idle, so past the bound AU = 10 / N: 0.91 at 11, 0.83 at 12
     assert sat == 12
     assert model.at(sat).bottleneck == REQUESTS
-    # far past it the step is the request queue's: N batches of 32 requests at 32,000/s
-    assert model.at(1000).step_s == pytest.approx(1000 * 32 / 32_000, rel=0.01)
+    # far past it the step is the request queue's: N batches of 1 ms each
+    assert model.at(1000).step_s == pytest.approx(1000 * 0.001, rel=0.01)
     # without the station the same node keeps up to the bandwidth bound (about 100 nodes)
     assert ReadModel(node, _tier(bw=1e9, md=1e6)).at(20).au == pytest.approx(1.0, abs=0.01)
 
 
 def test_the_request_rate_station_agrees_with_the_asymptotic_bounds() -> None:
     node = _node(step_s=0.01, compute_s=0.01, sample_bytes=3000, workers=0)
-    net = read_network(node, _tier(bw=1e9, md=1e6, iops=32_000.0), 1, 0.0, 0.01)
+    tier = _tier(bw=1e9, md=1e6, iops=_IOPS_1MS, request_bytes=3000)
+    net = read_network(node, tier, 1, 0.0, 0.01)
     b = bounds(net)
     assert b.bottleneck == REQUESTS and b.max_demand_s == pytest.approx(0.001)
     # N* = (D + Z) / D_max: D = 0.001 + 96 kB / 1 GB/s, Z = 0.01
@@ -370,11 +381,15 @@ def test_the_probes_sample_size_random_reads_become_a_request_rate_limit(
     assert figs["tier request rate"]["value"] == 2000.0
     assert not figs["tier request rate"]["given"]
     assert figs["request size"]["value"] == 4096
-    assert figs["requests per batch"]["value"] == 32  # one read per shuffled sample
+    batch_bytes = 32 * figs["bytes per sample"]["value"]
+    assert figs["requests per batch"]["value"] == pytest.approx(batch_bytes / 4096)
     assert doc["saturation"]["resource"] == "request rate (random reads, requests/s)"
-    # a node asks 32 requests per 0.01 s: 2,000/s is 0.625 of a node
+    # a node asks 100 batches/s (0.01 s compute); each batch's requests at 1 / 2,000 s less
+    # their transfer at 1 TB/s
+    demand = 100 * batch_bytes / 4096 * (1 / 2000 - 4096 / 1e12)
     assert doc["saturation"]["bounds"]["request rate (random reads, requests/s)"] == \
-        pytest.approx(2000 / 3200)
+        pytest.approx(1 / demand)
+    assert any("request rate is what the probe" in w for w in doc["warnings"])
     assert main([*argv, "--pfs-iops", "64000"]) == 0
     capsys.readouterr()
     newest = max(res.glob("projection-*.json"), key=lambda p: p.stat().st_mtime_ns)

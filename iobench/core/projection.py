@@ -38,9 +38,10 @@ ASSUMPTIONS = (
     "and a fixed latency (a delay, fitted so the model reproduces the measured node).",
     "Where the tier's random-read rate at the run's request size is known (the probe's "
     "sample-size random reads, or given), a cycle also visits a request-rate queue: requests "
-    "per batch / that rate; with a shuffle each sample is its own read of ceil(sample bytes / "
-    "request bytes) requests, without one a batch's bytes merge into requests of that size. "
-    "Staging (large sequential copies) visits no request-rate queue.",
+    "per batch (batch bytes / request bytes: the client's page cache lets neighbouring small "
+    "samples share a request) x (1 / that rate - request bytes / bandwidth: a request's time "
+    "net of its transfer, which the bandwidth queue charges). Staging (large sequential "
+    "copies) visits no request-rate queue.",
     "Queues are single servers with exponential service (product form); the tier's limits "
     "are the same at every N (no server added, no contention outside this job).",
     "Each node reads 1/N of the epoch's samples (the dataset is fixed; each node keeps its "
@@ -86,7 +87,6 @@ class NodeFigures:
     stall_s: float  # measured stall per epoch (max over ranks)
     au: float | None
     step_range: tuple[float, float] | None = None  # the measured step's min and max (spread)
-    random_reads: bool = True  # a shuffle: each sample read apart (else batches merge)
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples"):
@@ -130,12 +130,19 @@ class TierLimits:
 
 
 def requests_per_batch(node: NodeFigures, tier: TierLimits) -> float:
-    """Read requests one batch makes of the tier: B x ceil(s / rho) with a shuffle (each
-    sample its own read), ceil(B x s / rho) without (a batch's bytes merge)."""
-    rho = tier.request_bytes
-    if node.random_reads:
-        return node.batch_size * max(1, math.ceil(node.sample_bytes / rho))
-    return float(max(1, math.ceil(node.batch_bytes / rho)))
+    """Read requests one batch makes of the tier: its bytes over the request size, at least
+    one (the client's page cache lets neighbouring small samples share a request over an
+    epoch that reads them all)."""
+    return max(1.0, node.batch_bytes / tier.request_bytes)
+
+
+def request_demand_s(node: NodeFigures, tier: TierLimits) -> float:
+    """Seconds of the request station per batch: requests x (1 / rate - request / bandwidth),
+    the probe's time per request net of its transfer (which the bandwidth station charges)."""
+    if tier.requests_per_s is None:
+        return 0.0
+    per_request = 1.0 / tier.requests_per_s.value - tier.request_bytes / tier.bandwidth_Bps.value
+    return requests_per_batch(node, tier) * max(0.0, per_request)
 
 
 @dataclass(frozen=True)
@@ -169,8 +176,7 @@ def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: flo
                        / tier.metadata_ops.value),
                 _queue(BANDWIDTH, b / tier.bandwidth_Bps.value)]
     if tier.requests_per_s is not None:
-        stations.append(_queue(REQUESTS, requests_per_batch(node, tier)
-                               / tier.requests_per_s.value))
+        stations.append(_queue(REQUESTS, request_demand_s(node, tier)))
     if tier.client_Bps is not None:
         stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=nodes))
     stations.append(Station(LATENCY, latency_s, kind=DELAY))

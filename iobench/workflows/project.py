@@ -36,6 +36,7 @@ from iobench.core.projection import (
     TierLimits,
     break_even_epochs,
     read_network,
+    request_demand_s,
     requests_per_batch,
 )
 from iobench.core.result_types import (
@@ -237,7 +238,7 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         first_batch_s=_median(firsts), sample_bytes=ds.total_bytes / ds.num_samples,
         ops_per_sample=ops, epoch_samples=max(e.summary.samples for e in run.epochs),
         stall_s=_median(stalls), au=_median(au) if au else None,
-        step_range=(min(steps), max(steps)), random_reads=run.config.shuffle != "none")
+        step_range=(min(steps), max(steps)))
 
 
 def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
@@ -431,9 +432,10 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
         out += [fig("tier request rate", r.value, "requests/s", r.source, r.given),
                 fig("request size", tier.request_bytes, "bytes", r.source, r.given),
                 fig("requests per batch", requests_per_batch(node, tier), "requests",
-                    "the batch's samples" + (" (shuffled: one read each)" if node.random_reads
-                                              else " (no shuffle: merged)")
-                    + " over the request size")]
+                    "batch bytes / request size"),
+                fig("request time net of transfer", request_demand_s(node, tier)
+                    / requests_per_batch(node, tier), "s",
+                    "1 / request rate - request size / read bandwidth")]
     if tier.client_Bps is not None:
         out.append(fig("per-client read limit", tier.client_Bps.value / 1e6, "MB/s",
                        tier.client_Bps.source, tier.client_Bps.given))
@@ -508,6 +510,11 @@ def _warnings(node: NodeFigures, tier: TierLimits, n_probes: int) -> list[str]:
         out.append("the tier's bandwidth is what one client measured: the aggregate of a real "
                    "parallel filesystem is usually higher (give --pfs-read-gbs), so the "
                    "projection is pessimistic beyond one node")
+    rate = tier.requests_per_s
+    if rate is not None and not rate.given:
+        out.append("the request rate is what the probe's few synchronous readers reached: the "
+                   "servers' own rate may be higher (give --pfs-iops), so the projection is "
+                   "pessimistic where the request rate limits")
     if node.au is not None and node.au < 0.5:
         out.append(f"the measured node had AU {node.au:.2f}: it was far from its demand, so "
                    "the fitted latency carries most of the step")
