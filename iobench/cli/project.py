@@ -11,6 +11,7 @@ assumptions are printed beside the table. Examples:
   iobench project --train res/RUN.json --probe res/probe-X.json
   iobench project --train RUN.json --probe PROBE.json --stage STAGE.json --nodes 1,64,1024
   iobench project --train RUN.json --pfs-read-gbs 400 --pfs-mds-ops 50000 --client-gbs 12
+  iobench project --train RUN.json --probe PROBE.json --pfs-iops 2000000
 """
 
 from __future__ import annotations
