@@ -17,6 +17,7 @@ from iobench.core.projection import (
     CLIENT,
     LATENCY,
     METADATA,
+    REQUESTS,
     Figure,
     NodeFigures,
     ReadModel,
@@ -24,6 +25,9 @@ from iobench.core.projection import (
     StagingModel,
     TierLimits,
     break_even_epochs,
+    read_network,
+    request_demand_s,
+    requests_per_batch,
 )
 from iobench.core.queueing import (
     DELAY,
@@ -168,9 +172,11 @@ def _node(step_s: float = 0.02, compute_s: float = 0.01, workers: int = 2,
     return NodeFigures(**{**base, **kw})
 
 
-def _tier(bw: float = 1e9, md: float = 1e5, client: float | None = None) -> TierLimits:
+def _tier(bw: float = 1e9, md: float = 1e5, client: float | None = None,
+          iops: float | None = None, request_bytes: float = 4096.0) -> TierLimits:
     return TierLimits(Figure(bw, "bw"), Figure(md, "md"),
-                      Figure(client, "client") if client else None)
+                      Figure(client, "client") if client else None,
+                      Figure(iops, "iops") if iops else None, request_bytes)
 
 
 @pytest.mark.parametrize("workers", [0, 2, 4])
@@ -203,6 +209,56 @@ def test_metadata_and_per_client_limits_are_found_first_when_they_are_lower() ->
     client = ReadModel(_node(step_s=0.02), _tier(bw=1e12, client=160e6))
     assert client.bounds()[CLIENT] == 1.0  # a node asks 320 MB/s of a 160 MB/s link
     assert client.at(1000).bottleneck == CLIENT
+
+
+def test_requests_per_batch_are_its_bytes_over_the_request_size_net_of_transfer() -> None:
+    node = _node(sample_bytes=3000)  # batch 32: 96 kB
+    assert requests_per_batch(node, _tier(request_bytes=4096.0)) == pytest.approx(96_000 / 4096)
+    assert requests_per_batch(_node(sample_bytes=10, batch_size=2), _tier()) == 1.0  # at least
+    # 1 / 8,000 s a request, of which 4 KiB at 1 GB/s is transfer (the bandwidth's share)
+    tier = _tier(bw=1e9, iops=8000.0, request_bytes=4096.0)
+    per_request = 1 / 8000 - 4096 / 1e9
+    assert request_demand_s(node, tier) == pytest.approx(96_000 / 4096 * per_request)
+    net = read_network(node, tier, 1, 0.0, 0.0)
+    assert {s.name: s.demand_s for s in net.queues}[REQUESTS] == pytest.approx(
+        96_000 / 4096 * per_request)
+    # a request rate no faster than its own transfer adds nothing beyond the bandwidth
+    assert request_demand_s(node, _tier(bw=1e6, iops=100.0, request_bytes=1e5)) == 0.0
+
+
+# 3 kB samples, batch 32, one 3 kB request each; the probe's time per request includes its
+# 3 microseconds of transfer at 1 GB/s, so 1 ms per batch of request time is this rate
+_IOPS_1MS = 1 / (1 / 32_000 + 3000 / 1e9)
+
+
+def test_the_request_rate_is_found_first_when_it_is_the_lowest_limit() -> None:
+    # 0.01 s compute, one rank: 3,200 requests/s and 9.6 MB/s a node; the request queue is
+    # full at 10 nodes, 1 GB/s and 1e6 ops/s not before 100
+    node = _node(step_s=0.01, compute_s=0.01, sample_bytes=3000)
+    model = ReadModel(node, _tier(bw=1e9, md=1e6, iops=_IOPS_1MS, request_bytes=3000))
+    assert model.bounds()[REQUESTS] == pytest.approx(10.0)  # N* = t_c / (r x D) = 0.01 / 0.001
+    assert model.bounds()[BANDWIDTH] == pytest.approx(1e9 / 9.6e6)
+    sat = model.saturation(0.9)
+    # prefetching readers never idle, so past the bound AU = 10 / N: 0.91 at 11, 0.83 at 12
+    assert sat == 12
+    assert model.at(sat).bottleneck == REQUESTS
+    # far past it the step is the request queue's: N batches of 1 ms each
+    assert model.at(1000).step_s == pytest.approx(1000 * 0.001, rel=0.01)
+    # without the station the same node keeps up to the bandwidth bound (about 100 nodes)
+    assert ReadModel(node, _tier(bw=1e9, md=1e6)).at(20).au == pytest.approx(1.0, abs=0.01)
+
+
+def test_the_request_rate_station_agrees_with_the_asymptotic_bounds() -> None:
+    node = _node(step_s=0.01, compute_s=0.01, sample_bytes=3000, workers=0)
+    tier = _tier(bw=1e9, md=1e6, iops=_IOPS_1MS, request_bytes=3000)
+    net = read_network(node, tier, 1, 0.0, 0.01)
+    b = bounds(net)
+    assert b.bottleneck == REQUESTS and b.max_demand_s == pytest.approx(0.001)
+    # N* = (D + Z) / D_max: D = 0.001 + 96 kB / 1 GB/s, Z = 0.01
+    assert b.saturation == pytest.approx((0.001 + 96_000 / 1e9 + 0.01) / 0.001)
+    for n in (1, 5, 11, 50):
+        assert solve(net, n).throughput <= b.throughput_bound(n) * (1 + 1e-9)
+    assert solve(net, 500).throughput == pytest.approx(1 / 0.001, rel=1e-3)
 
 
 def test_epochs_split_the_dataset_over_the_nodes() -> None:
@@ -302,6 +358,78 @@ def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
     found = find_documents([res])
     assert [p.name for p in found.results] == ["run.json"]
     assert found.skipped == [(path, "an iobench.projection document, not a training result")]
+
+
+def test_the_probes_sample_size_random_reads_become_a_request_rate_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    probe = json.loads(_probe(tmp_path).read_text())
+    probe["summary"].update(sample_read_iops=2000.0, sample_bs_bytes=4096, sample_bytes=3072,
+                            sample_reads=[{"sample_bytes": 110_000, "bs_bytes": 110_592,
+                                           "MBps": 50.0, "iops": 450.0}])
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    res = tmp_path / "res"
+    argv = ["project", "--train", str(_train(tmp_path, step_s=0.02, compute_s=0.01)),
+            "--probe", str(tmp_path / "probe.json"), "--nodes", "1,4,64",
+            "--pfs-mds-ops", "1e9", "--pfs-read-gbs", "1000", "--client-gbs", "1000",
+            "--simulate-max-nodes", "0", "--no-plot", "--results", str(res)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "request rate (random reads, requests/s)" in out
+    doc = json.loads(next(res.glob("projection-*.json")).read_text())
+    figs = {f["name"]: f for f in doc["figures"]}
+    # the 4 KiB request (nearest the run's ~3 kB samples), not the 110 kB one
+    assert figs["tier request rate"]["value"] == 2000.0
+    assert not figs["tier request rate"]["given"]
+    assert figs["request size"]["value"] == 4096
+    batch_bytes = 32 * figs["bytes per sample"]["value"]
+    assert figs["requests per batch"]["value"] == pytest.approx(batch_bytes / 4096)
+    assert doc["saturation"]["resource"] == "request rate (random reads, requests/s)"
+    # a node asks 100 batches/s (0.01 s compute); each batch's requests at 1 / 2,000 s less
+    # their transfer at 1 TB/s
+    demand = 100 * batch_bytes / 4096 * (1 / 2000 - 4096 / 1e12)
+    assert doc["saturation"]["bounds"]["request rate (random reads, requests/s)"] == \
+        pytest.approx(1 / demand)
+    assert any("request rate is what the probe" in w for w in doc["warnings"])
+    assert main([*argv, "--pfs-iops", "64000"]) == 0
+    capsys.readouterr()
+    newest = max(res.glob("projection-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    figs = {f["name"]: f for f in json.loads(newest.read_text())["figures"]}
+    assert figs["tier request rate"]["given"] and figs["tier request rate"]["value"] == 64000
+
+
+def test_report_and_compare_show_a_projection_apart_and_labelled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = tmp_path / "res"
+    train = _train(tmp_path, slower=0.001)
+    assert main(["project", "--train", str(train), "--probe", str(_probe(tmp_path)),
+                 "--nodes", "1,8", "--simulate-max-nodes", "0", "--no-plot",
+                 "--results", str(res)]) == 0
+    (res / "run.json").write_text(train.read_text())
+    (res / "broken").mkdir()
+    (res / "broken" / "p.json").write_text('{"schema": "iobench.projection", "points": []}')
+    capsys.readouterr()
+    assert main(["report", str(res), "--out", str(tmp_path / "r.md")]) == 0
+    page = (tmp_path / "r.md").read_text()
+    sections = page.split("\n## ")
+    proj = [s for s in sections if s.startswith("PROJECTION, not measured: ")]
+    assert len(proj) == 2, [s.splitlines()[0] for s in sections]
+    points, inputs = proj
+    assert "cifar10 (hdf5) at N nodes" in points.splitlines()[0]
+    assert "| nodes | AU [spread] |" in points and "b-e shard" in points
+    rows = [r for r in points.splitlines() if r.startswith("| 1 |") or r.startswith("| 8 |")]
+    assert len(rows) == 2 and "[" in rows[0]  # the spread beside AU and stall
+    assert "The tier stops keeping up" in points and "not a measurement" in points
+    assert "| assumption |" in inputs and "| input | tier read bandwidth |" in inputs
+    # the measured tables hold no projection row; the damaged one is listed as not read
+    measured = [s for s in sections if not s.startswith("PROJECTION")]
+    assert not any("PROJECTION" in s.split("\n", 1)[0] for s in measured)
+    assert "broken/p.json" in page and "projection, not measured, unreadable" in page
+    assert main(["compare", str(res)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out and "an iobench.projection document, not a training result" in out
+    tail = out[out.index("projections (projection, not measured"):]
+    assert "cifar10 (hdf5)" in tail and "1-8" in tail and "AU [spread] at the last N" in tail
+    assert out.index("projections (projection") > out.index("per run")  # after the runs
 
 
 def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], words: str) -> None:

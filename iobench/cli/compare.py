@@ -44,6 +44,9 @@ def main(args: argparse.Namespace) -> int:
         compare.render_table(docs, stages=loaded.stages)
     if loaded.checkpoints:  # `iobench checkpoint` results, in a table of their own
         compare.render_checkpoints(loaded.checkpoints)
+    from iobench.workflows.projection_view import print_compare
+
+    print_compare(args.results)  # projections apart, labelled "projection, not measured"
     if (args.plot or args.accuracy_plot) and not docs:
         raise ConfigError("--plot and --accuracy-plot draw training runs; none was given")
     if args.plot:

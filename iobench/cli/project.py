@@ -11,6 +11,7 @@ assumptions are printed beside the table. Examples:
   iobench project --train res/RUN.json --probe res/probe-X.json
   iobench project --train RUN.json --probe PROBE.json --stage STAGE.json --nodes 1,64,1024
   iobench project --train RUN.json --pfs-read-gbs 400 --pfs-mds-ops 50000 --client-gbs 12
+  iobench project --train RUN.json --probe PROBE.json --pfs-iops 2000000
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pfs-mds-ops", type=_rate, default=None, metavar="OPS/s",
                    help="the site's metadata operations per second, given, not measured "
                         "(default: the probe's open+stat+close/s)")
+    p.add_argument("--pfs-iops", type=_rate, default=None, metavar="REQ/s",
+                   help="the site's random-read requests per second, given, not measured "
+                        "(default: the probe's random reads nearest the run's sample size; "
+                        "neither: no request-rate limit)")
     p.add_argument("--client-gbs", type=_rate, default=None, metavar="GB/s",
                    help="one client node's read ceiling, given, not measured (default: the "
                         "probe's when --pfs-read-gbs is given, else none apart)")
@@ -82,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> ProjectConfig:
         trace=Path(args.trace) if args.trace else None,
         nodes=args.nodes if args.nodes is not None else DEFAULT_NODES,
         pfs_read_Bps=args.pfs_read_gbs * 1e9 if args.pfs_read_gbs else None,
-        pfs_mds_ops=args.pfs_mds_ops,
+        pfs_mds_ops=args.pfs_mds_ops, pfs_iops=args.pfs_iops,
         client_Bps=args.client_gbs * 1e9 if args.client_gbs else None,
         ops_per_sample=args.ops_per_sample, threshold=args.threshold,
         simulate_max_nodes=args.simulate_max_nodes, simulate_steps=args.simulate_steps,

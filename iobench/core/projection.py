@@ -17,7 +17,9 @@ from iobench.core.errors import ConfigError
 from iobench.core.queueing import DELAY, Network, Solution, Station, solve
 
 METADATA, BANDWIDTH, CLIENT, LATENCY, LOCAL = "metadata", "bandwidth", "client", "latency", "local"
+REQUESTS = "requests"
 RESOURCES = {METADATA: "metadata (MDS ops/s)", BANDWIDTH: "aggregate read bandwidth",
+             REQUESTS: "request rate (random reads, requests/s)",
              CLIENT: "per-client limit", LOCAL: "node-local write",
              LATENCY: "latency (the fitted per-batch delay)"}
 BUSY = 0.5  # a stalled step whose most-used queue is below this is the latency's doing
@@ -34,6 +36,12 @@ ASSUMPTIONS = (
     "A cycle visits: the metadata server (ops per sample x batch / its ops/s), the aggregate "
     "bandwidth (bytes per batch / its bytes/s), the node's own client link (one per node), "
     "and a fixed latency (a delay, fitted so the model reproduces the measured node).",
+    "Where the tier's random-read rate at the run's request size is known (the probe's "
+    "sample-size random reads, or given), a cycle also visits a request-rate queue: requests "
+    "per batch (batch bytes / request bytes: the client's page cache lets neighbouring small "
+    "samples share a request) x (1 / that rate - request bytes / bandwidth: a request's time "
+    "net of its transfer, which the bandwidth queue charges). Staging (large sequential "
+    "copies) visits no request-rate queue.",
     "Queues are single servers with exponential service (product form); the tier's limits "
     "are the same at every N (no server added, no contention outside this job).",
     "Each node reads 1/N of the epoch's samples (the dataset is fixed; each node keeps its "
@@ -104,16 +112,37 @@ class NodeFigures:
 
 @dataclass(frozen=True)
 class TierLimits:
-    """The shared tier's limits: aggregate read bytes/s, metadata ops/s, per-client bytes/s."""
+    """The shared tier's limits: aggregate read bytes/s, metadata ops/s, per-client bytes/s,
+    and random-read requests/s at `request_bytes` a request (None: no request-rate queue)."""
 
     bandwidth_Bps: Figure
     metadata_ops: Figure
     client_Bps: Figure | None = None
+    requests_per_s: Figure | None = None
+    request_bytes: float = 4096.0
 
     def __post_init__(self) -> None:
-        for f in (self.bandwidth_Bps, self.metadata_ops, self.client_Bps):
+        for f in (self.bandwidth_Bps, self.metadata_ops, self.client_Bps, self.requests_per_s):
             if f is not None and f.value <= 0:
                 raise ConfigError(f"{f.source}: {f.value} must be > 0")
+        if not (math.isfinite(self.request_bytes) and self.request_bytes > 0):
+            raise ConfigError(f"request size {self.request_bytes!r} bytes must be > 0")
+
+
+def requests_per_batch(node: NodeFigures, tier: TierLimits) -> float:
+    """Read requests one batch makes of the tier: its bytes over the request size, at least
+    one (the client's page cache lets neighbouring small samples share a request over an
+    epoch that reads them all)."""
+    return max(1.0, node.batch_bytes / tier.request_bytes)
+
+
+def request_demand_s(node: NodeFigures, tier: TierLimits) -> float:
+    """Seconds of the request station per batch: requests x (1 / rate - request / bandwidth),
+    the probe's time per request net of its transfer (which the bandwidth station charges)."""
+    if tier.requests_per_s is None:
+        return 0.0
+    per_request = 1.0 / tier.requests_per_s.value - tier.request_bytes / tier.bandwidth_Bps.value
+    return requests_per_batch(node, tier) * max(0.0, per_request)
 
 
 @dataclass(frozen=True)
@@ -146,6 +175,8 @@ def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: flo
     stations = [_queue(METADATA, node.batch_size * node.ops_per_sample.value
                        / tier.metadata_ops.value),
                 _queue(BANDWIDTH, b / tier.bandwidth_Bps.value)]
+    if tier.requests_per_s is not None:
+        stations.append(_queue(REQUESTS, request_demand_s(node, tier)))
     if tier.client_Bps is not None:
         stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=nodes))
     stations.append(Station(LATENCY, latency_s, kind=DELAY))

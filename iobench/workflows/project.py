@@ -36,6 +36,8 @@ from iobench.core.projection import (
     TierLimits,
     break_even_epochs,
     read_network,
+    request_demand_s,
+    requests_per_batch,
 )
 from iobench.core.result_types import (
     ProbeStorage,
@@ -52,7 +54,7 @@ from iobench.core.results import (
     load_typed,
     now_iso,
 )
-from iobench.core.schema import Enum
+from iobench.core.schema import Enum, Num, Opt
 from iobench.core.simulation import EXPONENTIAL, TRACE, Service, TrainingShape, simulate_training
 
 SCHEMA, SCHEMA_VERSION = "iobench.projection", 1
@@ -101,6 +103,7 @@ class ProjectConfig:
     nodes: tuple[int, ...] = DEFAULT_NODES
     pfs_read_Bps: float | None = None  # given: the site's aggregate read bandwidth
     pfs_mds_ops: float | None = None  # given: the site's metadata operations/s
+    pfs_iops: float | None = None  # given: the site's random-read requests/s
     client_Bps: float | None = None  # given: one client node's read ceiling
     ops_per_sample: float | None = None  # None: 1 for one file per sample, else 0
     threshold: float = 0.90  # AU below which the tier "stops keeping up" (MLPerf Storage)
@@ -110,7 +113,7 @@ class ProjectConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", parse_nodes(self.nodes))
-        for name in ("pfs_read_Bps", "pfs_mds_ops", "client_Bps"):
+        for name in ("pfs_read_Bps", "pfs_mds_ops", "client_Bps", "pfs_iops"):
             _positive(name, getattr(self, name))
         if self.ops_per_sample is not None and not (math.isfinite(self.ops_per_sample)
                                                     and self.ops_per_sample >= 0):
@@ -125,6 +128,15 @@ class ProjectConfig:
 # ------------------------------------------------------------------------------ inputs
 
 @dataclass(frozen=True, kw_only=True)
+class _SampleReadFigures(Record):
+    """Random reads at one sample size (`summary.sample_reads[i]` of a probe)."""
+
+    sample_bytes: float = key(Num)
+    bs_bytes: int | None = key(default=None, optional=True)
+    iops: float | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class _ProbeFigures(Record):
     """The probe figures a projection reads (`summary` of an `iobench.probe` document)."""
 
@@ -132,6 +144,19 @@ class _ProbeFigures(Record):
     stat_per_s: float | None
     open_stat_close_per_s: float | None = key(default=None, optional=True)
     readers_max: int
+    sample_bytes: float | None = key(Opt(Num), default=None, optional=True)
+    sample_bs_bytes: int | None = key(default=None, optional=True)
+    sample_read_iops: float | None = key(default=None, optional=True)
+    sample_reads: tuple[_SampleReadFigures, ...] = key(default=(), optional=True)
+
+    def request_rates(self) -> list[tuple[float, float]]:
+        """(request bytes, random reads/s) of each sample-size random-read test it holds."""
+        out = [(float(r.bs_bytes or r.sample_bytes), r.iops) for r in self.sample_reads
+               if r.iops]
+        if self.sample_read_iops and self.sample_bytes:
+            out.append((float(self.sample_bs_bytes or self.sample_bytes),
+                        self.sample_read_iops))
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +241,8 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         step_range=(min(steps), max(steps)))
 
 
-def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig) -> TierLimits:
+def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
+                sample_bytes: float) -> TierLimits:
     """The tier's limits: each from an option (given) or the best over the probes (measured
     from one client: the aggregate is then what that client reached)."""
     def best(field: Callable[[_ProbeFigures], float | None], what: str
@@ -243,7 +269,30 @@ def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig) -> Ti
                                    "--pfs-mds-ops", "probe")
     client = (Figure(cfg.client_Bps, "given: --client-gbs", given=True) if cfg.client_Bps
               else bw if cfg.pfs_read_Bps and bw is not None else None)
-    return TierLimits(bandwidth_Bps=bandwidth, metadata_ops=metadata, client_Bps=client)
+    rate, request_bytes = request_rate(probes, cfg, sample_bytes)
+    return TierLimits(bandwidth_Bps=bandwidth, metadata_ops=metadata, client_Bps=client,
+                      requests_per_s=rate, request_bytes=request_bytes)
+
+
+def request_rate(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
+                 sample_bytes: float) -> tuple[Figure | None, float]:
+    """(the tier's random reads/s, the request size in bytes): `--pfs-iops` (requests of the
+    probe's nearest size, else of the run's sample size), else the probe's sample-size random
+    read whose request size is nearest the run's sample (the best rate at that size); none
+    when no probe measured one (no request-rate queue)."""
+    found = [(bs, iops, p, d) for p, d in probes for bs, iops in d.summary.request_rates()]
+    if not found:
+        if cfg.pfs_iops:
+            return Figure(cfg.pfs_iops, "given: --pfs-iops", given=True), max(sample_bytes, 1.0)
+        return None, 4096.0
+    near = min(abs(math.log(bs / max(sample_bytes, 1.0))) for bs, _, _, _ in found)
+    bs, iops, p, d = max((f for f in found
+                          if abs(math.log(f[0] / max(sample_bytes, 1.0))) == near),
+                         key=lambda f: f[1])
+    if cfg.pfs_iops:
+        return Figure(cfg.pfs_iops, "given: --pfs-iops", given=True), bs
+    return Figure(iops, f"measured: probe {p.name} ({d.label}), random {bs:.0f}-byte reads, "
+                        f"best of 1-{d.summary.readers_max} readers of one client"), bs
 
 
 def staging_figures(stage: _Stage | None, run: TrainResult) -> StagingFigures:
@@ -378,6 +427,15 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
                tier.bandwidth_Bps.source, tier.bandwidth_Bps.given),
            fig("tier metadata rate", tier.metadata_ops.value, "ops/s",
                tier.metadata_ops.source, tier.metadata_ops.given)]
+    if tier.requests_per_s is not None:
+        r = tier.requests_per_s
+        out += [fig("tier request rate", r.value, "requests/s", r.source, r.given),
+                fig("request size", tier.request_bytes, "bytes", r.source, r.given),
+                fig("requests per batch", requests_per_batch(node, tier), "requests",
+                    "batch bytes / request size"),
+                fig("request time net of transfer", request_demand_s(node, tier)
+                    / requests_per_batch(node, tier), "s",
+                    "1 / request rate - request size / read bandwidth")]
     if tier.client_Bps is not None:
         out.append(fig("per-client read limit", tier.client_Bps.value / 1e6, "MB/s",
                        tier.client_Bps.source, tier.client_Bps.given))
@@ -452,6 +510,11 @@ def _warnings(node: NodeFigures, tier: TierLimits, n_probes: int) -> list[str]:
         out.append("the tier's bandwidth is what one client measured: the aggregate of a real "
                    "parallel filesystem is usually higher (give --pfs-read-gbs), so the "
                    "projection is pessimistic beyond one node")
+    rate = tier.requests_per_s
+    if rate is not None and not rate.given:
+        out.append("the request rate is what the probe's few synchronous readers reached: the "
+                   "servers' own rate may be higher (give --pfs-iops), so the projection is "
+                   "pessimistic where the request rate limits")
     if node.au is not None and node.au < 0.5:
         out.append(f"the measured node had AU {node.au:.2f}: it was far from its demand, so "
                    "the fitted latency carries most of the step")
@@ -467,7 +530,7 @@ def project(cfg: ProjectConfig,
     probes = [(p, _load_probe(p)) for p in cfg.probes]
     stage = _load_stage(cfg.stage) if cfg.stage is not None else None
     node = node_figures(run, cfg.ops_per_sample)
-    tier = tier_limits(probes, cfg)
+    tier = tier_limits(probes, cfg, node.sample_bytes)
     staging = staging_figures(stage, run)
     read = ReadModel(node, tier)
     models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0),
@@ -568,35 +631,53 @@ def _span(r: Sequence[float], spec: str) -> str:
     return f" [{format(r[0], spec)}-{format(r[-1], spec)}]" if r else ""
 
 
-def table(doc: ProjectionDoc) -> str:
-    """The projection as text: a row per N, the saturation, the inputs and assumptions."""
-    head = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s", "limit",
-            "util", "sim AU",
-            "sim stall s", "stage repl s", "stage shard s", "b-e repl", "b-e shard")
-    rows = [(f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
-             _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
-             RESOURCES[p.bottleneck], f"{max(p.utilization.values()):.0%}",
-             _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
-             _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
-            for p in doc.points]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+TABLE_HEADER = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s",
+                "limit", "util", "sim AU", "sim stall s", "stage repl s", "stage shard s",
+                "b-e repl", "b-e shard")
 
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
+def point_cells(p: Point) -> tuple[str, ...]:
+    """One node count's row of the table (`TABLE_HEADER`): [spread] is the model fitted to
+    the fastest and the slowest measured step; b-e: staging's break-even in epochs."""
+    return (f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
+            _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
+            RESOURCES.get(p.bottleneck, p.bottleneck),
+            f"{max(p.utilization.values(), default=0):.0%}",
+            _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
+            _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
+
+
+def saturation_words(doc: ProjectionDoc) -> str:
+    """Where the tier stops keeping up, the resource, and each resource's straight line."""
     s = doc.saturation
     where = ("not below 10 million nodes" if s.nodes is None else
              f"already at N = 1 (the measured node: {s.resource})" if s.nodes == 1 else
              f"from N = {s.nodes:,} ({s.resource} first)")
     bounds = ", ".join(f"{k} at N = {_be(v)}" for k, v in s.bounds.items())
+    return (f"the tier stops keeping up (steady AU < {s.threshold:.2f}) {where}; "
+            f"straight-line bounds (100 % busy at the demand): {bounds}")
+
+
+def figure_source(f: InputFigure) -> str:
+    """An input's source, "GIVEN, not measured" first when it was an option."""
+    return f"GIVEN, not measured; {f.source}" if f.given else f.source
+
+
+def table(doc: ProjectionDoc) -> str:
+    """The projection as text: a row per N, the saturation, the inputs and assumptions."""
+    head = TABLE_HEADER
+    rows = [point_cells(p) for p in doc.points]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
     out = [f"{doc.label}: {doc.dataset} ({doc.format}) from one node to N nodes",
            line(head), *map(line, rows), "",
            "AU: of the epoch (compute / wall, first batch included, as train measures it); "
            "steady AU: compute / step once the readers run",
-           f"the tier stops keeping up (steady AU < {s.threshold:.2f}) {where}; "
-           f"straight-line bounds (100 % busy at the demand): {bounds}", "", "inputs:"]
-    out += [f"  {f.name}: {f.value:.4g} {f.unit} ({'GIVEN, not measured' if f.given else ''}"
-            f"{'; ' if f.given else ''}{f.source})" for f in doc.figures]
+           saturation_words(doc), "", "inputs:"]
+    out += [f"  {f.name}: {f.value:.4g} {f.unit} ({figure_source(f)})" for f in doc.figures]
     m = doc.model
     out += ["model:", f"  {m.method}", f"  latency per batch {m.latency_s:.4g} s: "
             f"{m.latency_note}", f"  staging: {m.staging_note}", f"  simulation: {m.simulation}",

@@ -53,6 +53,7 @@ from iobench.workflows.compare import (
     mark,
     node_spread,
 )
+from iobench.workflows.projection_view import all_report_sections, find_projections
 from iobench.workflows.timeline import add_timelines
 from iobench.workflows.verdict import (
     DEFAULT_THRESHOLD,
@@ -1048,11 +1049,14 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     if out.suffix.lower() not in (".html", ".htm", ".md"):
         raise ConfigError(f"--out {out}: the name must end in .html or .md")
     col = load_directory(results_dir)
+    projections, unread = find_projections([results_dir])  # issue 30: apart, labelled
+    col.skipped += unread
     names = sweep_tier_names(col.sweeps)
     rows = [run_row(r, col.probes, names) for r in col.runs]
     tell_tiers_apart(rows)
     lead = lead_section(col, rows)
     tables = build_tables(col, rows)
+    tables += [Table(t.title, t.header, t.rows, t.note) for t in all_report_sections(projections)]
     pngs = make_plots(rows, col)
     title = title or f"iobench report: {Path(results_dir).resolve().name}"
     out.parent.mkdir(parents=True, exist_ok=True)

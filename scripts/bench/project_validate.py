@@ -166,6 +166,9 @@ def main() -> int:
     ap.add_argument("--workers", default="2", help="loader workers per rank (default 2)")
     ap.add_argument("--shuffle", default="global", help="sample order (default global)")
     ap.add_argument("--epochs", default="2", help="epochs per run (default 2)")
+    ap.add_argument("--probe-sample", default="3072",
+                    help="bytes of the probe's random reads: the samples' size, for the "
+                         "request-rate limit (default 3072, cifar10's)")
     a = ap.parse_args()
     nodes = [int(x) for x in a.nodes.split(",")]
     work = a.work
@@ -183,6 +186,7 @@ def main() -> int:
         log("probe of the tier")
         run([*IOBENCH, "probe", "--storage", mnt, "--write-via", backing, "--size", "16M",
              "--readers", "1,4", "--runtime", "1", "--metadata-files", "100",
+             "--sample-size", a.probe_sample,
              "--engine", "python", "--results", res / "probe"])
         runs = {n: train(a, mnt, res / f"train-{n}", n) for n in nodes}
         mount(a, backing, mnt, direct=True)
