@@ -22,7 +22,14 @@ from iobench.core.datasets import DATASETS
 from iobench.core.formats import FORMATS
 from iobench.core.placement import MODES
 from iobench.core.world import get_world
-from iobench.workflows.stage import VERIFY_MODES, MiB, StageConfig, parse_verify, run_stage
+from iobench.workflows.stage import (
+    SYNC_MODES,
+    VERIFY_MODES,
+    MiB,
+    StageConfig,
+    parse_verify,
+    run_stage,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-verify", action="store_true", help="the same as --verify size")
     p.add_argument("--trust-existing", action="store_true",
                    help="skip files of the right size without re-hashing them on resume")
+    p.add_argument("--sync", choices=SYNC_MODES, default="fs",
+                   help="how a batch of small copies reaches the device before it is renamed: "
+                        "fs, one syncfs of the destination per batch (also waits for other "
+                        "writers' data there, as sync does); file, an fsync per file "
+                        "(default: fs)")
     p.add_argument("--no-fsync", action="store_true",
                    help="do not fsync each file (stage_s then excludes write-back)")
     p.add_argument("--warm-source", action="store_true",
@@ -78,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
                       buffer_bytes=args.buffer_mib * MiB,
                       verify=parse_verify(args.verify, args.no_verify),
                       verify_existing=not args.trust_existing, fsync=not args.no_fsync,
+                      sync=args.sync,
                       progress=not args.no_progress and sys.stderr.isatty(),
                       log_progress=not args.no_progress and not sys.stderr.isatty(),
                       warm_source=args.warm_source, repeat=args.repeat,
