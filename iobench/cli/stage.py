@@ -31,6 +31,8 @@ from iobench.workflows.stage import (
     run_stage,
 )
 
+RANKED = True  # may run as several ranks: interrupts wait for a collective (cli._signals)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=None, choices=list(DATASETS),
@@ -100,9 +102,15 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
 
 def main(args: argparse.Namespace) -> int:
     from iobench.core.errors import IobenchError
+    from iobench.core.interrupts import act_now
     from iobench.core.outputs import writable_dir
 
+    # the CLI entered interrupts(defer=True) first thing (RANKED): several ranks stop
+    # together at a collective; one process at once, from here. Either way SIGTERM, as
+    # SIGINT, stops the copy workers and removes their temporary files (exit 143)
     world = get_world()
+    if world.size == 1:
+        act_now()
     try:
         cfg, source = config_from_args(args)  # bad values fail here, the same on every rank
         source.refuse_inside(args.results, copies=[cfg.dest])  # no result in a dataset

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import time
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.sharedctypes import RawArray
@@ -30,7 +31,7 @@ from iobench.core.errors import StorageError
 B = TypeVar("B")
 QUEUED = 2  # batches handed to a worker before its first result: it never waits for work
 POLL_S = 0.2  # how often the parent looks at the bytes copied and at a pending interrupt
-JOIN_S = 3.0  # how long a stopping worker may take (under interrupts.GRACE_S)
+JOIN_S = 3.0  # how long the stopping workers may take, all told (under interrupts.GRACE_S)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -168,8 +169,9 @@ class Pool(Generic[B]):
         for conn in self._conns:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
+        deadline = time.monotonic() + JOIN_S  # all of them together: under GRACE_S
         for p in self._procs:
-            p.join(JOIN_S)
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join()
