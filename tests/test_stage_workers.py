@@ -181,3 +181,26 @@ def test_a_kill_in_the_middle_of_a_batch_resumes(tmp_path, slow_source):
     assert doc["skipped_files"] == done and doc["copied_files"] == len(m.files) - done
     _assert_exact(m, dest)
     assert os.path.exists(dest / "iobench.json")
+
+
+def test_shard_mode_copies_only_each_nodes_share(tmp_path):
+    """Two nodes (emulated by threads) in shard mode, each rank with copy workers: each node
+    copies exactly its ranks' data files and the labels, nothing of the other's share."""
+    from test_stage import stage_on_thread_nodes
+
+    from iobench.core import sampling
+
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [4_000 + 100 * k for k in range(90)])
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
+                      mode="shard", threads=2)
+    docs = stage_on_thread_nodes(cfg)
+    labels = m.files[-1]
+    for r in range(2):
+        mine = [m.data_files[k] for k in sampling.files_for_rank(len(m.data_files), r, 2)]
+        dest = tmp_path / f"node{r}" / "cifar10-files"
+        got = {p.name for p in dest.iterdir()} - {"iobench.json"}
+        assert got == {f.path for f in mine} | {labels.path}
+        for f in [*mine, labels]:
+            assert hashlib.sha256((dest / f.path).read_bytes()).hexdigest() == f.sha256
+        node = next(n for n in docs[0]["per_node"] if n["node"] == r)
+        assert node["copied_bytes"] == sum(f.bytes for f in mine) + labels.bytes
