@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
@@ -70,8 +71,14 @@ def _serve(conn: Connection, work: Callable[[B, int], dict[str, float]], parent:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
-    if os.getppid() != parent:  # the parent died before PR_SET_PDEATHSIG was set
-        return
+    try:
+        if os.getppid() == parent:  # else the parent died before PR_SET_PDEATHSIG was set
+            _loop(conn, work, slot)
+    finally:  # no flush of the parent's buffered output, no exit handlers: they are its own
+        os._exit(0)
+
+
+def _loop(conn: Connection, work: Callable[[B, int], dict[str, float]], slot: int) -> None:
     while True:
         try:
             batch = conn.recv()
@@ -99,6 +106,9 @@ class Pool(Generic[B]):
                  shared: Shared) -> None:
         self.shared = shared
         ctx = multiprocessing.get_context("fork")
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered is forked (and lost)
+            with contextlib.suppress(Exception):
+                stream.flush()
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         self._queued: dict[Connection, int] = {}
