@@ -234,6 +234,10 @@ def _copy_verified(src: str, tmp: str, entry: FileEntry, cfg: StageConfig, buf: 
             handed, fout = fout, -1
             return handed
         _finish(fout, cfg)
+        if big:  # one advice per 16 MiB and more, as before: the page cache stays small
+            os.posix_fadvise(fout, 0, 0, os.POSIX_FADV_DONTNEED)
+            if not cfg.warm_source:
+                os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
         return None
     finally:
         if fout >= 0:
