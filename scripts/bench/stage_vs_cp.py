@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench/stage_vs_cp.py [--work DIR] [--dest DIR] [--sync all|dest]
         [--files 20000]
         [--large-mib 1024] [--large-files 2] [--repeat 3] [--verify full,size]
-        [--before DIR [--before-only]] [--json OUT]
+        [--before DIR [--before-only]] [--fpsync JOBS] [--json OUT]
 
 Small files: a files-format cifar10 dataset of `--files` PNGs (`iobench generate`).
 Each repetition runs, interleaved (the order turned round every other repetition):
@@ -71,6 +71,18 @@ def run_cp(src: Path, dst: Path, sync: str) -> float:
     return time.perf_counter() - t0
 
 
+def run_fpsync(src: Path, dst: Path, sync: str, jobs: int) -> float:
+    """fpart's parallel rsync (`fpsync -n JOBS SRC/ DST/`) then the same sync as cp's."""
+    fresh(dst)
+    cold(src)
+    dst.mkdir(parents=True)
+    how = f"sync -f '{dst.parent}'" if sync == "dest" else "sync"
+    t0 = time.perf_counter()
+    subprocess.run(f"fpsync -n {jobs} -t '{dst.parent}/.fpsync' '{src}/' '{dst}/' && {how}",
+                   shell=True, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
 def run_stage(src: Path, dst: Path, res: Path, extra: list[str],
               pythonpath: str | None = None) -> dict[str, Any]:
     """`iobench stage` from a cold source: its stage_s, checksum_s (when it says), wall."""
@@ -133,6 +145,8 @@ def generate(storage: Path, dataset: str, samples: int, spf: int) -> Path:
 def contenders(a: argparse.Namespace, threads: list[str]) -> list[tuple[str, list[str], Any]]:
     """(name, stage options, PYTHONPATH) of each iobench run."""
     out = []
+    if a.fpsync:
+        out.append(("fpsync", ["fpsync"], None))
     for v in a.verify.split(","):
         if not a.before_only:
             out.append((f"stage --verify {v}", [*threads, "--verify", v], None))
@@ -155,6 +169,8 @@ def bench(a: argparse.Namespace, src: Path, anchor: str, threads: list[str]) -> 
             if opts is None:
                 s = (run_cp(src, dst, a.sync) if anchor.startswith("cp")
                      else fio_copy(src, a.dest.with_name("fio-w")))
+            elif opts == ["fpsync"]:
+                s = run_fpsync(src, dst, a.sync, a.fpsync)
             else:
                 d = run_stage(src, dst, a.work / "res", opts, pp)
                 s = d["seconds"]
@@ -196,6 +212,8 @@ def main() -> int:
     ap.add_argument("--verify", default="full,size")
     ap.add_argument("--threads", type=int, default=None, help="--threads for small files")
     ap.add_argument("--before", metavar="DIR", help="also run an older iobench from DIR")
+    ap.add_argument("--fpsync", type=int, default=0, metavar="JOBS",
+                    help="also run fpsync -n JOBS on the small files (apt-get install fpart)")
     ap.add_argument("--before-only", action="store_true", help="run only the code in --before")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
