@@ -4,8 +4,10 @@ Under `mpiexec`, every node receives the files its ranks will read (all of
 them with `--mode replicate`; with `--mode shard` only its ranks' share, and
 training from the copy then shuffles within each rank's files). The source is
 evicted from the page cache first (unless --warm-source), so the copy reads
-storage. Writes a staging result (stage_s, stage_bytes, stage_MBps,
-os_read_bytes, source_cache, mode, tiers) into --results.
+storage. Each copy is checked against the manifest: its sha256 while copying
+(--verify full, the default; the result's checksum_s says what that cost) or its
+size only (--verify size). Writes a staging result (stage_s, stage_bytes,
+stage_MBps, checksum_s, os_read_bytes, source_cache, mode, tiers) into --results.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from iobench.core.datasets import DATASETS
 from iobench.core.formats import FORMATS
 from iobench.core.placement import MODES
 from iobench.core.world import get_world
-from iobench.workflows.stage import MiB, StageConfig, run_stage
+from iobench.workflows.stage import (
+    SYNC_MODES,
+    VERIFY_MODES,
+    MiB,
+    StageConfig,
+    parse_verify,
+    run_stage,
+)
+
+RANKED = True  # may run as several ranks: interrupts wait for a collective (cli._signals)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,13 +47,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="replicate",
                    help="replicate: a full copy on every node; shard: each node gets only "
                         "the files its ranks read (default: replicate)")
-    p.add_argument("--threads", type=int, default=4, help="copy threads per rank (default 4)")
+    p.add_argument("--threads", type=int, default=4,
+                   help="copy workers per rank: processes, or with 1 a thread of the rank's "
+                        "own (default 4)")
     p.add_argument("--buffer-mib", type=int, default=16,
                    help="size of each sequential read/write in MiB (default 16)")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip sha256 (then copies go through copy_file_range in the kernel)")
+    p.add_argument("--verify", choices=VERIFY_MODES, default=None,
+                   help="full: sha256 of every file while copying, checked against the "
+                        "manifest (the result gives its seconds, checksum_s); size: sizes only, "
+                        "copies then go through copy_file_range in the kernel (default: full)")
+    p.add_argument("--no-verify", action="store_true", help="the same as --verify size")
     p.add_argument("--trust-existing", action="store_true",
                    help="skip files of the right size without re-hashing them on resume")
+    p.add_argument("--sync", choices=SYNC_MODES, default="fs",
+                   help="how a batch of small copies reaches the device before it is renamed: "
+                        "fs, one syncfs of the destination per batch (also waits for other "
+                        "writers' data there, as sync does); file, an fsync per file "
+                        "(default: fs)")
     p.add_argument("--no-fsync", action="store_true",
                    help="do not fsync each file (stage_s then excludes write-back)")
     p.add_argument("--warm-source", action="store_true",
@@ -68,8 +89,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
     source = locate(args.source, args.dataset, args.format)
     cfg = StageConfig(dataset=source.dataset, format=source.format, source=Path(args.source),
                       dest=Path(args.dest), mode=args.mode, threads=args.threads,
-                      buffer_bytes=args.buffer_mib * MiB, verify=not args.no_verify,
+                      buffer_bytes=args.buffer_mib * MiB,
+                      verify=parse_verify(args.verify, args.no_verify),
                       verify_existing=not args.trust_existing, fsync=not args.no_fsync,
+                      sync=args.sync,
                       progress=not args.no_progress and sys.stderr.isatty(),
                       log_progress=not args.no_progress and not sys.stderr.isatty(),
                       warm_source=args.warm_source, repeat=args.repeat,
@@ -80,10 +103,16 @@ def config_from_args(args: argparse.Namespace) -> tuple[StageConfig, DatasetRef]
 def main(args: argparse.Namespace) -> int:
     from iobench.core import faults
     from iobench.core.errors import IobenchError
+    from iobench.core.interrupts import act_now
     from iobench.core.outputs import writable_dir
 
     faults.at_start()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
+    # the CLI entered interrupts(defer=True) first thing (RANKED): several ranks stop
+    # together at a collective; one process at once, from here. Either way SIGTERM, as
+    # SIGINT, stops the copy workers and removes their temporary files (exit 143)
     world = get_world()
+    if world.size == 1:
+        act_now()
     try:
         cfg, source = config_from_args(args)  # bad values fail here, the same on every rank
         source.refuse_inside(args.results, copies=[cfg.dest])  # no result in a dataset
@@ -97,8 +126,8 @@ def main(args: argparse.Namespace) -> int:
         doc = out.doc
         print(f"staged {doc['dataset']['dataset']}/{doc['dataset']['format']} "
               f"({doc['mode']}) to {doc['to']['root']}: {doc['copied_files']} files copied, "
-              f"{doc['skipped_files']} already complete, {_figures(doc)}; {_source(doc)}; "
-              f"result {out.path}")
+              f"{doc['skipped_files']} already complete, {_figures(doc)}; {_checks(doc)}; "
+              f"{_source(doc)}; result {out.path}")
     return 0
 
 
@@ -123,6 +152,15 @@ def _figures(doc: dict[str, Any]) -> str:
     if doc["skipped_files"] and doc["config"]["verify_existing"]:
         text += " (with re-hashing the files found complete)"
     return text
+
+
+def _checks(doc: dict[str, Any]) -> str:
+    """What verification cost: the copies' sha256 seconds and share of the workers' time."""
+    if doc["verify"] == "size":
+        return "verified by size only (--verify size)"
+    share = doc["checksum_share"]
+    return (f"sha256 checked: {doc['checksum_s']:.2f} s of hashing"
+            + (f", {share:.0%} of the copy workers' time" if share is not None else ""))
 
 
 def _source(doc: dict[str, Any]) -> str:

@@ -591,6 +591,11 @@ class Staging(Record):
     repeats: int = key(default=1, optional=True)
     mode: str | None = key(default=None, optional=True)
     shuffle_scope: str | None = key(default=None, optional=True)
+    # what each copy was checked by (`--verify`), and the seconds its sha256 took (copy
+    # workers' time summed; null with size): absent before issue 31
+    verify: str | None = key(Opt(Enum("full", "size")), default=None, optional=True)
+    checksum_s: float | None = key(default=None, optional=True)
+    checksum_share: float | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

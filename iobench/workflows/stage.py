@@ -5,12 +5,16 @@ from `iobench train --stage-to`. Under `mpiexec` every node receives the files
 its ranks will read (all of them in `replicate` mode; in `shard` mode only the
 data files `sampling.files_for_rank` gives its ranks, plus labels and index
 files), and the ranks of a node split that node's files, balanced by bytes.
-Each rank copies with several threads, 16 MiB sequential reads and writes,
-computing sha256 while copying (no second pass) and checking it against the
-manifest. Files land under a temporary name, are fsynced and renamed, so a
-file under its final name is always complete; a rerun skips files that are
-already complete and correct. The destination manifest is written last, so a
-dataset that has a manifest at the destination was staged completely.
+Each rank copies with several worker processes (`_stage_pool`; one thread of
+its own with `threads=1`), a batch of small files or one large file at a time,
+16 MiB sequential reads and writes, computing sha256 while copying (no second
+pass) and checking it against the manifest (`verify`; else sizes only, and the
+kernel copies). Files land under a temporary name, a batch's are fsynced
+together and then renamed, so a file under its final name is always complete
+and on the device; a rerun skips files that are already complete and correct.
+The destination manifest is written last, so a dataset that has a manifest at
+the destination was staged completely. After the timed copy the copied files'
+pages are dropped from the page cache, once per rank (`evict_s`), not per file.
 
 The copy is timed from a cold source (docs/metrics.md, "Staging"): before it,
 the ranks of every node evict the source files that node reads (each rank its
@@ -23,16 +27,18 @@ into a destination emptied of the previous repetition's files.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import socket
+import stat
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,6 +66,18 @@ MiB = 2**20
 PARTIAL = ".iobench-partial-"  # temporary names: .<name>.iobench-partial-<host>-<pid>
 WINDOW = 4  # copy tasks queued per thread: enough to keep every thread busy, never a list
 T = TypeVar("T")
+SYNC_MODES = ("fs", "file")  # --sync: a syncfs per batch, or an fsync per file
+VERIFY_MODES = ("full", "size")  # --verify: sha256 of every copy, or its size only
+
+
+def parse_verify(mode: str | None, no_verify: bool = False) -> bool:
+    """`--verify full|size` (or `--no-verify`, the same as size) as `StageConfig.verify`:
+    whether each copy's sha256 is computed and checked."""
+    if mode is not None and mode not in VERIFY_MODES:
+        raise ConfigError(f"--verify {mode!r} is not one of {', '.join(VERIFY_MODES)}")
+    if no_verify and mode == "full":
+        raise ConfigError("--no-verify with --verify full: give one of them")
+    return not no_verify and mode != "size"
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,10 @@ class StageConfig:
     verify: bool = True  # sha256 while copying, checked against the manifest
     verify_existing: bool = True  # re-hash complete-looking files before skipping them
     fsync: bool = True  # a staged file is on the device, not in the page cache
+    # how a batch of small copies gets there: "file", an fsync each (in flight together);
+    # "fs", one syncfs of the destination per batch (far fewer device flushes, but it also
+    # waits for other writers' dirty data on that filesystem, as `sync` does)
+    sync: str = "file"
     progress: bool = False  # a progress bar on rank 0 (stderr)
     log_progress: bool = False  # else, off a terminal: a line a minute on rank 0 (stderr)
     warm_source: bool = False  # do not evict the source first (then the copy may read memory)
@@ -95,6 +117,8 @@ class StageConfig:
         if not MiB // 16 <= self.buffer_bytes <= 1024 * MiB:
             raise ConfigError(f"buffer_bytes={self.buffer_bytes} must be in [64 KiB, 1 GiB]")
         parse_repeat(self.repeat, "full copies")
+        if self.sync not in SYNC_MODES:
+            raise ConfigError(f"sync={self.sync!r} is not one of {', '.join(SYNC_MODES)}")
         parse_evict_cmd(self.evict_cmd, self.warm_source, "--warm-source")
 
     @property
@@ -117,6 +141,9 @@ class _Counters:
     recopied_files: int = 0  # present but incomplete or wrong: copied again
     removed_partials: int = 0
     verify_s: float = 0.0  # time spent re-hashing existing files
+    checksum_s: float = 0.0  # time spent hashing the copies (their sha256 while copying)
+    copy_s: float = 0.0  # time the copy workers spent on batches (checksum_s's share of it)
+    evict_s: float = 0.0  # after the timed copy: dropping its pages (source and copy)
 
     def add(self, **kw: float) -> None:
         for k, v in kw.items():
@@ -153,17 +180,34 @@ def _sha256_file(path: str | Path, buf: memoryview) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def _copy_verified(src: str | Path, tmp: str | Path, entry: FileEntry, cfg: StageConfig,
-                   buf: memoryview,
-                   on_bytes: Callable[[int], None], defer_sync: bool = False) -> int | None:
-    """Copy src to tmp with large sequential I/O, hashing while copying. With
-    `defer_sync` the copy is left open, unsynced, and its descriptor returned: the
-    caller syncs it together with others (`_finish`), then closes it."""
-    h = hashlib.sha256() if cfg.verify else None
-    fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO: named below, not waited on
+def _open_source(src: str, entry: FileEntry) -> int:
+    """The source file open for reading, checked to be a regular file of the manifest's size
+    (one fstat: the copy then reads exactly that many bytes, no read to find the end)."""
+    fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO is not waited on
     try:
-        refuse_irregular(src, fin)
-        fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        st = os.fstat(fin)
+        if not stat.S_ISREG(st.st_mode):
+            refuse_irregular(src, fin)
+        if st.st_size != entry.bytes:
+            raise DatasetError(f"source {src} has {st.st_size} bytes, the manifest says "
+                               f"{entry.bytes}: the source dataset is damaged; run `iobench "
+                               "verify` on it")
+    except BaseException:
+        os.close(fin)
+        raise
+    return fin
+
+
+def _copy_verified(src: str, tmp: str, entry: FileEntry, cfg: StageConfig, buf: memoryview,
+                   on_bytes: Callable[[int], None], counters: _Counters,
+                   defer_sync: bool = False) -> int | None:
+    """Copy src to tmp with large sequential I/O, hashing while copying (`cfg.verify`; the
+    hashing's seconds go to `counters.checksum_s`). With `defer_sync` the copy is left
+    open, unsynced, and its descriptor returned: the caller syncs it together with others
+    (`_finish`), then closes it."""
+    fin = _open_source(src, entry)
+    try:
+        fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except BaseException:
         os.close(fin)
         raise
@@ -173,33 +217,27 @@ def _copy_verified(src: str | Path, tmp: str | Path, entry: FileEntry, cfg: Stag
             os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             with contextlib.suppress(OSError):
                 os.posix_fallocate(fout, 0, entry.bytes)
-        n = 0
-        if h is None:
-            n = _copy_kernel(fin, fout, entry.bytes, buf, on_bytes)
+        if cfg.verify:
+            n, digest = _copy_hashed(fin, fout, entry.bytes, buf, on_bytes, counters)
         else:
-            while k := os.readv(fin, [buf]):
-                chunk = buf[:k]
-                h.update(chunk)  # releases the GIL for large buffers: threads scale
-                w = 0
-                while w < k:
-                    w += os.write(fout, chunk[w:])
-                n += k
-                on_bytes(k)
-        if n != entry.bytes:
+            n, digest = _copy_kernel(fin, fout, entry.bytes, buf, on_bytes), None
+        if n != entry.bytes:  # the file shrank while being copied
             raise DatasetError(f"source {src} has {n} bytes, the manifest says {entry.bytes}: "
                                "the source dataset is damaged; run `iobench verify` on it")
         if big:  # fallocate may have reserved more than the source had
             os.ftruncate(fout, n)
-        if h is not None and h.hexdigest() != entry.sha256:
+        if digest is not None and digest != entry.sha256:
             raise DatasetError(f"source {src} does not match its manifest checksum (sha256 "
-                               f"{h.hexdigest()[:16]}..., expected {entry.sha256[:16]}...): the "
+                               f"{digest[:16]}..., expected {entry.sha256[:16]}...): the "
                                "source dataset is damaged; run `iobench verify` on it")
-        if not cfg.warm_source:  # a warm source stays as the user had it, for every repetition
-            os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
         if defer_sync:
             handed, fout = fout, -1
             return handed
         _finish(fout, cfg)
+        if big:  # one advice per 16 MiB and more, as before: the page cache stays small
+            os.posix_fadvise(fout, 0, 0, os.POSIX_FADV_DONTNEED)
+            if not cfg.warm_source:
+                os.posix_fadvise(fin, 0, 0, os.POSIX_FADV_DONTNEED)
         return None
     finally:
         if fout >= 0:
@@ -207,12 +245,38 @@ def _copy_verified(src: str | Path, tmp: str | Path, entry: FileEntry, cfg: Stag
         os.close(fin)
 
 
+def _copy_hashed(fin: int, fout: int, size: int, buf: memoryview,
+                 on_bytes: Callable[[int], None], counters: _Counters) -> tuple[int, str]:
+    """Copy `size` bytes from `fin` to `fout` through `buf`, hashing each chunk once between
+    its read and its write; (bytes copied, sha256 hex digest)."""
+    h = hashlib.sha256()
+    hashing = 0.0
+    n = 0
+    while n < size:
+        k = os.readv(fin, [buf[:size - n]])
+        if k == 0:
+            break
+        chunk = buf[:k]
+        t0 = time.perf_counter()
+        h.update(chunk)  # releases the interpreter lock for large buffers
+        hashing += time.perf_counter() - t0
+        w = 0
+        while w < k:
+            w += os.write(fout, chunk[w:])
+        n += k
+        on_bytes(k)
+    t0 = time.perf_counter()
+    digest = h.hexdigest()
+    counters.checksum_s += hashing + time.perf_counter() - t0
+    return n, digest
+
+
 def _finish(fout: int, cfg: StageConfig) -> None:
-    """Make a copy durable (unless --no-fsync) and drop its pages: staged data should not
-    crowd the page cache (and training starts cold anyway)."""
+    """Make a copy durable (unless --no-fsync). Its pages (and the source's) are dropped once
+    per rank after the copy (`_drop_pages`), not here: a POSIX_FADV_DONTNEED per file made
+    every write wait for page reclaim (issue 31)."""
     if cfg.fsync:
         os.fsync(fout)
-    os.posix_fadvise(fout, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _copy_kernel(fin: int, fout: int, size: int, buf: memoryview,
@@ -282,6 +346,10 @@ class _Progress:
         # the copies stop here, and the ranks' next collective raises it on every rank
         if self.stop.is_set() or pending():
             raise _Stopped()
+        self.show(n)
+
+    def show(self, n: int) -> None:
+        """Count `n` more bytes copied (on the bar or the log), without the stop check."""
         if self._bar is not None:
             with self._lock:
                 self._bar.advance(self._task, n)
@@ -365,24 +433,35 @@ def _batches(entries: Iterable[FileEntry], size: int) -> Iterator[list[FileEntry
         yield run
 
 
+@dataclass
+class _Local:
+    """What one copying thread or worker process keeps between its batches."""
+
+    fresh: bool  # the destination was empty when the copy began: nothing there to skip
+    buf: memoryview | None = None  # its read/write buffer (allocated where it copies)
+    tag: str = ""  # its temporary names' suffix: .<name><tag>
+    dirs: set[str] = field(default_factory=set)  # destination folders made already
+    sync: ThreadPoolExecutor | None = None  # its fsync threads (`_sync_batch`)
+
+
 def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
-                 counters: _Counters, lock: threading.Lock, progress: _Progress,
-                 local: threading.local) -> None:
+                 counters: _Counters, lock: threading.Lock,
+                 progress: _Progress | _WorkerProgress, local: _Local) -> None:
     """Stage a batch of files: each copied and checked under a temporary name, then all
     fsynced together, then each renamed, so a file under its final name is complete
     and on the device. One fsync at a time costs a journal commit each (about 1,800
     small files/s per rank on this project's test machine); a batch's fsyncs in flight
     together share commits (docs/results.md, section 9)."""
-    if getattr(local, "buf", None) is None:
+    if local.buf is None:  # in the copying thread or worker process, at its first batch
         local.buf = memoryview(bytearray(cfg.buffer_bytes))
-        local.dirs = set()
         local.tag = f"{PARTIAL}{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
+    t0 = time.perf_counter()
     copied: list[_Copied] = []
     where = [batch[0], ""]  # the file being worked on, and its copy's temporary name
     try:
         _copy_batch(batch, src_root, dest_root, cfg, counters, lock, progress, local, copied,
                     where)
-        _sync_batch(copied, cfg, where)
+        _sync_batch(copied, cfg, where, local)
         while copied:
             c = copied[0]
             where[0] = c.entry
@@ -391,6 +470,8 @@ def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: S
             copied.pop(0)
             with lock:
                 counters.add(copied_files=1, copied_bytes=c.entry.bytes, recopied_files=c.recopy)
+        with lock:
+            counters.add(copy_s=time.perf_counter() - t0)
     except BaseException as e:
         _discard(copied, str(where[1]))
         current = where[0]
@@ -417,8 +498,9 @@ class _Copied:
 
 
 def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
-                counters: _Counters, lock: threading.Lock, progress: _Progress,
-                local: threading.local, copied: list[_Copied], where: list[Any]) -> None:
+                counters: _Counters, lock: threading.Lock,
+                progress: _Progress | _WorkerProgress, local: _Local, copied: list[_Copied],
+                where: list[Any]) -> None:
     """Copy the batch's files that are not staged yet under temporary names (into `copied`);
     `where` names the file being copied and its temporary name, for the caller's cleanup."""
     # plain strings, not Paths: with thousands of small files a second, building Paths
@@ -427,7 +509,7 @@ def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: St
     for entry in batch:
         where[0] = entry
         src, dst = os.path.join(src_top, entry.path), os.path.join(dst_top, entry.path)
-        recopy = _already_staged(entry, dst, cfg, counters, lock, progress, local.buf)
+        recopy = _already_staged(entry, dst, cfg, counters, lock, progress, local)
         if recopy is None:
             continue
         folder, name = os.path.split(dst)
@@ -435,8 +517,9 @@ def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: St
             os.makedirs(folder, exist_ok=True)
             local.dirs.add(folder)
         where[1] = tmp = os.path.join(folder, f".{name}{local.tag}")
+        assert local.buf is not None  # allocated by `_stage_batch`
         try:
-            fd = _copy_verified(src, tmp, entry, cfg, local.buf, progress.advance,
+            fd = _copy_verified(src, tmp, entry, cfg, local.buf, progress.advance, counters,
                                 defer_sync=len(batch) > 1)
         except FileNotFoundError as e:
             if e.filename is not None and os.fspath(e.filename) == src:
@@ -448,15 +531,49 @@ def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: St
         where[1] = ""
 
 
-def _sync_batch(copied: list[_Copied], cfg: StageConfig, where: list[Any]) -> None:
-    """fsync the batch's open copies together (they share journal commits)."""
+SYNC_THREADS = 16  # fsyncs of a batch in flight together (they share journal commits)
+
+
+def _sync_batch(copied: list[_Copied], cfg: StageConfig, where: list[Any],
+                local: _Local) -> None:
+    """Make the batch's open copies durable together: one syncfs of their filesystem
+    (`cfg.sync` "fs", where the OS has it), else their fsyncs in flight together (they
+    share journal commits), from a pool of threads the copier keeps (`local.sync`)."""
     synced = [c for c in copied if c.fd >= 0]
-    if not synced:
+    if not synced or not cfg.fsync:
         return
-    with ThreadPoolExecutor(len(synced), thread_name_prefix="stage-sync") as pool:
-        for c, fut in [(c, pool.submit(_finish, c.fd, cfg)) for c in synced]:
-            where[0] = c.entry
-            fut.result()  # the first error, named by its file
+    if cfg.sync == "fs" and _SYNCFS is not None:
+        where[0] = synced[0].entry
+        if _SYNCFS(synced[0].fd) != 0:  # Linux >= 5.8 reports a writeback error here
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return
+    if local.sync is None:
+        local.sync = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="stage-sync")
+    for c, fut in [(c, local.sync.submit(_finish, c.fd, cfg)) for c in synced]:
+        where[0] = c.entry
+        fut.result()  # the first error, named by its file
+
+
+def _libc_syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs(fd), where there is one (Linux)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_SYNCFS = _libc_syncfs()
+
+
+def _end_sync(local: _Local) -> None:
+    """Stop the sync threads a copying thread started (`_sync_batch`)."""
+    pool = local.sync
+    if pool is not None:
+        pool.shutdown()
+        local.sync = None
 
 
 def _discard(copied: list[_Copied], tmp: str) -> None:
@@ -482,22 +599,25 @@ def _copy_error(e: OSError, current: FileEntry, src_root: Path, dest_root: Path
 
 
 def _already_staged(entry: FileEntry, dst: str, cfg: StageConfig, counters: _Counters,
-                    lock: threading.Lock, progress: _Progress, buf: memoryview) -> int | None:
+                    lock: threading.Lock, progress: _Progress | _WorkerProgress,
+                    local: _Local) -> int | None:
     """None when `dst` is already a complete, correct copy (counted as skipped); else 1 when
-    a wrong or partial file is there to be replaced, 0 when there is none."""
+    a wrong or partial file is there to be replaced, 0 when there is none. No stat at all
+    into a destination that was empty when the copy began (`local.fresh`), nor in
+    repetitions (full copies: a file already complete is copied again, not skipped)."""
+    if cfg.repeat != 1 or local.fresh:
+        return 0
     try:
         st = os.stat(dst)
     except FileNotFoundError:
-        return 0
-    # repetitions are full copies: a file already complete is copied again, not skipped
-    if cfg.repeat != 1:
         return 0
     if st.st_size == entry.bytes:
         if not cfg.verify_existing:
             ok, dt = True, 0.0
         else:
             t0 = time.perf_counter()
-            ok = _sha256_file(dst, buf)[1] == entry.sha256
+            assert local.buf is not None
+            ok = _sha256_file(dst, local.buf)[1] == entry.sha256
             dt = time.perf_counter() - t0
         if ok:
             with lock:
@@ -691,10 +811,16 @@ def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
         "spread": figures,
         "repetitions": [{k: r[k] for k in ("repeat", "stage_s", "stage_bytes", "stage_MBps",
                                            "os_read_bytes", "copied_files", "source_cache",
-                                           "per_rank")} for r in reps],
+                                           "per_rank", "checksum_s", "checksum_share",
+                                           "evict_s")} for r in reps],
         "dataset_bytes": manifest.total_bytes,
         "node_bytes": node_bytes if world.num_nodes == 1 else None,
         "verified": cfg.verify,
+        "verify": "full" if cfg.verify else "size",
+        # medians over the repetitions, as stage_s: what verification costs (null with size)
+        "checksum_s": _median_of(r["checksum_s"] for r in reps),
+        "checksum_share": _median_of(r["checksum_share"] for r in reps),
+        "evict_s": _median_of(r["evict_s"] for r in reps),
         **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
                                  "recopied_files", "removed_partials")},
         "per_rank": first["per_rank_full"],
@@ -703,6 +829,15 @@ def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
         "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
         "provenance": provenance() if world.rank == 0 else None,
     }
+
+
+def _median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values, or None when one of them is None (or there are none)."""
+    import statistics
+
+    got = list(values)
+    return None if not got or None in got else statistics.median(
+        v for v in got if v is not None)
 
 
 def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -737,26 +872,24 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
                          log=cfg.log_progress and world.rank == 0)
     error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
                                    else None)
+    fresh = _empty_dir(plan.dest_root)  # nothing staged there: no stat per file
     io0 = procio.tree_io() if plan.note is None else None
     world.barrier()
     t0 = time.perf_counter_ns()
-    local = threading.local()
+    io = None
     try:
         if error is None:
-            error = _copy_all(_batches(mine, batch_files(cfg.threads)),
-                              lambda b: _stage_batch(b, plan.source.root, plan.dest_root, cfg,
-                                                     counters, lock, progress, local),
-                              cfg.threads, progress.stop)
+            error, io_end = _copy_share(plan, counters, lock, progress, fresh)
+            io = io_end - io0 if io0 is not None and io_end is not None else None
     except Exception as e:
         error = error or e
     finally:
         progress.close()
     rank_s = (time.perf_counter_ns() - t0) / 1e9
-    # threads share the process's counters; the rank has no child processes while copying
-    io = procio.tree_io() - io0 if io0 is not None else None
     agree(world, error, "staging")
     world.barrier()
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
+    counters.evict_s = _drop_pages(plan)  # untimed, as cp leaves the cache as it is
 
     per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
                                 "node_name": world.node_name,
@@ -770,10 +903,92 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
             "stage_MBps": stage_bytes / stage_s / 1e6 if stage_s > 0 else None,
             "os_read_bytes": None if None in reads else sum(reads),
             "copied_files": total["copied_files"],
+            # hashing seconds summed over the copy workers, and their share of the workers' time
+            "checksum_s": total["checksum_s"] if cfg.verify else None,
+            "checksum_share": (total["checksum_s"] / total["copy_s"]
+                               if cfg.verify and total["copy_s"] > 0 else None),
+            "evict_s": max(r["evict_s"] for r in per_rank),  # after the timed copy
             "source_cache": _source_cache(evicted, cfg.warm_source),
             "per_rank": [{k: r[k] for k in ("rank", "node", "node_name", "seconds", "copied_bytes",
                                             "os_read_bytes")} for r in per_rank],
             "per_rank_full": per_rank, "counters": total}
+
+
+def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress: _Progress,
+                fresh: bool) -> tuple[BaseException | None, procio.IoCounters | None]:
+    """Copy this rank's files: in one thread of this process (`threads` 1), else in that many
+    worker processes (`_stage_pool`). The first error (None when all went well), and the
+    OS's I/O counters of this process and its workers at the end (None: not counted)."""
+    cfg = plan.cfg
+    batches = _batches(plan.mine, batch_files(cfg.threads))
+    src, dst = plan.source.root, plan.dest_root
+    if cfg.threads == 1:
+        local = _Local(fresh)
+        try:
+            error = _copy_all(batches, lambda b: _stage_batch(b, src, dst, cfg, counters, lock,
+                                                              progress, local),
+                              1, progress.stop)
+        finally:
+            _end_sync(local)
+        return error, procio.tree_io() if plan.note is None else None
+    from iobench.workflows import _stage_pool
+
+    shared = _stage_pool.Shared(cfg.threads)
+    worker_local = _Local(fresh)  # each worker's own copy, from the fork
+
+    def work(batch: list[FileEntry], slot: int) -> dict[str, float]:
+        mine = _Counters()
+        _stage_batch(batch, src, dst, cfg, mine, lock, _WorkerProgress(shared, slot), worker_local)
+        return asdict(mine)
+
+    seen = [0]
+
+    def poll() -> None:  # the bar follows the workers' bytes; an interrupt stops them
+        done = shared.copied()
+        progress.show(done - seen[0])
+        seen[0] = done
+        if pending():
+            shared.stop()
+
+    with _stage_pool.Pool(cfg.threads, work, shared) as pool:
+        error = pool.run(batches, lambda d: counters.add(**d), poll)
+        poll()
+        # the workers are still alive: their reads are counted with this process's
+        return error, procio.tree_io() if plan.note is None else None
+
+
+class _WorkerProgress:
+    """A worker process's side of `_Progress`: its bytes into the shared array, and where it
+    learns to stop (the parent's flag)."""
+
+    def __init__(self, shared: Any, slot: int) -> None:
+        self._shared, self._slot = shared, slot
+
+    def advance(self, n: int) -> None:
+        if self._shared.stopped:
+            raise _Stopped()
+        self._shared.add(self._slot, n)
+
+
+def _empty_dir(path: Path) -> bool:
+    """Whether `path` holds nothing (or does not exist)."""
+    try:
+        with os.scandir(path) as it:
+            return next(it, None) is None
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+
+
+def _drop_pages(plan: _Plan) -> float:
+    """Drop the copied files' pages (the copy's, and the source's unless --warm-source) from
+    the page cache, once for the whole share after the copy: staged data should not crowd
+    the page cache, and training starts cold anyway. Seconds taken."""
+    t0 = time.perf_counter()
+    paths = cache.share_paths(plan.manifest, plan.mine, plan.dest_root)
+    cache.evict(paths)
+    if not plan.cfg.warm_source:  # a warm source stays as the user had it
+        cache.evict(cache.share_paths(plan.manifest, plan.mine, plan.source.root))
+    return time.perf_counter() - t0
 
 
 def _clear_leftovers(plan: _Plan, counters: _Counters) -> StorageError | None:
@@ -942,8 +1157,9 @@ def _write_dest_manifest(plan: _Plan, world: World) -> None:
 # what a training run records of the staging that preceded it (the result's `staging`)
 STAGING_KEYS = ("stage_s", "stage_bytes", "stage_MBps", "os_read_bytes", "os_read_bytes_note",
                 "source_cache", "mode", "shuffle_scope", "from", "to", "copied_files",
-                "skipped_files", "skipped_bytes", "verified", "dataset_bytes", "per_node",
-                "slowest_node", "warnings")
+                "skipped_files", "skipped_bytes", "verified", "verify", "checksum_s",
+                "checksum_share", "evict_s", "dataset_bytes", "per_node", "slowest_node",
+                "warnings")
 
 
 def stage_copy(source: DatasetRef, dest: str | Path, mode: str, world: World, *,
@@ -965,7 +1181,7 @@ def stage_copy(source: DatasetRef, dest: str | Path, mode: str, world: World, *,
         cfg = StageConfig(dataset=source.dataset, format=source.format,
                           source=Path(source.storage), dest=Path(dest), mode=parse_mode(mode),
                           progress=progress, log_progress=log_progress,
-                          warm_source=warm_source, evict_cmd=evict_cmd)
+                          warm_source=warm_source, evict_cmd=evict_cmd, sync="fs")
         if warm_cache:
             raise ConfigError("--stage-to with --warm-cache: staging reads the whole dataset "
                               "once, which would warm the cache; drop one of them")

@@ -1,0 +1,244 @@
+"""`iobench stage` against `cp -r SRC DST && sync` (small files) and fio's read then write (large).
+
+    .venv/bin/python scripts/bench/stage_vs_cp.py [--work DIR] [--dest DIR] [--sync all|dest]
+        [--files 20000]
+        [--large-mib 1024] [--large-files 2] [--repeat 3] [--verify full,size]
+        [--before DIR [--before-only]] [--fpsync JOBS] [--json OUT]
+
+Small files: a files-format cifar10 dataset of `--files` PNGs (`iobench generate`).
+Each repetition runs, interleaved (the order turned round every other repetition):
+`cp -r SRC DST && sync`, then `iobench stage` with each `--verify` mode (and, with
+`--before DIR`, an older iobench importable from DIR beside it). Before every run
+the destination is removed and synced, and the whole source is made cold the same
+way for every contender: write-back and `POSIX_FADV_DONTNEED` of each source file
+(`iobench.core.cache.evict`), residency measured after.
+
+On a machine shared with other writers a global `sync` waits for their dirty data
+too (20-73 s instead of 3 on this project's 2-core VM while another job wrote
+checkpoints). There, give the copies a filesystem of their own (`--dest` on a loop
+device: `truncate -s 6G d.img && mkfs.ext4 -q d.img && mount $(losetup --direct-io=on
+-f --show d.img) MNT`) and `--sync dest`: cp's sync is then `sync -f DST`, the
+destination's filesystem only, as iobench's fsyncs are.
+
+Large files: a cosmoflow files-format dataset of `--large-files` files totalling
+about `--large-mib` MiB. The anchor is fio's sequential copy of the same bytes in
+one process: a cold read of the source files (`--rw=read --bs=16m`), then a write
+of as many bytes (`--rw=write --bs=16m --end_fsync=1`); its time is the two jobs'
+sum. `iobench stage --threads 1` (one copy process, the same count) times its copy.
+
+Prints seconds and MB/s medians [min-max] and each contender's ratio to its anchor
+(rate over the anchor's rate, per repetition side by side, then of the medians):
+goal >= 0.8 for small files, >= 0.9 for large.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gencommon import fmt, header, loadavg, median, save
+
+
+def cold(root: Path) -> float:
+    """Evict every file under `root` from the page cache; the resident fraction left."""
+    from iobench.core import cache
+
+    paths = [p for p in root.rglob("*") if p.is_file()]
+    cache.evict(paths)
+    return cache.resident_fraction(paths) or 0.0
+
+
+def fresh(dst: Path) -> None:
+    shutil.rmtree(dst, ignore_errors=True)
+    os.sync()
+
+
+def run_cp(src: Path, dst: Path, sync: str) -> float:
+    """`cp -r SRC DST && sync` (`sync -f DST` with `sync` "dest"): wall seconds."""
+    fresh(dst)
+    cold(src)
+    how = f"sync -f '{dst.parent}'" if sync == "dest" else "sync"
+    t0 = time.perf_counter()
+    subprocess.run(f"cp -r '{src}' '{dst}' && {how}", shell=True, check=True)
+    return time.perf_counter() - t0
+
+
+def run_fpsync(src: Path, dst: Path, sync: str, jobs: int) -> float:
+    """fpart's parallel rsync (`fpsync -n JOBS SRC/ DST/`) then the same sync as cp's."""
+    fresh(dst)
+    cold(src)
+    dst.mkdir(parents=True)
+    how = f"sync -f '{dst.parent}'" if sync == "dest" else "sync"
+    t0 = time.perf_counter()
+    subprocess.run(f"fpsync -n {jobs} -t '{dst.parent}/.fpsync' '{src}/' '{dst}/' && {how}",
+                   shell=True, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def run_stage(src: Path, dst: Path, res: Path, extra: list[str],
+              pythonpath: str | None = None) -> dict[str, Any]:
+    """`iobench stage` from a cold source: its stage_s, checksum_s (when it says), wall."""
+    fresh(dst)
+    shutil.rmtree(res, ignore_errors=True)
+    cold(src)
+    argv = [sys.executable, "-m", "iobench", "stage", "--from", str(src), "--to", str(dst),
+            "--results", str(res), "--no-progress", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=src.parent.parent)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"stage failed ({' '.join(argv)}):\n{r.stderr}")
+    (doc,) = [json.loads(p.read_text()) for p in res.glob("stage-*.json")]
+    if doc["source_cache"]["status"] != "cold":
+        print(f"  warning: source not cold: {doc['source_cache']['warning']}")
+    return {"seconds": doc["stage_s"], "wall_s": wall, "bytes": doc["stage_bytes"],
+            "checksum_s": doc.get("checksum_s")}
+
+
+def fio_copy(src: Path, out: Path) -> float:
+    """fio's cold sequential read of the source files, then a write of as many bytes with a
+    final fsync, one process: the two jobs' seconds summed."""
+    files = sorted(p for p in src.rglob("*") if p.is_file() and p.stat().st_size > 2**20)
+    total = sum(p.stat().st_size for p in files)
+    cold(src)
+    names = ":".join(str(p).replace(":", "\\:") for p in files)
+    rd = _fio(["--name=r", "--rw=read", "--bs=16m", f"--filename={names}",
+               f"--size={total}"], "read")
+    fresh(out)
+    out.mkdir(parents=True)
+    wr = _fio(["--name=w", "--rw=write", "--bs=16m", f"--size={total}", "--end_fsync=1",
+               f"--directory={out}"], "write")
+    shutil.rmtree(out, ignore_errors=True)
+    return rd + wr
+
+
+def _fio(args: list[str], kind: str) -> float:
+    r = subprocess.run(["fio", *args, "--output-format=json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"fio failed:\n{r.stderr}")
+    job = json.loads(r.stdout)["jobs"][0]
+    return float(job["job_runtime"]) / 1e3 if kind == "write" else job[kind]["runtime"] / 1e3
+
+
+def generate(storage: Path, dataset: str, samples: int, spf: int) -> Path:
+    """The dataset, generated once (kept between runs of this script)."""
+    root = storage / f"{dataset}-files"
+    if not (root / "iobench.json").exists():
+        subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset", dataset,
+                        "--format", "files", "--samples", str(samples), "--samples-per-file",
+                        str(spf), "--jobs", "2", "--storage", str(storage)],
+                       check=True, capture_output=True, cwd=storage.parent)
+    return root
+
+
+def contenders(a: argparse.Namespace, threads: list[str]) -> list[tuple[str, list[str], Any]]:
+    """(name, stage options, PYTHONPATH) of each iobench run."""
+    out = []
+    if a.fpsync:
+        out.append(("fpsync", ["fpsync"], None))
+    for v in a.verify.split(","):
+        if not a.before_only:
+            out.append((f"stage --verify {v}", [*threads, "--verify", v], None))
+        if a.before:  # the old code has --no-verify, not --verify
+            opts = [*threads] + (["--no-verify"] if v == "size" else [])
+            out.append((f"before --verify {v}", opts, a.before))
+    return out
+
+
+def bench(a: argparse.Namespace, src: Path, anchor: str, threads: list[str]) -> dict[str, Any]:
+    """Every contender against the anchor, interleaved, `a.repeat` times."""
+    runs = contenders(a, threads)
+    secs: dict[str, list[float]] = {anchor: []}
+    extra: dict[str, list[Any]] = {}
+    nbytes = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    for r in range(a.repeat):
+        order = [(anchor, None, None), *runs]
+        for name, opts, pp in (order if r % 2 == 0 else order[::-1]):
+            dst = a.dest
+            if opts is None:
+                s = (run_cp(src, dst, a.sync) if anchor.startswith("cp")
+                     else fio_copy(src, a.dest.with_name("fio-w")))
+            elif opts == ["fpsync"]:
+                s = run_fpsync(src, dst, a.sync, a.fpsync)
+            else:
+                d = run_stage(src, dst, a.work / "res", opts, pp)
+                s = d["seconds"]
+                extra.setdefault(name, []).append(d)
+            secs.setdefault(name, []).append(s)
+        print(f"  repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in secs.items())
+              + f"  (load {loadavg():.2f})", flush=True)
+    fresh(a.dest)
+    table(secs, extra, anchor, nbytes)
+    return {"seconds": secs, "runs": extra, "bytes": nbytes}
+
+
+def table(secs: dict[str, list[float]], extra: dict[str, list[Any]], anchor: str,
+          nbytes: int) -> None:
+    print(f"\n| what | seconds | MB/s | rate / {anchor}, per repetition | checksum s |")
+    print("|---|---:|---:|---:|---:|")
+    for k, v in secs.items():
+        ratio = "" if k == anchor else fmt([c / s for s, c in zip(v, secs[anchor],
+                                                                   strict=True)], ".2f")
+        ck = [d["checksum_s"] for d in extra.get(k, []) if d["checksum_s"] is not None]
+        print(f"| {k} | {fmt(v, '.2f')} | {fmt([nbytes / 1e6 / s for s in v], '.1f')} | "
+              f"{ratio} | {fmt(ck, '.2f') if ck else ''} |")
+    print("median ratios: " + ", ".join(f"{k} {median(secs[anchor]) / median(v):.2f}"
+                                        for k, v in secs.items() if k != anchor))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/iobench-bench-stage"))
+    ap.add_argument("--dest", type=Path, default=None,
+                    help="where the copies go (default WORK/dst); its parent holds fio's file")
+    ap.add_argument("--sync", choices=("all", "dest"), default="all",
+                    help="after cp: sync (all), or sync -f of the destination's filesystem "
+                         "only (dest: other writers on a shared machine)")
+    ap.add_argument("--files", type=int, default=20000, help="small PNGs (0: skip)")
+    ap.add_argument("--large-mib", type=int, default=1024, help="large files' total (0: skip)")
+    ap.add_argument("--large-files", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--verify", default="full,size")
+    ap.add_argument("--threads", type=int, default=None, help="--threads for small files")
+    ap.add_argument("--before", metavar="DIR", help="also run an older iobench from DIR")
+    ap.add_argument("--fpsync", type=int, default=0, metavar="JOBS",
+                    help="also run fpsync -n JOBS on the small files (apt-get install fpart)")
+    ap.add_argument("--before-only", action="store_true", help="run only the code in --before")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    a = ap.parse_args()
+    a.work = a.work.resolve()
+    a.dest = (a.dest or a.work / "dst").resolve()
+    a.work.mkdir(parents=True, exist_ok=True)
+    info = header(a.work)
+    doc: dict[str, Any] = {"info": info}
+    if a.files:
+        src = generate(a.work / f"small-{a.files}", "cifar10", a.files, 1)
+        print(f"\nsmall files: {a.files} PNGs in {src}")
+        threads = ["--threads", str(a.threads)] if a.threads else []
+        anchor = "cp -r && sync" + (" -f" if a.sync == "dest" else "")
+        doc["small"] = bench(a, src, anchor, threads)
+    if a.large_mib:
+        from iobench.core.datasets import DATASETS
+
+        spf = max(1, a.large_mib * 2**20 // a.large_files // DATASETS["cosmoflow"].sample_nbytes)
+        src = generate(a.work / f"large-{a.large_mib}", "cosmoflow", spf * a.large_files, spf)
+        print(f"\nlarge files: {a.large_files} files of {spf} cosmoflow samples in {src}")
+        doc["large"] = bench(a, src, "fio read+write", ["--threads", "1"])
+    info["load_1min_end"] = loadavg()
+    save(a.json, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

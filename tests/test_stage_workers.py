@@ -1,0 +1,206 @@
+"""`iobench stage` with copy worker processes: exact in both --verify modes, stopped cleanly, resumable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cache import make_dataset
+
+from conftest import cli
+from iobench.core.errors import ConfigError, DatasetError, IobenchError
+from iobench.core.manifest import Manifest
+from iobench.workflows.stage import PARTIAL, StageConfig, parse_verify, stage_dataset
+
+SMALL = [3_000 + 37 * k for k in range(150)]  # three batches of small files (64 each)
+
+
+def _assert_exact(m: Manifest, dest: Path) -> None:
+    """Every file under its final name has the source's bytes; no temporary file is left."""
+    for f in m.files:
+        data = (dest / f.path).read_bytes()
+        assert len(data) == f.bytes and hashlib.sha256(data).hexdigest() == f.sha256, f.path
+    assert not [p for p in dest.rglob("*") if PARTIAL in p.name]
+
+
+def _no_incomplete_file(m: Manifest, dest: Path) -> int:
+    """Every file under its final name is complete and correct; how many there are."""
+    n = 0
+    for f in m.files:
+        p = dest / f.path
+        if p.exists():
+            data = p.read_bytes()
+            assert len(data) == f.bytes and hashlib.sha256(data).hexdigest() == f.sha256, f.path
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("verify", ["full", "size"])
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_the_copy_is_exact_in_both_verify_modes(tmp_path, verify, threads):
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [*SMALL, 5 * 2**20, 1000])
+    assert cli("stage", "--from", tmp_path / "src", "--to", tmp_path / "dst", "--threads",
+               threads, "--verify", verify, "--results", tmp_path / "res") == 0
+    dest = tmp_path / "dst" / "cifar10-files"
+    _assert_exact(m, dest)
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "res").glob("stage-*.json")]
+    assert doc["verify"] == verify and doc["verified"] is (verify == "full")
+    assert doc["copied_files"] == len(m.files) and doc["stage_bytes"] == m.total_bytes
+    if verify == "full":  # what verification cost, as its own figure
+        assert doc["checksum_s"] > 0 and 0 < doc["checksum_share"] <= 1
+    else:
+        assert doc["checksum_s"] is None and doc["checksum_share"] is None
+    assert doc["evict_s"] >= 0 and Manifest.load(dest).files == m.files
+
+
+def test_verify_option_and_its_old_spelling():
+    assert parse_verify(None) is True and parse_verify("full") is True
+    assert parse_verify("size") is False and parse_verify(None, no_verify=True) is False
+    with pytest.raises(ConfigError, match="--no-verify with --verify full"):
+        parse_verify("full", no_verify=True)
+    with pytest.raises(ConfigError, match="sync='never'"):
+        StageConfig("cifar10", "files", Path("a"), Path("b"), sync="never")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("sync", ["fs", "file"])
+def test_verify_size_still_catches_a_size_mismatch(tmp_path, threads, sync):
+    """A source file longer or shorter than its manifest entry fails the copy with --verify
+    size too, in a worker process as in the rank's own thread; none of its batch is left
+    under a final name, nor any temporary file."""
+    m = make_dataset(tmp_path / "src" / "cifar10-files", SMALL)
+    for k, change in ((70, b"x"), (140, None)):  # one longer, one shorter
+        p = m.path_of(m.files[k])
+        p.write_bytes(p.read_bytes() + change if change else p.read_bytes()[:-1])
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst", threads=threads,
+                      verify=False, sync=sync)
+    with pytest.raises(DatasetError, match="bytes, the manifest says"):
+        stage_dataset(cfg)
+    dest = tmp_path / "dst" / "cifar10-files"
+    assert not (dest / m.files[70].path).exists() and not (dest / m.files[69].path).exists()
+    _no_incomplete_file(m, dest)
+    assert not [p for p in dest.rglob("*") if PARTIAL in p.name]
+    assert not (dest / "iobench.json").exists()
+
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of `pid` (any of its threads')."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with open(task / "children") as f:
+            out.update(int(c) for c in f.read().split())
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def slow_source(tmp_path):
+    """A dataset of small files behind the emulated parallel filesystem capped at 1 MB/s."""
+    from iobench.pfs import control
+
+    backing = tmp_path / "backing"
+    m = make_dataset(backing / "cifar10-files", [20_000] * 400)
+    try:
+        mount = control.mount(backing, tmp_path / "pfs", "passthrough", bandwidth_MBps=1)
+    except IobenchError as e:
+        pytest.skip(f"cannot mount the emulated parallel filesystem here: {e}")
+    yield m, tmp_path / "pfs"
+    mount.unmount()
+
+
+def _start(source: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], list[str], Path]:
+    dest = tmp_path / "dst" / "cifar10-files"
+    args = [sys.executable, "-m", "iobench", "stage", "--from", str(source), "--to",
+            str(tmp_path / "dst"), "--threads", "2", "--results", str(tmp_path / "res")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (  # some files done, others mid-batch
+            dest.is_dir() and any(PARTIAL in p.name for p in dest.iterdir())
+            and any(PARTIAL not in p.name for p in dest.iterdir())):
+        time.sleep(0.05)
+    return proc, args, dest
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_stops_the_workers_cleanly_and_the_stage_resumes(tmp_path, slow_source,
+                                                                      signum, code):
+    """SIGINT or SIGTERM while workers copy: the command exits with its usual code, every
+    worker process is gone, no temporary file is left and every file under its final name
+    is complete; a rerun copies the rest."""
+    m, source = slow_source
+    proc, args, dest = _start(source, tmp_path)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2, "the copy workers had not started"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not [w for w in workers if _alive(w)], "a copy worker outlived the interrupt"
+    assert not [p for p in dest.rglob("*") if PARTIAL in p.name]
+    done = _no_incomplete_file(m, dest)
+    assert done < len(m.files) and not (dest / "iobench.json").exists()
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{done} already complete" in r.stdout or done == 0
+    _assert_exact(m, dest)
+
+
+def test_a_kill_in_the_middle_of_a_batch_resumes(tmp_path, slow_source):
+    """SIGKILL to the command mid-batch (no clean-up at all): its workers die with it,
+    nothing incomplete is under a final name, and a rerun removes the temporary files,
+    keeps the complete files and copies the rest."""
+    m, source = slow_source
+    proc, args, dest = _start(source, tmp_path)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2, "the copy workers had not started"
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [w for w in workers if _alive(w)]:
+        time.sleep(0.05)
+    assert not [w for w in workers if _alive(w)], "a copy worker outlived its parent"
+    done = _no_incomplete_file(m, dest)
+    assert done < len(m.files) and not (dest / "iobench.json").exists()
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(next((tmp_path / "res").glob("stage-*.json")).read_text())
+    assert doc["skipped_files"] == done and doc["copied_files"] == len(m.files) - done
+    _assert_exact(m, dest)
+    assert os.path.exists(dest / "iobench.json")
+
+
+def test_shard_mode_copies_only_each_nodes_share(tmp_path):
+    """Two nodes (emulated by threads) in shard mode, each rank with copy workers: each node
+    copies exactly its ranks' data files and the labels, nothing of the other's share."""
+    from test_stage import stage_on_thread_nodes
+
+    from iobench.core import sampling
+
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [4_000 + 100 * k for k in range(90)])
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
+                      mode="shard", threads=2)
+    docs = stage_on_thread_nodes(cfg)
+    labels = m.files[-1]
+    for r in range(2):
+        mine = [m.data_files[k] for k in sampling.files_for_rank(len(m.data_files), r, 2)]
+        dest = tmp_path / f"node{r}" / "cifar10-files"
+        got = {p.name for p in dest.iterdir()} - {"iobench.json"}
+        assert got == {f.path for f in mine} | {labels.path}
+        for f in [*mine, labels]:
+            assert hashlib.sha256((dest / f.path).read_bytes()).hexdigest() == f.sha256
+        node = next(n for n in docs[0]["per_node"] if n["node"] == r)
+        assert node["copied_bytes"] == sum(f.bytes for f in mine) + labels.bytes
