@@ -92,9 +92,16 @@ def _check_figures(doc: dict, saves: int, mode: str) -> None:
         ck = ep["checkpoint"]
         assert ck["saves"] == 2 and ck["blocked_s_max"] > 0 and ck["bytes"] > 0
         s = ep["summary"]
-        # the blocked time is outside the data stall and the wall; AU both ways
-        assert ck["wall_with_checkpoint_s"] == pytest.approx(
-            s["wall_s"] + ck["blocked_s_max"], rel=0.05)
+        # the blocked time is outside the data stall and the wall; AU both ways. Each rank's
+        # wall plus its own blocked time, the slowest rank's: between the slowest wall and
+        # the slowest wall plus the longest blocked time (two ranks' maxima may differ)
+        eps = 1e-6
+        assert s["wall_s"] - eps <= ck["wall_with_checkpoint_s"] \
+            <= s["wall_s"] + ck["blocked_s_max"] + eps
+        assert ck["wall_with_checkpoint_s"] >= ck["blocked_s_max"]
+        if len(ep["ranks"]) == 1:
+            assert ck["wall_with_checkpoint_s"] == pytest.approx(
+                s["wall_s"] + ck["blocked_s_max"], rel=1e-6)
         assert ck["au_with_checkpoint_mean"] < s["au_mean"]
         for r in ep["ranks"]:
             assert r["stall_s"] + r["compute_s"] == pytest.approx(r["wall_s"], rel=0.02)
