@@ -12,7 +12,7 @@ converted), and whether the reads came from storage: the OS's read bytes of each
 whole process tree (`/proc/self/io` of this script, which counts its reaped children) and,
 for DLIO, the page-cache residency (`fincore`) of its checkpoint files after the run.
 
-    .venv/bin/python scripts/bench/dlio_checkpoint.py --dlio /work/dlio-venv/bin/dlio_benchmark \\
+    .venv/bin/python scripts/bench/dlio_checkpoint.py --dlio $HOME/dlio-venv/bin/dlio_benchmark \\
         [--work /var/tmp/iobench-dlio-ckpt] [--scale 0.03] [--ranks 1,2] [--repeat 3]
 """
 
