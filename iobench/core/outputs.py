@@ -3,14 +3,17 @@
 `writable_dir(path, option)` creates the directory if needed and proves it
 writable with a probe file; `writable_file(path, option)` does the same for
 the directory a file will be written into (and refuses a directory in its
-place). Both raise a StorageError naming the option and the fix.
+place). Both raise a StorageError naming the option and the fix. `save_png`
+writes a matplotlib figure atomically.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from iobench.core.errors import StorageError
 
@@ -54,3 +57,26 @@ def writable_file(path: str | Path, option: str) -> Path:
         raise StorageError(f"{option} {p} exists and is not writable; give another file name")
     writable_dir(p.parent if str(p.parent) else Path("."), option)
     return p
+
+
+def save_png(fig: Any, path: Path, dpi: int = 120) -> Path:
+    """Write a matplotlib figure atomically (temporary name, then rename), readable as any
+    new file, and close it; a StorageError naming the plot when it cannot be written."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
+    finally:
+        plt.close(fig)
+    return path

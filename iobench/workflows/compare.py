@@ -11,19 +11,18 @@ difference to the first run no larger than the spread is marked `n.s.`
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iobench.core.breakeven import root_of, staging_pairs
-from iobench.core.errors import IobenchError, StorageError
+from iobench.core.errors import IobenchError
 from iobench.core.jsonio import read_json
 from iobench.core.metrics import fmt_rate
+from iobench.core.outputs import save_png
 from iobench.core.result_types import Epoch, StageDoc, TrainResult, Verdict
 from iobench.core.results import (
     STAGE_SCHEMA,
@@ -445,28 +444,6 @@ def staging_line(b: Mapping[str, Any], index: Mapping[str, int]) -> str:
 
 # ------------------------------------------------------------------------------ plots
 
-def _save_png(fig: Any, path: Path) -> Path:
-    """Write a figure atomically (temporary name, then rename) and close it."""
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)  # readable as any new file (mkstemp makes 0600)
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
-    finally:
-        plt.close(fig)
-    return path
-
-
 def epoch_spreads(doc: Doc, figure: Callable[[Epoch], float | None]
                   ) -> dict[int, dict[str, Any]]:
     """Per epoch number: the spread over repetitions of `figure(epoch record)` (None skipped)."""
@@ -541,7 +518,7 @@ def plot_training(docs: Sequence[Doc], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
     fig.tight_layout()
-    return _save_png(fig, Path(path))
+    return save_png(fig, Path(path))
 
 
 def _trained(e: Epoch, metric: str) -> float | None:
@@ -607,4 +584,4 @@ def plot_stall(docs: Sequence[Doc], path: str | Path) -> Path:
     ax_au.set_ylabel("accelerator utilisation (AU)" + note)
     ax_au.set_title("AU per run")
     fig.tight_layout()
-    return _save_png(fig, path)
+    return save_png(fig, path)

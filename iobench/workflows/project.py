@@ -688,15 +688,12 @@ def table(doc: ProjectionDoc) -> str:
 def plot_projection(doc: ProjectionDoc, path: Path) -> Path:
     """Draw AU and stall per epoch (model and simulation) and staging time against N (log
     axis), labelled a projection, to a PNG written atomically; returns its path."""
-    import os
-    import tempfile
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from iobench.core.errors import StorageError
+    from iobench.core.outputs import save_png
 
     n = [p.nodes for p in doc.points]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -721,17 +718,4 @@ def plot_projection(doc: ProjectionDoc, path: Path) -> Path:
         ax.xaxis.set_minor_formatter(NullFormatter())
     fig.text(0.01, -0.02, "A model's prediction from one node's measured results, not a "
              "measurement; assumptions in the result and docs/projection.md.", fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110)
