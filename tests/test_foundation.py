@@ -12,7 +12,7 @@ import pytest
 from conftest import cli, run_cmd
 from iobench.core import sampling, sysinfo
 from iobench.core.errors import ConfigError, DatasetError, IobenchError, StorageError
-from iobench.core.jsonio import read_json, write_json_atomic
+from iobench.core.jsonio import atomic_file, read_json, write_atomic, write_json_atomic
 
 
 def test_version_and_help(capsys):
@@ -91,6 +91,21 @@ def test_json_atomic_and_exclusive(tmp_path):
     p.write_text("{not json")
     with pytest.raises(DatasetError, match="not valid JSON"):
         read_json(p, schema="t", max_version=1)
+
+
+def test_an_interrupted_atomic_write_keeps_the_old_file_and_no_temporary(tmp_path):
+    p = tmp_path / "report.html"
+    write_atomic(p, b"old")
+    with pytest.raises(KeyboardInterrupt), atomic_file(p) as f:
+        f.write(b"half of the new")
+        raise KeyboardInterrupt
+    assert p.read_bytes() == b"old" and list(tmp_path.iterdir()) == [p]
+    with atomic_file(p, text=True) as f:
+        f.write("new")
+    assert p.read_text() == "new" and p.stat().st_mode & 0o044 == 0o044
+    (tmp_path / "r.json").write_text("{}")
+    with pytest.raises(StorageError, match="cannot write .*r.json/x: Not a directory"):
+        write_atomic(tmp_path / "r.json" / "x", b"data")
 
 
 @pytest.mark.parametrize("mode", ["global", "block", "none"])

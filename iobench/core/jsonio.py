@@ -1,35 +1,40 @@
-"""Versioned JSON documents written atomically (temporary name, fsync, rename)."""
+"""Files written atomically (temporary name, fsync, rename), and versioned JSON documents."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from iobench.core.errors import DatasetError, StorageError
 
 
-def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
-                      exclusive: bool = False, indent: int | None = 1) -> Path:
-    """Write `doc` to `path` so readers see the old file or the whole new one.
-
-    With `exclusive=True` an existing file is never replaced (result files
-    must not overwrite an earlier run): `FileExistsError` is raised instead.
-    `indent=None` writes one line, with the C encoder (files only iobench reads).
-    """
+@contextlib.contextmanager
+def atomic_file(path: str | Path, *, text: bool = False,
+                exclusive: bool = False) -> Iterator[IO[Any]]:
+    """A new file that appears at `path` whole or not at all: the caller writes it under a
+    temporary name in the same folder; it is made readable as any new file (mkstemp makes
+    0600), fsync'ed, then renamed over `path` (`exclusive=True`: linked, so an existing file
+    is never replaced and FileExistsError is raised). An error or an interrupt leaves no
+    temporary file behind; an OSError is the caller's to name."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where the folder should be: not "the name is taken"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                                 str(path.parent)) from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp makes 0600; manifests and results must be readable like any file
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc, indent=indent, sort_keys=False, default=_default))
-            f.write("\n")
+        with os.fdopen(fd, "w" if text else "wb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         if exclusive:
@@ -37,17 +42,36 @@ def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
             os.unlink(tmp)
         else:
             os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(e, FileExistsError):
-            raise
-        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
-    except BaseException:  # interrupted mid-write: no temporary file left behind
-        if os.path.exists(tmp):
+    except BaseException:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: str | Path, data: bytes, *, exclusive: bool = False) -> Path:
+    """Write `data` to `path` so readers see the old file or the whole new one (`atomic_file`);
+    a StorageError naming the path when it cannot be written."""
+    path = Path(path)
+    try:
+        with atomic_file(path, exclusive=exclusive) as f:
+            f.write(data)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
     return path
+
+
+def write_json_atomic(path: str | Path, doc: dict[str, Any] | list[Any], *,
+                      exclusive: bool = False, indent: int | None = 1) -> Path:
+    """Write `doc` to `path` so readers see the old file or the whole new one (`write_atomic`).
+
+    With `exclusive=True` an existing file is never replaced (result files
+    must not overwrite an earlier run): `FileExistsError` is raised instead.
+    `indent=None` writes one line, with the C encoder (files only iobench reads).
+    """
+    text = json.dumps(doc, indent=indent, sort_keys=False, default=_default) + "\n"
+    return write_atomic(path, text.encode(), exclusive=exclusive)
 
 
 def read_json(path: str | Path, *, schema: str, max_version: int) -> dict[str, Any]:

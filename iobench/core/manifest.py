@@ -19,7 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from iobench.core.errors import DatasetError, DatasetNotFoundError
-from iobench.core.jsonio import read_json, write_json_atomic
+from iobench.core.jsonio import atomic_file, read_json, write_json_atomic
 from iobench.core.regular import file_kind as file_kind  # re-exported: generators.verify
 from iobench.core.schema import Count, Enum, Int, List, Map, Opt, SchemaError, Str, check
 
@@ -113,17 +113,13 @@ class CompactFiles(Sequence[FileEntry]):
         top = Path(root) / TABLE_DIR
         top.mkdir(exist_ok=True)
         for name in TABLE_ARRAYS:
-            tmp = top / f"{name}.npy.tmp"
             src = a[name]
-            with open(tmp, "wb") as f:
+            with atomic_file(top / f"{name}.npy") as f:
                 np.lib.format.write_array_header_1_0(f, {
                     "descr": np.lib.format.dtype_to_descr(src.dtype), "fortran_order": False,
                     "shape": tuple(src.shape)})
                 for lo in range(0, len(src), 1 << 20):  # a chunk at a time (a stage's copy)
                     f.write(np.ascontiguousarray(src[lo:lo + (1 << 20)]).tobytes())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, top / f"{name}.npy")
 
     # -- data files by position -----------------------------------------------------------
     def name(self, i: int) -> str:

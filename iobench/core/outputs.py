@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from iobench.core.errors import StorageError
+from iobench.core.jsonio import atomic_file
 
 
 def writable_dir(path: str | Path, option: str, create: bool = False) -> Path:
@@ -64,18 +64,10 @@ def save_png(fig: Any, path: Path, dpi: int = 120) -> Path:
     new file, and close it; a StorageError naming the plot when it cannot be written."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_file(path) as f:
+            fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
     except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         raise StorageError(f"cannot write plot {path}: {e.strerror or e}") from e
     finally:
         plt.close(fig)

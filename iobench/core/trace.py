@@ -24,8 +24,6 @@ that barrier's skew.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ import numpy as np
 
 from iobench.core.dataref import DatasetRef
 from iobench.core.errors import ConfigError, StorageError
+from iobench.core.jsonio import atomic_file
 from iobench.core.metrics import EpochClock
 
 TRACE_OPTION = "--trace"
@@ -253,36 +252,16 @@ def write_trace(path: str | Path, trace: Trace, extra: dict[str, Any] | None = N
     streaming events so that no whole document is held as objects."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise StorageError(f"{TRACE_OPTION} {path}: cannot write it ({e.strerror or e})") from e
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
+        with atomic_file(path, text=True) as f:
             f.write('{"traceEvents":[\n')
             for i, ev in enumerate(trace_events(trace)):
                 f.write(ev if i == 0 else ",\n" + ev)
             f.write('\n],"displayTimeUnit":"ms","otherData":{"iobench":')
             f.write(json.dumps(other_data(trace, extra)))
             f.write("}}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except OSError as e:
-        _unlink(tmp)
         raise StorageError(f"{TRACE_OPTION} {path}: cannot write it ({e.strerror or e})") from e
-    except BaseException:  # interrupted mid-write: no temporary file left behind
-        _unlink(tmp)
-        raise
     return path
-
-
-def _unlink(tmp: str) -> None:
-    if os.path.exists(tmp):
-        os.unlink(tmp)
 
 
 def check_trace_path(path: str | Path, dataset: DatasetRef) -> Path:

@@ -18,7 +18,6 @@ the only place (with `compare`) that imports matplotlib.
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import io
 import math
@@ -31,6 +30,7 @@ from typing import Any
 
 from iobench.core.breakeven import break_even_text, outcome, real, staging_pairs
 from iobench.core.errors import ConfigError, DatasetNotFoundError
+from iobench.core.jsonio import write_atomic
 from iobench.core.result_types import (
     Host,
     ProbeDoc,
@@ -1064,25 +1064,12 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
         png_files = {}
         for name, data in pngs.items():
             fname = f"{out.stem}-{name}.png"
-            _write_atomic_bytes(out.parent / fname, data)
+            write_atomic(out.parent / fname, data)
             png_files[name] = fname
         page = render_markdown(title, tables, png_files, lead)
     else:
         page = render_html(title, tables, pngs, lead)
     # issue 28 item 6: each traced run's stall timeline per epoch (iobench.workflows.timeline)
-    _write_atomic_bytes(out, add_timelines(page, col.runs, out.suffix.lower() == ".md").encode())
+    write_atomic(out, add_timelines(page, col.runs, out.suffix.lower() == ".md").encode())
     return out
 
-
-def _write_atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        from iobench.core.errors import StorageError
-
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise StorageError(f"cannot write {path}: {e.strerror or e}") from e
