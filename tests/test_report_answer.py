@@ -19,7 +19,7 @@ from conftest import cli
 from iobench.core import results
 from iobench.core.errors import ConfigError
 from iobench.core.result_types import TrainResult
-from iobench.workflows import report
+from iobench.workflows import report, report_plots
 from iobench.workflows.train import TrainConfig
 from iobench.workflows.verdict import judge
 
@@ -167,7 +167,7 @@ def test_au_chart_never_averages_unlike_runs(results_dir):  # noqa: F811
     ingest = copy.deepcopy(rows[0])
     ingest.update(compute="none", compute_words="ingest only")
     ingest["spread"]["au"] = {"median": 0.0, "min": 0.0, "max": 0.0, "n": 1}
-    fig = report._au_figure(plt, [*rows, ingest])
+    fig = report_plots.au_figure(plt, [*rows, ingest])
     bars = _bars(fig)
     plt.close(fig)
     assert sorted(h for _, h in bars) == [0.5, 0.74]  # never (0.74 + 0.5 + 0) / 3
@@ -175,10 +175,10 @@ def test_au_chart_never_averages_unlike_runs(results_dir):  # noqa: F811
     # alike runs (same configuration on the same tier) still share one bar
     twin = copy.deepcopy(rows[0])
     twin["spread"]["au"] = {"median": 0.7, "min": 0.7, "max": 0.7, "n": 1}
-    fig = report._au_figure(plt, [rows[0], twin])
+    fig = report_plots.au_figure(plt, [rows[0], twin])
     assert [h for _, h in _bars(fig)] == [0.72]
     plt.close(fig)
-    assert report._au_figure(plt, [ingest]) is None  # nothing to show
+    assert report_plots.au_figure(plt, [ingest]) is None  # nothing to show
 
 
 def test_report_page_in_a_real_browser_leads_with_the_answer(results_dir, tmp_path):  # noqa: F811

@@ -11,15 +11,13 @@ with break-even epochs (docs/metrics.md), and plots: stall time per epoch by run
 throughput by workers, AU by storage tier, loader MB/s next to the probe
 limits (the AU plot averages only alike runs). Runs with `--repeat N`
 repetitions show median [min-max] and min-max
-error bars; differences within the spread are marked `n.s.`. Report code is
-the only place (with `compare`) that imports matplotlib.
+error bars; differences within the spread are marked `n.s.`. Its plots are
+`report_plots`' and its pages `report_render`'s; report code is the only place
+(with `compare`) that imports matplotlib.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import math
 import os
 from collections import defaultdict
@@ -47,13 +45,13 @@ from iobench.core.spread import differs, run_spread
 from iobench.core.userdata import USER_DATASET
 from iobench.workflows.compare import (
     epoch_spreads,
-    error_bars,
     fmt_figure,
-    integer_ticks,
     mark,
     node_spread,
 )
 from iobench.workflows.projection_view import all_report_sections, find_projections
+from iobench.workflows.report_plots import make_plots, short_label, tier_words
+from iobench.workflows.report_render import Lead, Table, render_html, render_markdown
 from iobench.workflows.timeline import add_timelines
 from iobench.workflows.verdict import (
     DEFAULT_THRESHOLD,
@@ -339,231 +337,6 @@ def environment(col: Collection) -> dict[str, Any]:
             "gpus": [g.name for g in prov.gpus or ()], "versions": prov.versions or {}}
 
 
-# ------------------------------------------------------------------------------- plots
-
-def _short(r: dict[str, Any]) -> str:
-    return (f"{r['loader']} @ {r['tier']}, w{r['workers']} b{r['batch_size']} {r['shuffle']}"
-            + (" staged" if r["staged"] else ""))
-
-
-REPEAT_NOTE = "\nbars: min-max over repetitions"
-
-
-def pooled(spreads: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One point for several alike runs: the mean of their medians, from the lowest min to
-    the highest max (n: the most repetitions among them, so single passes get no bar)."""
-    return {"median": sum(s["median"] for s in spreads) / len(spreads),
-            "min": min(s["min"] for s in spreads), "max": max(s["max"] for s in spreads),
-            "n": max(s["n"] for s in spreads)}
-
-
-def _legend(ax: Any, entries: int) -> None:
-    if entries <= 6:
-        ax.legend(fontsize=7, loc="best")
-    else:  # many runs: beside the axes, not over the data
-        ax.figure.set_size_inches(12, max(4.5, 0.18 * entries))
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-
-
-def _png(plt: Any, fig: Any) -> bytes:
-    """The figure as PNG bytes; the figure is closed."""
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def make_plots(rows: list[dict[str, Any]], col: Collection) -> dict[str, bytes]:
-    """PNG bytes by name: stall, throughput, au, limits (only those with data)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pngs: dict[str, bytes] = {}
-    if rows:
-        pngs["stall"] = _png(plt, _stall_figure(plt, rows))
-        throughput = _throughput_figure(plt, rows)
-        if throughput is not None:
-            pngs["throughput"] = _png(plt, throughput)
-        au = _au_figure(plt, rows)
-        if au is not None:
-            pngs["au"] = _png(plt, au)
-    if col.probes:
-        pngs["limits"] = _png(plt, _limits_figure(plt, rows, col.probes))
-    if col.searches:
-        pngs["search"] = _png(plt, search_figure(plt, col.searches))
-    return pngs
-
-
-def _stall_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any:
-    """Stall per epoch by run, beside AU per epoch against the verdict's threshold."""
-    repeated = REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""
-    fig, (ax, ax_au) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for r in sorted(rows, key=_short):
-        epochs = range(1, len(r["stall_fraction_spread"]) + 1)
-        pct = [{k: v * 100 if k in ("median", "min", "max") else v for k, v in sp.items()}
-               for sp in r["stall_fraction_spread"]]
-        line = ax.errorbar(epochs, [p["median"] for p in pct], yerr=error_bars(pct),
-                           marker="o", capsize=3, label=f"{r['dataset']}: {_short(r)}")
-        ax_au.errorbar(epochs, [p["median"] for p in r["au_spread"]],
-                       yerr=error_bars(r["au_spread"]), marker="o", capsize=3,
-                       color=line[0].get_color())
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("stall, % of the epoch (slowest rank)" + repeated)
-    ax.set_title("Data stall per epoch, by run (cold cache)")
-    ax.set_ylim(bottom=0)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    threshold = rows[0]["threshold"]
-    ax_au.axhline(threshold, color="red", linestyle="--", linewidth=1,
-                  label=f"AU {threshold:.2f}: below it storage cannot keep up")
-    ax_au.set_xlabel("epoch")
-    ax_au.set_ylabel("accelerator utilisation (AU)" + repeated)
-    ax_au.set_ylim(0, 1.05)
-    ax_au.set_title("AU per epoch, by run")
-    integer_ticks(ax_au.xaxis)
-    ax_au.legend(fontsize=7, loc="lower right")
-    _legend(ax, len(rows))
-    return fig
-
-
-def _throughput_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any | None:
-    """Samples/s against the worker count, one line per alike group; None with one count."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows if len({r["workers"] for r in rows}) > 1 else ():
-        groups[(r["dataset"], r["loader"], r["tier"], r["batch_size"], r["shuffle"],
-                r["staged"])].append(r)
-    if not groups:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for (ds, loader, tier, bs, sh, staged), rs in sorted(groups.items(), key=str):
-        by_w: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for r in rs:
-            if r["spread"]["samples_per_s"] is not None:
-                by_w[r["workers"]].append(r["spread"]["samples_per_s"])
-        ws = sorted(by_w)
-        pts = [pooled(by_w[w]) for w in ws]
-        ax.errorbar(ws, [p["median"] for p in pts], yerr=error_bars(pts), marker="o",
-                    capsize=3, label=f"{ds}: {loader} @ {tier}, b{bs} {sh}"
-                    + (" staged" if staged else ""))
-    ax.set_xlabel("loader workers per rank")
-    ax.set_ylabel("samples/s (median over repetitions; runs alike: their mean)"
-                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in rows) else ""))
-    ax.set_title("Throughput by workers")
-    ax.set_ylim(bottom=0)
-    integer_ticks(ax.xaxis)
-    _legend(ax, len(groups))
-    return fig
-
-
-def _like(r: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What runs must share to be averaged in one bar: dataset, loader, format, workers,
-    batch, shuffle, ranks and compute (kind and model or step time)."""
-    return (r["dataset"], r["loader"], r["format"], r["workers"], r["batch_size"],
-            r["shuffle"], r["ranks"], r["compute_words"])
-
-
-def _like_label(key: tuple[Any, ...], varying: Sequence[bool]) -> str:
-    """A bar series' label: the parts of its `_like` key that differ between series."""
-    ds, loader, fmt, workers, batch, shuffle, ranks, compute = key
-    parts = [ds, loader, fmt, f"w{workers}", f"b{batch}", shuffle, f"{ranks} rank(s)", compute]
-    shown = [p for p, v in zip(parts, varying, strict=True) if v]
-    return ", ".join(shown or [loader, f"w{workers}", f"b{batch}", compute])
-
-
-def _au_figure(plt: Any, rows: Sequence[dict[str, Any]]) -> Any | None:
-    """AU by storage tier: one bar per tier and kind of run (`_like`); only alike runs share
-    a bar (the mean of their medians). Pure-ingest runs have no accelerator: left out."""
-    runs = [r for r in rows if r["compute"] != "none" and r["spread"]["au"] is not None]
-    if not runs:
-        return None
-    tiers = sorted({_tier_words(r) for r in runs})
-    series: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in runs:
-        series[_like(r)].append(r)
-    keys = sorted(series, key=str)
-    varying = [len({k[i] for k in keys}) > 1 for i in range(len(keys[0]))]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / len(keys)
-    for k, key in enumerate(keys):
-        xs, pts = [], []
-        for i, t in enumerate(tiers):
-            aus = [r["spread"]["au"] for r in series[key] if _tier_words(r) == t]
-            if aus:
-                xs.append(i + k * width)
-                pts.append(pooled(aus))
-        ax.bar(xs, [p["median"] for p in pts], width, yerr=error_bars(pts), capsize=3,
-               label=_like_label(key, varying))
-    ax.axhline(rows[0]["threshold"], color="red", linestyle="--", linewidth=1,
-               label=f"AU {rows[0]['threshold']:.2f} (the verdict's threshold)")
-    ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(tiers))])
-    ax.set_xticklabels(tiers, fontsize=8)
-    ax.set_ylabel("accelerator utilisation (alike runs: mean of medians)"
-                  + (REPEAT_NOTE if any(r["repeats"] > 1 for r in runs) else ""))
-    ax.set_ylim(0, 1.05)
-    left_out = len(rows) - len(runs)
-    ax.set_title("AU by storage tier, one bar per kind of run"
-                 + (f" ({left_out} pure-ingest run(s) left out)" if left_out else ""))
-    _legend(ax, len(keys) + 1)
-    return fig
-
-
-def _tier_words(r: Mapping[str, Any]) -> str:
-    return str(r["tier"]) + (" [staged]" if r["staged"] else "")
-
-
-def _limits_figure(plt: Any, rows: Sequence[dict[str, Any]], probes: Sequence[ProbeDoc]) -> Any:
-    """Each tier's probed limits beside the best loader run's MB/s there."""
-    tiers = sorted({p.label for p in probes})
-    latest = {t: max((p for p in probes if p.label == t), key=lambda p: p.created)
-              for t in tiers}
-    series = [("probe: sequential read", [latest[t].summary.seq_read_MBps for t in tiers]),
-              ("probe: random reads at sample size", [latest[t].summary.sample_read_MBps
-                                                      for t in tiers])]
-    if rows:
-        series.append(("best loader run", [max((r["read_MBps"] or 0 for r in rows
-                                                if r["tier"] == t), default=0)
-                                           for t in tiers]))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    width = 0.8 / len(series)
-    for k, (name, vals) in enumerate(series):
-        ax.bar([i + k * width for i in range(len(tiers))], vals, width, label=name)
-    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(tiers))])
-    ax.set_xticklabels(tiers, fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("MB/s (log scale)")
-    ax.set_title("Storage limits (probe) next to what the loaders reached")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def search_figure(plt: Any, searches: Sequence[SearchDoc]) -> Any:
-    """AU against accelerator count per `iobench search`, with each threshold as a line."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for d in sorted(searches, key=lambda d: d.created):
-        pts = sorted(d.points, key=lambda p: p.accelerators)
-        w = d.workload
-        xs = [p.accelerators for p in pts]
-        ys = [p.au for p in pts]
-        lo = [p.au - (p.au if p.au_min is None else p.au_min) for p in pts]
-        hi = [(p.au if p.au_max is None else p.au_max) - p.au for p in pts]
-        line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3,
-                           label=f"{w.name}/{w.accelerator} on "
-                                 f"{Path(d.config.storage).name}: "
-                                 f"{d.max_accelerators} max")
-        ax.axhline(d.threshold, color=line[0].get_color(), linestyle="--", linewidth=1)
-    ax.set_xlabel("emulated accelerators (ranks)")
-    ax.set_ylabel("AU without the first step's I/O (median over repeats)")
-    ax.set_title("iobench search: AU against accelerators (dashed: each threshold)")
-    ax.set_ylim(0, 1.05)
-    ax.set_xscale("log", base=2)
-    ax.legend(fontsize=7, loc="best")
-    return fig
-
-
-# ------------------------------------------------------------------------------ render
-
 def _f(v: Any, spec: str = ".2f", none: str = "n/a") -> str:
     if v is None:
         return none
@@ -605,14 +378,6 @@ def versus_best(rs: Sequence[dict[str, Any]]) -> list[str]:
             out.append(_f(r["samples_per_s"] / best["samples_per_s"]) + mark(sig)
                        + (" ?" if sig is None else ""))
     return out
-
-
-@dataclass
-class Table:
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-    note: str | None = None
 
 
 def build_tables(col: Collection, rows: list[dict[str, Any]]) -> list[Table]:
@@ -829,15 +594,6 @@ def verdict_words(v: Verdict) -> str:
     return {"ingest": "pure ingest (no accelerator)"}.get(v.status, v.status)
 
 
-@dataclass
-class Lead:
-    """What the report opens with: the answer in a few lines (`points`: a heading and its
-    lines each), then each run's verdict."""
-
-    points: list[tuple[str, list[str]]]
-    verdicts: Table
-
-
 def lead_section(col: Collection, rows: Sequence[dict[str, Any]]) -> Lead:
     """The answer: which tier keeps up, the staging break-even, what to do; each run's
     verdict below it."""
@@ -853,7 +609,7 @@ def tier_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         return ["no training runs here: `iobench train --results` into this directory"]
     by_tier: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_tier[_tier_words(r)].append(r)
+        by_tier[tier_words(r)].append(r)
     out = []
     for tier, rs in sorted(by_tier.items()):
         words = sorted({verdict_words(r["verdict"]) for r in rs})
@@ -892,7 +648,7 @@ def staging_lines(stagings: Sequence[Mapping[str, Any]],
     if not stagings:
         return ["no staging measured: `iobench stage` (or `iobench train --stage-to DIR`) "
                 "and a run on each tier give it"]
-    name = {r["root"]: _tier_words(r) for r in rows}
+    name = {r["root"]: tier_words(r) for r in rows}
     out = [f"{name.get(s['from'], s['from'])} -> {name.get(s['to'], s['to'])}"
            + (f" ({s['run']})" if s["run"] else "") + f": {break_even_words(s)}"
            for s in stagings]
@@ -905,7 +661,7 @@ def todo_lines(stagings: Sequence[Mapping[str, Any]],
     """What to do: stage where that pays off for a starved run, then the starved runs' first
     advice (each piece once, with the tiers and worker counts it is for)."""
     starved = [r for r in rows if r["verdict"].status == "starved"]
-    name = {r["root"]: _tier_words(r) for r in rows}
+    name = {r["root"]: tier_words(r) for r in rows}
     stage: dict[tuple[str, str], list[float]] = defaultdict(list)
     for s in stagings:
         if outcome(s) == "pays off" and s["significant"] is not False \
@@ -917,7 +673,7 @@ def todo_lines(stagings: Sequence[Mapping[str, Any]],
     advice: dict[str, dict[str, set[int]]] = defaultdict(lambda: defaultdict(set))
     for r in starved:
         if r["verdict"].advice:
-            advice[r["verdict"].advice[0]][_tier_words(r)].add(r["workers"])
+            advice[r["verdict"].advice[0]][tier_words(r)].add(r["workers"])
     for text, tiers in advice.items():
         out.append(", ".join(f"{t} (w{', w'.join(map(str, sorted(ws)))})"
                              for t, ws in tiers.items()) + f": {text}")
@@ -935,8 +691,8 @@ def todo_lines(stagings: Sequence[Mapping[str, Any]],
 def verdict_table(rows: Sequence[dict[str, Any]]) -> Table:
     """Each run's verdict: what it says, its AU (or rate), why, and the first advice."""
     trs = []
-    rs = sorted(rows, key=lambda r: (r["dataset"], _tier_words(r), _short(r), r["run_id"]))
-    labels = [f"{r['dataset']}: {_short(r)}, {r['compute_words']}" for r in rs]
+    rs = sorted(rows, key=lambda r: (r["dataset"], tier_words(r), short_label(r), r["run_id"]))
+    labels = [f"{r['dataset']}: {short_label(r)}, {r['compute_words']}" for r in rs]
     for r, label in zip(rs, labels, strict=True):
         v: Verdict = r["verdict"]
         if v.status == "ingest" or v.au is None:
@@ -953,96 +709,6 @@ def verdict_table(rows: Sequence[dict[str, Any]]) -> Table:
                  "Figures, spreads and the staging cost follow below.")
 
 
-PLOT_TITLES = {"stall": "Stall time per epoch, by run", "throughput": "Throughput by workers",
-               "au": "AU by storage tier", "limits": "Probe limits and loader MB/s by tier",
-               "search": "AU against emulated accelerators (iobench search)"}
-_CSS = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
-        "margin:0.5em 0 1.5em}th,td{border:1px solid #bbb;padding:3px 7px;font-size:0.85em}"
-        "th{background:#eee}td.n{text-align:right}td.bad{color:#b00;font-weight:bold}"
-        ".note{color:#555;font-size:0.85em}img{max-width:100%}td.ok{color:#070}"
-        ".answer{border-left:4px solid #36c;background:#f4f7fc;padding:0.3em 1em;"
-        "margin-bottom:1em}.answer h2{margin:0.3em 0}.points>li{margin:0.3em 0}")
-
-
-def _cls(cell: str) -> str:
-    if "FAILED" in cell or cell.startswith("starved"):
-        return " class='bad'"
-    if cell == "keeps up":
-        return " class='ok'"
-    return " class='n'" if cell[:1].isdigit() or cell in ("n/a", "never") else ""
-
-
-def _table_html(t: Table) -> list[str]:
-    e = html.escape
-    out = [f"<h2>{e(t.title)}</h2><table><tr>"
-           + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>"]
-    out += ["<tr>" + "".join(f"<td{_cls(c)}>{e(c)}</td>" for c in row) + "</tr>"
-            for row in t.rows]
-    out.append("</table>")
-    if t.note:
-        out.append(f"<p class='note'>{e(t.note)}</p>")
-    return out
-
-
-def _lead_html(lead: Lead) -> list[str]:
-    e = html.escape
-    out = ["<section id='answer' class='answer'><h2>The answer</h2><ul class='points'>"]
-    out += [f"<li><b>{e(head)}</b><ul>" + "".join(f"<li>{e(x)}</li>" for x in lines)
-            + "</ul></li>" for head, lines in lead.points]
-    out.append("</ul></section>")
-    return out + _table_html(lead.verdicts)
-
-
-def render_html(title: str, tables: list[Table], pngs: dict[str, bytes],
-                lead: Lead | None = None) -> str:
-    e = html.escape
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
-           f"<style>{_CSS}</style></head><body><h1>{e(title)}</h1>"]
-    if lead is not None:
-        out += _lead_html(lead)
-    for t in tables:
-        out += _table_html(t)
-    for name, data in pngs.items():
-        b64 = base64.b64encode(data).decode()
-        out.append(f"<h2>{e(PLOT_TITLES[name])}</h2><img alt='{e(name)}' "
-                   f"src='data:image/png;base64,{b64}'>")
-    out.append("</body></html>\n")
-    return "\n".join(out)
-
-
-def _md_cell(c: str) -> str:
-    return c.replace("|", "\\|").replace("\n", " ")
-
-
-def _table_markdown(t: Table) -> list[str]:
-    out = [f"## {t.title}", "", "| " + " | ".join(t.header) + " |",
-           "|" + "|".join("---" for _ in t.header) + "|"]
-    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
-    out.append("")
-    if t.note:
-        out += [f"_{t.note}_", ""]
-    return out
-
-
-def _lead_markdown(lead: Lead) -> list[str]:
-    out = ["## The answer", ""]
-    for head, lines in lead.points:
-        out += [f"- **{head}**", *(f"  - {_md_cell(x)}" for x in lines)]
-    return out + ["", *_table_markdown(lead.verdicts)]
-
-
-def render_markdown(title: str, tables: list[Table], png_names: dict[str, str],
-                    lead: Lead | None = None) -> str:
-    out = [f"# {title}", ""]
-    if lead is not None:
-        out += _lead_markdown(lead)
-    for t in tables:
-        out += _table_markdown(t)
-    for name, fname in png_names.items():
-        out += [f"## {PLOT_TITLES[name]}", "", f"![{PLOT_TITLES[name]}]({fname})", ""]
-    return "\n".join(out)
-
-
 def write_report(results_dir: str | Path, out: str | Path, title: str | None = None) -> Path:
     """Write the report of `results_dir` to `out` (.html, or .md with PNGs next to it)."""
     out = Path(out)
@@ -1057,7 +723,7 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     lead = lead_section(col, rows)
     tables = build_tables(col, rows)
     tables += [Table(t.title, t.header, t.rows, t.note) for t in all_report_sections(projections)]
-    pngs = make_plots(rows, col)
+    pngs = make_plots(rows, col.probes, col.searches)
     title = title or f"iobench report: {Path(results_dir).resolve().name}"
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() == ".md":
