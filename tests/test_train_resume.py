@@ -214,10 +214,11 @@ def test_a_full_disk_is_one_line_and_the_previous_save_resumes(storage, tiny_fs,
 @pytest.mark.mpi
 def test_two_ranks_resume_one_shard_each_and_one_rank_is_refused(storage, tmp_path,
                                                                  capsys) -> None:
-    """Rank 1 killed during the second save: a one-rank resume is refused (world size 2),
-    two ranks resume from the first save (step 2), each loading and saving its shard."""
+    """Rank 1 killed during the second save (2 steps an epoch each): a one-rank resume is
+    refused (world size 2), two ranks resume from the first save (step 2, epoch 1's end)
+    with epoch 2, each loading and saving its shard."""
     ck = tmp_path / "ck"
-    argv = ["train", "--storage", storage, *BASE, "--epochs", "1", "--checkpoint-to", ck]
+    argv = ["train", "--storage", storage, *BASE, "--epochs", "2", "--checkpoint-to", ck]
     out = run_mpi(2, *argv, "--results", tmp_path / "res",
                   env={"IOBENCH_TEST_FAULT": "rank=1,epoch=1,action=kill-save"}, timeout=240)
     assert out.returncode != 0
@@ -229,6 +230,7 @@ def test_two_ranks_resume_one_shard_each_and_one_rank_is_refused(storage, tmp_pa
     assert out.returncode == 0, out.stderr[-3000:]
     doc = _result(tmp_path / "res2")
     assert doc["checkpoint"]["resumed"]["step"] == 2 and doc["world"]["size"] == 2
+    assert [(e["epoch"], e["summary"]["steps"]) for e in doc["epochs"]] == [(1, 2)]
     (save,) = doc["checkpoint"]["saves"]
     assert save["step"] == 4
     assert sorted(p.name for p in Path(save["path"]).glob("*.distcp")) == [
