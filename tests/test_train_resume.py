@@ -236,3 +236,31 @@ def test_two_ranks_resume_one_shard_each_and_one_rank_is_refused(storage, tmp_pa
     assert sorted(p.name for p in Path(save["path"]).glob("*.distcp")) == [
         "__0_0.distcp", "__1_0.distcp"]
     assert out.stdout.count("resumed from step 2") == 2  # the checkpoint line and the verdict
+
+
+# ------------------------------------------------------------------------ --trace
+
+def test_a_trace_draws_the_time_saves_blocked_the_steps(storage, tmp_path) -> None:
+    """`--trace` with `--checkpoint-every 2`: each save is a span of category `checkpoint`
+    in its own lane, from the end of its step's compute to the next step's wait, as long as
+    the step was blocked; the steps after it are drawn after it."""
+    import json
+
+    trace_file = tmp_path / "run.trace.json"
+    assert cli("train", "--storage", storage, *BASE, "--epochs", "1", "--checkpoint-to",
+               tmp_path / "ck", "--trace", trace_file, "--results", tmp_path / "res") == 0
+    doc = _result(tmp_path / "res")
+    trace = json.loads(trace_file.read_text())
+    assert trace["otherData"]["iobench"]["spans"]["checkpoint"].startswith("measured")
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    saves = [e for e in events if e.get("cat") == "checkpoint"]
+    assert [e["args"]["step"] for e in saves] == [1, 3] and {e["tid"] for e in saves} == {5}
+    blocked = [s["blocked_s"] for s in doc["checkpoint"]["saves"]]
+    assert [e["dur"] / 1e6 for e in saves] == pytest.approx(blocked, abs=2e-6)
+    step = {(e["name"], e["args"]["step"]): e for e in events if e["name"] in ("wait", "compute")}
+    first = saves[0]
+    assert first["ts"] == pytest.approx(step[("compute", 1)]["ts"] + step[("compute", 1)]["dur"],
+                                        abs=2e-3)
+    assert step[("wait", 2)]["ts"] == pytest.approx(first["ts"] + first["dur"], abs=2e-3)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert "checkpoint (steps blocked)" in names

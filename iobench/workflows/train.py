@@ -134,7 +134,7 @@ class TrainConfig:
             raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
         self._check_cache()
         if self.checkpoint is not None:
-            check_for_run(self.checkpoint, self.compute_kind, self.trace, self.repeat)
+            check_for_run(self.checkpoint, self.compute_kind, self.repeat)
 
     def _check_dataset(self) -> None:
         """A generated dataset by name, or the user's data (`--data`) with its keys."""
@@ -662,8 +662,9 @@ class _Run:
         self.ceilings: dict[str, Any] | None = None  # a DALI run's (`workflows.ceilings`)
         # --trace: this epoch's step clocks (every rank), every rank's epochs (rank 0)
         self._clocks: StepClocks | None = None
-        self.trace = (Trace(config.loader, device.type) if config.trace is not None
-                      and world.is_root else None)
+        self.trace = (Trace(config.loader, device.type,
+                            checkpoints=config.checkpoint is not None)
+                      if config.trace is not None and world.is_root else None)
         self.ckpt: TrainCheckpoints | None = None  # --checkpoint-every
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
@@ -782,7 +783,8 @@ class _Run:
         if self.ckpt is not None:
             fig["checkpoint"] = self.ckpt.epoch_end(fig)
         self._at(f"gathering epoch {epoch + 1}'s figures from every rank")
-        part = (epoch_part(world.rank, world.hostname, clock, self._clocks)
+        part = (epoch_part(world.rank, world.hostname, clock, self._clocks,
+                           self.ckpt.blocked_log if self.ckpt is not None else ())
                 if self._clocks is not None else None)
         gathered = world.allgather((fig, compute.stats(), part))
         if self.trace is not None:

@@ -54,6 +54,7 @@ from iobench.workflows.train_resume import (
     TrainState,
     check_against_run,
     load_into,
+    model_state,
     newest_complete,
     write_state,
 )
@@ -118,17 +119,13 @@ def plan_from_options(every: int | None, to: str | None, mode: str, keep: int,
                           mtbf_h=mtbf_h, resume=resume)
 
 
-def check_for_run(plan: CheckpointPlan, compute_kind: str, trace: str | None,
-                  repeat: int = 1) -> None:
-    """What a checkpoint needs of the run: a real model to save, no --trace (its timeline
-    does not draw the checkpoints' time yet); --resume carries one training run on."""
+def check_for_run(plan: CheckpointPlan, compute_kind: str, repeat: int = 1) -> None:
+    """What a checkpoint needs of the run: a real model to save; --resume carries one
+    training run on."""
     if compute_kind != "model":
         raise ConfigError("--checkpoint-every saves the real model and optimizer state: it "
                           "needs a real model (--model NAME or auto), not --compute-time or "
                           "--model none")
-    if trace is not None:
-        raise ConfigError("--trace does not draw checkpoint time yet: drop --trace or "
-                          "--checkpoint-every")
     if plan.resume and repeat > 1:
         raise ConfigError(f"--resume carries one training run on; --repeat {repeat} trains "
                           "fresh models from the start: drop --repeat or --resume")
@@ -148,21 +145,6 @@ def check_dirs(plan: CheckpointPlan, refuse_inside: Callable[[str, str], None]) 
 def checkpoint_bytes(state: dict[str, Any]) -> int:
     """Tensor bytes of a state dict."""
     return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def model_state(model: Any, opt: Any) -> dict[str, Any]:
-    """What a training checkpoint holds, tensors only (no pickled objects to unpickle at a
-    read): the model's state dict (`model.<name>`, the DDP wrapper's inner module) and the
-    optimizer's per-parameter state (`optim.<name>.<buffer>`, SGD's momentum)."""
-    import torch
-
-    net = getattr(model, "module", model)
-    out: dict[str, Any] = {f"model.{k}": v for k, v in net.state_dict().items()}
-    for name, p in net.named_parameters():
-        for k, v in opt.state.get(p, {}).items():
-            if isinstance(v, torch.Tensor):
-                out[f"optim.{name}.{k}"] = v
-    return out
 
 
 def _number(p: Path) -> int:
@@ -435,6 +417,7 @@ class TrainCheckpoints:
 
     def _epoch_reset(self) -> None:
         self.epoch_steps = 0  # steps of this epoch done (a resumed one's before included)
+        self.blocked_log: list[tuple[int, int]] = []  # (this run's step of the epoch, ns)
         self.blocked_ns = 0
         self.epoch_saves = 0
         self.steps_log: list[tuple[int, int]] = []
@@ -453,6 +436,7 @@ class TrainCheckpoints:
         rec = self._save(epoch)
         blocked = clock.exclude()
         rec["blocked_s"] = blocked / 1e9
+        self.blocked_log.append((clock.steps - 1, blocked))  # --trace draws it
         self.blocked_ns += blocked
         self.epoch_saves += 1
 

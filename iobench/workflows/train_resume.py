@@ -134,6 +134,21 @@ def check_against_run(point: ResumePoint, model: str, dataset: str, ranks: int,
                               "without it to train from the start")
 
 
+def model_state(model: Any, opt: Any) -> dict[str, Any]:
+    """What a training checkpoint holds, tensors only (no pickled objects to unpickle at a
+    read): the model's state dict (`model.<name>`, the DDP wrapper's inner module) and the
+    optimizer's per-parameter state (`optim.<name>.<buffer>`, SGD's momentum)."""
+    import torch
+
+    net = getattr(model, "module", model)
+    out: dict[str, Any] = {f"model.{k}": v for k, v in net.state_dict().items()}
+    for name, p in net.named_parameters():
+        for k, v in opt.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor):
+                out[f"optim.{name}.{k}"] = v
+    return out
+
+
 def load_into(path: Path, model: Any, opt: Any, pg: Any, no_dist: bool) -> int:
     """Load the checkpoint at `path` into `model` (its DDP wrapper's inner module) and
     `opt` (SGD's momentum buffers made for the parameters it holds them for) with DCP,
@@ -141,8 +156,6 @@ def load_into(path: Path, model: Any, opt: Any, pg: Any, no_dist: bool) -> int:
     every tensor's shape and dtype): into CPU tensors, then copied in place. Bytes loaded."""
     import torch
     from torch.distributed.checkpoint.state_dict_loader import load
-
-    from iobench.workflows.train_checkpoint import model_state
 
     check_marker(path)
     md = load_metadata(path)
