@@ -23,7 +23,7 @@ from iobench.core import results
 from iobench.core.checkpoint_store import check_marker, load_metadata, reader
 from iobench.core.world import World
 from iobench.workflows.train_checkpoint import CheckpointPlan, TrainCheckpoints
-from iobench.workflows.train_resume import read_state
+from iobench.workflows.train_resume import newest_complete, read_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 BASE = ["--loader", "hdf5", "--model", "cnn", "--batch-size", "32", "--workers", "0",
@@ -135,6 +135,19 @@ def test_the_loaded_weights_are_the_saved_ones(killed, tmp_path) -> None:
     assert momentum and all(torch.equal(m, saved[f"optim.{n}.momentum_buffer"])
                             for n, m in momentum.items())
     assert any(m.abs().sum() > 0 for m in momentum.values())
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_and_said(killed, tmp_path) -> None:
+    """ckpt-002's `.metadata` altered after its commit: its marker's checksum refuses it, so
+    the resume takes ckpt-001 and says why ckpt-002 was not taken."""
+    ck = _copy(killed, tmp_path)
+    run_dir = next(ck.iterdir())
+    with open(run_dir / "ckpt-002" / ".metadata", "r+b") as f:
+        f.write(b"X")
+    point = newest_complete(ck)
+    assert point.path == run_dir / "ckpt-001" and point.state.step == 4
+    (why,) = point.skipped
+    assert "ckpt-002" in why and "checksum" in why
 
 
 # ------------------------------------------------------------------------ refusals

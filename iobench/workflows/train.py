@@ -702,6 +702,7 @@ class _Run:
     def repetition(self, rep: int, loader: Loader, startup: dict[str, Any]) -> None:
         self.compute = _Compute(self.config, self.world, self.device)  # a fresh model each time
         if self.ckpt is not None:
+            self._at("checking room for the checkpoints; with --resume, loading one")
             self.ckpt.start_repetition(rep, self.compute.model, self.compute.opt)
         startups = self.world.allgather(startup)
         if self.world.is_root:

@@ -9,7 +9,8 @@ complete checkpoints stay. `sync` saves inside the step; `async` uses DCP's `asy
 the step waits for the copy of the state to CPU memory (and for a previous save still in
 flight), the write runs in a background thread over a process group of its own. With
 `--drain-to DIR2`, rank 0 copies each committed checkpoint to DIR2 in the background and
-commits it there the same way (the burst-buffer pattern).
+commits it there the same way (the burst-buffer pattern). Each checkpoint also holds the
+training state `--resume` carries on from (`iobench.workflows.train_resume`).
 
 The time a step was blocked leaves the epoch's clock (`EpochClock.exclude`), so the data
 stall, compute and AU keep their meaning (ingest), and the checkpoint's share is reported
