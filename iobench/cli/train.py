@@ -164,6 +164,12 @@ def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
                         "DIR2 (the shared tier) in the background and commits it there whole; "
                         "the result gives each drain's time and the data stall of steps "
                         "taken while a drain ran against the others (default: no drain)")
+    p.add_argument("--resume", action="store_true",
+                   help="carry on from the newest complete checkpoint in --checkpoint-to DIR "
+                        "(any earlier run's; a .partial one a killed or failed save left is "
+                        "never taken): its model and optimizer state loaded with DCP, its "
+                        "epoch and step counted on; refused in one line for another model, "
+                        "dataset, world size or batch size (default: start from step 0)")
     p.add_argument("--mtbf", type=float, default=None, metavar="HOURS",
                    help="with --checkpoint-every: the job's mean time between failures; the "
                         "verdict gives Young/Daly's interval sqrt(2 x cost x MTBF) in seconds "
@@ -224,7 +230,7 @@ def _checkpoint_plan(args: argparse.Namespace) -> Any:
     from iobench.workflows.train_checkpoint import plan_from_options
 
     return plan_from_options(args.checkpoint_every, args.checkpoint_to, args.checkpoint_mode,
-                             args.checkpoint_keep, args.drain_to, args.mtbf)
+                             args.checkpoint_keep, args.drain_to, args.mtbf, args.resume)
 
 
 def _apply_workload(args: argparse.Namespace) -> None:

@@ -11,9 +11,9 @@ reads `epoch` as the checkpoint's index and step 0 as "this rank's shard is on s
 before the metadata": `kill` and `sigint` there, and `fill` (another writer fills the
 filesystem just before the write). `train --checkpoint-every` reads `epoch` as the save's
 index and acts on `kill-save` (SIGKILL once this rank's shard is written, before the
-metadata; tests/test_train_checkpoint.py). Production code calls `planned` once and
-`at_step` / `at_result_write` / `at_start` at its hook points; nothing else reads the
-variable.
+metadata; tests/test_train_checkpoint.py) and `fill` (tests/test_train_resume.py).
+Production code calls `planned` once and `at_step` / `at_result_write` / `at_start` at its
+hook points; nothing else reads the variable.
 """
 
 from __future__ import annotations

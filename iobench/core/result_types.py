@@ -696,6 +696,22 @@ class CheckpointSummary(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointResume(Record):
+    """The checkpoint a resumed run carried on from (`checkpoint.resumed`, `train --resume`).
+
+    The run's figures are its own steps' alone."""
+
+    path: str
+    run_id: str  # the run that saved it
+    epoch: int  # the epoch it was saved in (0-based)
+    epoch_step: int  # steps of that epoch done
+    step: int  # steps of the training run done
+    load_s: float  # the slowest rank's load
+    bytes: int
+    skipped: tuple[str, ...]  # complete-looking checkpoints refused, and why
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainCheckpoint(Record):
     """Checkpoints saved while training (`checkpoint`, `train --checkpoint-every`)."""
 
@@ -708,6 +724,7 @@ class TrainCheckpoint(Record):
     kept: tuple[str, ...]
     drained: tuple[str, ...]
     summary: CheckpointSummary
+    resumed: CheckpointResume | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,11 +38,12 @@ from iobench.core.metrics import EpochClock
 
 TRACE_OPTION = "--trace"
 TRACE_FORMAT = "chrome-trace-event-json"
-# every kind a trace can hold, in lane order; checkpoint: iobench train writes none (yet)
+# every kind a trace can hold, in lane order; checkpoint: the time a save blocked the steps
+# (train --checkpoint-every), in its own lane and category ("cat": "checkpoint")
 KINDS = ("epoch", "wait", "h2d", "compute", "fetch", "decode", "checkpoint")
-LANES = {"epoch": 1, "wait": 2, "h2d": 3, "compute": 4}
+LANES = {"epoch": 1, "wait": 2, "h2d": 3, "compute": 4, "checkpoint": 5}
 LANE_NAMES = {"epoch": "epoch", "wait": "wait (data stall)", "h2d": "host-to-device",
-              "compute": "compute"}
+              "compute": "compute", "checkpoint": "checkpoint (steps blocked)"}
 WORKER_LANE = 100  # + worker id: a loader worker process (fetch, decode)
 IN_PROCESS_LANE = 1000  # + lane: batches made in the rank's own process (threads, workers=0)
 NO_TIMING = -1  # `read_ns` of a step whose batch carried no clock
@@ -79,18 +80,24 @@ class EpochPart(NamedTuple):
     start_ns: int  # the epoch's clock start (before the first `next()`)
     end_ns: int  # the end of its last step's compute
     steps: np.ndarray  # int64 [steps, len(COLUMNS)]
+    blocked: tuple[tuple[int, int], ...] = ()  # (step, ns): a checkpoint after that step
 
 
-def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks) -> EpochPart:
-    """The epoch's spans from its clock (wait and compute, which tile it) and the steps'
-    own clocks; only steps whose compute ended count, as in the result's figures."""
+def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks,
+               blocked: Sequence[tuple[int, int]] = ()) -> EpochPart:
+    """The epoch's spans from its clock (wait and compute, which tile it with the time
+    checkpoints blocked the steps: `blocked`, (step, ns) after that step's compute) and the
+    steps' own clocks; only steps whose compute ended count, as in the result's figures."""
     if clock.start_ns is None:
         raise RuntimeError("EpochClock.start() was never called")
     n = clock.steps
     wait = np.asarray(clock.wait_ns[:n], dtype=np.int64)
     compute = np.asarray(clock.compute_ns[:n], dtype=np.int64)
     out = np.zeros((n, len(COLUMNS)), dtype=np.int64)
-    out[:, 2] = clock.start_ns + np.cumsum(wait + compute)
+    shift = np.zeros(n, dtype=np.int64)  # the checkpoints' time before each step
+    for k, ns in blocked:
+        shift[k + 1:] += ns
+    out[:, 2] = clock.start_ns + np.cumsum(wait + compute) + shift
     out[:, 1] = out[:, 2] - compute
     out[:, 0] = out[:, 1] - wait
     out[:, 5] = NO_TIMING
@@ -100,7 +107,8 @@ def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks) -> Ep
         out[:m, 3:5] = np.array([(got, h2d) for got, h2d, _ in filled], dtype=np.int64)
         out[:m, 5:9] = np.array([t[:4] if t is not None else _UNTIMED for _, _, t in filled],
                                 dtype=np.int64)
-    return EpochPart(rank, host, clock.start_ns, clock.end_ns, out)
+    return EpochPart(rank, host, clock.start_ns, clock.end_ns, out,
+                     tuple((k, ns) for k, ns in blocked if k < n))
 
 
 _UNTIMED = (NO_TIMING, 0, 0, 0)
@@ -113,6 +121,7 @@ class Trace:
     loader: str
     device: str  # "cpu" or "cuda": whether a host-to-device copy is timed
     run_id: str = ""
+    checkpoints: bool = False  # the run saved checkpoints (train --checkpoint-every)
     parts: list[tuple[int, int, list[EpochPart]]] = field(default_factory=list)
 
     def add(self, rep: int, epoch: int, parts: Sequence[EpochPart | None]) -> None:
@@ -132,7 +141,9 @@ class Trace:
             "compute": "measured",
             "fetch": "measured" if timed else loader_why,
             "decode": "measured" if timed else loader_why,
-            "checkpoint": "not measured: iobench train writes no checkpoints",
+            "checkpoint": "measured: the time each save blocked the steps (a background "
+                          "write's own time is not drawn)" if self.checkpoints else
+                          "not measured: this run saved no checkpoints (--checkpoint-every)",
         }
 
 
@@ -146,8 +157,9 @@ def _origins(trace: Trace) -> dict[str, int]:
 
 
 def _event(name: str, start_ns: int, end_ns: int, origin: int, pid: int, tid: int,
-           args: str) -> str:
-    return (f'{{"name":"{name}","ph":"X","ts":{(start_ns - origin) / 1000:.3f},'
+           args: str, cat: str | None = None) -> str:
+    return (f'{{"name":"{name}",' + (f'"cat":"{cat}",' if cat else "")
+            + f'"ph":"X","ts":{(start_ns - origin) / 1000:.3f},'
             f'"dur":{max(end_ns - start_ns, 0) / 1000:.3f},"pid":{pid},"tid":{tid},'
             f'"args":{{{args}}}}}')
 
@@ -173,6 +185,10 @@ def _step_events(rep: int, epoch: int, p: EpochPart, origin: int,
             tid = lanes.lane(pid, worker, t0, done)
             yield _event("fetch", t0, done - decode, origin, pid, tid, args)
             yield _event("decode", done - decode, done, origin, pid, tid, args)
+    for k, ns in p.blocked:
+        end = int(p.steps[k, 2])
+        yield _event("checkpoint", end, end + ns, origin, pid, LANES["checkpoint"],
+                     f'{tag},"step":{k}', cat="checkpoint")
 
 
 class _Lanes:
@@ -218,7 +234,8 @@ def trace_events(trace: Trace) -> Iterator[str]:
         for p in parts:
             ranks[p.rank] = p.host
             used.setdefault(p.rank, set()).update(
-                ["epoch", "wait", "compute"] + (["h2d"] if p.steps[:, 4].any() else []))
+                ["epoch", "wait", "compute"] + (["h2d"] if p.steps[:, 4].any() else [])
+                + (["checkpoint"] if p.blocked else []))
             yield from _step_events(rep, epoch, p, origins[p.host], lanes)
     for rank, host in sorted(ranks.items()):
         yield from _meta("process_name", rank, None, f"rank {rank} ({host})", rank)

@@ -134,7 +134,7 @@ class TrainConfig:
             raise ConfigError(f"--timeout {self.timeout_s} must be > 0 seconds")
         self._check_cache()
         if self.checkpoint is not None:
-            check_for_run(self.checkpoint, self.compute_kind, self.trace)
+            check_for_run(self.checkpoint, self.compute_kind, self.repeat)
 
     def _check_dataset(self) -> None:
         """A generated dataset by name, or the user's data (`--data`) with its keys."""
@@ -370,8 +370,10 @@ def run(config: TrainConfig, loader_factory: LoaderFactory, world: World, *,
         if config.checkpoint is not None:
             assert config.model_name is not None  # check_for_run: a real model
             run.ckpt = TrainCheckpoints(config.checkpoint, world, run.run_id, config.model_name,
-                                        config.seed, config.timeout_s)
+                                        config.seed, config.timeout_s, config.dataset,
+                                        config.batch_size)
             run.ckpt.open()
+            run.warnings += run.ckpt.warnings
         _repetitions(run, loader_factory, started)
     except Interrupted as e:
         run.write_trace()  # the epochs that completed
@@ -660,8 +662,9 @@ class _Run:
         self.ceilings: dict[str, Any] | None = None  # a DALI run's (`workflows.ceilings`)
         # --trace: this epoch's step clocks (every rank), every rank's epochs (rank 0)
         self._clocks: StepClocks | None = None
-        self.trace = (Trace(config.loader, device.type) if config.trace is not None
-                      and world.is_root else None)
+        self.trace = (Trace(config.loader, device.type,
+                            checkpoints=config.checkpoint is not None)
+                      if config.trace is not None and world.is_root else None)
         self.ckpt: TrainCheckpoints | None = None  # --checkpoint-every
 
     def start_loader(self, loader: Loader) -> dict[str, Any]:
@@ -699,12 +702,16 @@ class _Run:
     def repetition(self, rep: int, loader: Loader, startup: dict[str, Any]) -> None:
         self.compute = _Compute(self.config, self.world, self.device)  # a fresh model each time
         if self.ckpt is not None:
+            self._at("checking room for the checkpoints; with --resume, loading one")
             self.ckpt.start_repetition(rep, self.compute.model, self.compute.opt)
         startups = self.world.allgather(startup)
         if self.world.is_root:
             self.startups.append({"repeat": rep, "seconds_max": max(s["seconds"] for s in startups),
                                   "ranks": startups})
-        for epoch in range(self.config.epochs):
+        first = 0
+        if self.ckpt is not None:  # --resume: from the checkpoint's epoch on
+            first = self.ckpt.first_epoch(_planned_steps(loader, self.config), self.config.epochs)
+        for epoch in range(first, self.config.epochs):
             self._epoch(rep, epoch, loader)
         if self.ckpt is not None:  # every save written, committed and drained
             self._at("waiting for the checkpoints in flight")
@@ -777,7 +784,8 @@ class _Run:
         if self.ckpt is not None:
             fig["checkpoint"] = self.ckpt.epoch_end(fig)
         self._at(f"gathering epoch {epoch + 1}'s figures from every rank")
-        part = (epoch_part(world.rank, world.hostname, clock, self._clocks)
+        part = (epoch_part(world.rank, world.hostname, clock, self._clocks,
+                           self.ckpt.blocked_log if self.ckpt is not None else ())
                 if self._clocks is not None else None)
         gathered = world.allgather((fig, compute.stats(), part))
         if self.trace is not None:
@@ -795,9 +803,10 @@ class _Run:
         where the loader's time went, for the verdict (None without such clocks).
         """
         config = self.config
-        steps_total = loader.steps_per_epoch()
-        if config.max_steps is not None:
-            steps_total = min(steps_total, config.max_steps)
+        steps_total = _planned_steps(loader, config)
+        done = self.ckpt.done_before if self.ckpt is not None else 0  # --resume: done before
+        limit = config.max_steps if not done else steps_total - done
+        steps_total -= done
         clock = EpochClock()
         self._clocks = StepClocks() if config.trace is not None else None
         self._last_live = prev_end = clock.start()
@@ -805,7 +814,7 @@ class _Run:
         it: Iterator[Any] = iter(loader.epoch(epoch))
         step = 0
         try:
-            while config.max_steps is None or step < config.max_steps:
+            while limit is None or step < limit:
                 if not compute.agrees and pending():
                     break  # free-running ranks: the epoch's figures' allgather raises it
                 self._at(f"waiting for batch {step + 1} of epoch {epoch + 1}", step)
@@ -968,6 +977,12 @@ class _Run:
                 "server_cache": server,
                 "os_read_bytes_available": self.count_io,
                 "os_read_bytes_note": self.io_note}
+
+
+def _planned_steps(loader: Loader, config: TrainConfig) -> int:
+    """An epoch's steps: the loader's, at most --max-steps."""
+    steps = loader.steps_per_epoch()
+    return steps if config.max_steps is None else min(steps, config.max_steps)
 
 
 def _steps_mode(config: TrainConfig, world: World) -> str:

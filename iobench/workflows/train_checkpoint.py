@@ -9,7 +9,8 @@ complete checkpoints stay. `sync` saves inside the step; `async` uses DCP's `asy
 the step waits for the copy of the state to CPU memory (and for a previous save still in
 flight), the write runs in a background thread over a process group of its own. With
 `--drain-to DIR2`, rank 0 copies each committed checkpoint to DIR2 in the background and
-commits it there the same way (the burst-buffer pattern).
+commits it there the same way (the burst-buffer pattern). Each checkpoint also holds the
+training state `--resume` carries on from (`iobench.workflows.train_resume`).
 
 The time a step was blocked leaves the epoch's clock (`EpochClock.exclude`), so the data
 stall, compute and AU keep their meaning (ingest), and the checkpoint's share is reported
@@ -44,11 +45,21 @@ from iobench.core.checkpoint_store import (
     sha256_of,
     writer,
 )
-from iobench.core.errors import ConfigError, StorageError
+from iobench.core.errors import ConfigError, IobenchError, StorageError
 from iobench.core.interrupts import Interrupted
 from iobench.core.metrics import EpochClock
 from iobench.core.resilience import parse_mtbf, young
 from iobench.core.world import World, agree
+from iobench.workflows.train_resume import (
+    ResumePoint,
+    TrainState,
+    check_against_run,
+    load_into,
+    model_state,
+    newest_complete,
+    write_state,
+)
+from iobench.workflows.train_resume import record as resume_record
 
 MODES = ("sync", "async")
 DEFAULT_KEEP = 2
@@ -67,6 +78,7 @@ class CheckpointPlan:
     keep: int = DEFAULT_KEEP  # complete checkpoints kept in DIR (and DIR2)
     drain_to: str | None = None
     mtbf_h: float | None = None  # the job's mean time between failures (Young/Daly)
+    resume: bool = False  # carry on from the newest complete checkpoint in `to`
 
     def __post_init__(self) -> None:
         if isinstance(self.every_steps, bool) or self.every_steps < 1:
@@ -86,7 +98,8 @@ class CheckpointPlan:
 
 
 def plan_from_options(every: int | None, to: str | None, mode: str, keep: int,
-                      drain_to: str | None, mtbf_h: float | None) -> CheckpointPlan | None:
+                      drain_to: str | None, mtbf_h: float | None,
+                      resume: bool = False) -> CheckpointPlan | None:
     """The checkpoint plan of train's options, None without --checkpoint-every; a one-line
     ConfigError for an option that needs another."""
     if every is None:
@@ -94,6 +107,7 @@ def plan_from_options(every: int | None, to: str | None, mode: str, keep: int,
                                 ("--mtbf", mtbf_h)) if v is not None]
         given += ["--checkpoint-mode"] if mode != "sync" else []
         given += ["--checkpoint-keep"] if keep != DEFAULT_KEEP else []
+        given += ["--resume"] if resume else []
         if given:
             raise ConfigError(f"{', '.join(given)} applies to checkpoints: add "
                               "--checkpoint-every N (steps), or drop it")
@@ -103,19 +117,19 @@ def plan_from_options(every: int | None, to: str | None, mode: str, keep: int,
                           "checkpoints go (node-local storage for the burst-buffer pattern, "
                           "with --drain-to DIR2 on the shared tier)")
     return CheckpointPlan(every_steps=every, to=to, mode=mode, keep=keep, drain_to=drain_to,
-                          mtbf_h=mtbf_h)
+                          mtbf_h=mtbf_h, resume=resume)
 
 
-def check_for_run(plan: CheckpointPlan, compute_kind: str, trace: str | None) -> None:
-    """What a checkpoint needs of the run: a real model to save, no --trace (its timeline
-    does not draw the checkpoints' time yet)."""
+def check_for_run(plan: CheckpointPlan, compute_kind: str, repeat: int = 1) -> None:
+    """What a checkpoint needs of the run: a real model to save; --resume carries one
+    training run on."""
     if compute_kind != "model":
         raise ConfigError("--checkpoint-every saves the real model and optimizer state: it "
                           "needs a real model (--model NAME or auto), not --compute-time or "
                           "--model none")
-    if trace is not None:
-        raise ConfigError("--trace does not draw checkpoint time yet: drop --trace or "
-                          "--checkpoint-every")
+    if plan.resume and repeat > 1:
+        raise ConfigError(f"--resume carries one training run on; --repeat {repeat} trains "
+                          "fresh models from the start: drop --repeat or --resume")
 
 
 def check_dirs(plan: CheckpointPlan, refuse_inside: Callable[[str, str], None]) -> None:
@@ -132,21 +146,6 @@ def check_dirs(plan: CheckpointPlan, refuse_inside: Callable[[str, str], None]) 
 def checkpoint_bytes(state: dict[str, Any]) -> int:
     """Tensor bytes of a state dict."""
     return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def model_state(model: Any, opt: Any) -> dict[str, Any]:
-    """What a training checkpoint holds, tensors only (no pickled objects to unpickle at a
-    read): the model's state dict (`model.<name>`, the DDP wrapper's inner module) and the
-    optimizer's per-parameter state (`optim.<name>.<buffer>`, SGD's momentum)."""
-    import torch
-
-    net = getattr(model, "module", model)
-    out: dict[str, Any] = {f"model.{k}": v for k, v in net.state_dict().items()}
-    for name, p in net.named_parameters():
-        for k, v in opt.state.get(p, {}).items():
-            if isinstance(v, torch.Tensor):
-                out[f"optim.{name}.{k}"] = v
-    return out
 
 
 def _number(p: Path) -> int:
@@ -270,9 +269,10 @@ class TrainCheckpoints:
     async), rank 0's commit, prune and drain, and the figures per epoch and per save."""
 
     def __init__(self, plan: CheckpointPlan, world: World, run_id: str, model_name: str,
-                 seed: int, timeout_s: float) -> None:
+                 seed: int, timeout_s: float, dataset: str = "", batch_size: int = 0) -> None:
         self.plan, self.world, self.model_name, self.seed = plan, world, model_name, seed
-        self.timeout_s = timeout_s
+        self.timeout_s, self.run_id = timeout_s, run_id
+        self.dataset, self.batch_size = dataset, batch_size
         self.run_dir = Path(plan.to) / f"{RUN_PREFIX}{run_id}"
         self.drain_dir = (Path(plan.drain_to) / f"{RUN_PREFIX}{run_id}"
                           if plan.drain_to is not None else None)
@@ -292,6 +292,11 @@ class TrainCheckpoints:
         self.mine: list[dict[str, Any]] = []  # this rank's saves of this repetition
         self.saves: list[dict[str, Any]] = []  # rank 0: every save's record
         self.end_waits: list[float] = []
+        self.point: ResumePoint | None = None  # --resume: the checkpoint carried on from
+        self.resumed: dict[str, Any] | None = None  # the result's `checkpoint.resumed`
+        self.skip = 0  # --resume: steps of the first epoch done before (not run again)
+        self.done_before = 0  # steps of the epoch running done before this run (--resume)
+        self.warnings: list[str] = []
         self._epoch_reset()
 
     # ------------------------------------------------------------------ set-up
@@ -301,6 +306,8 @@ class TrainCheckpoints:
         # imported now, not inside the first save's blocked time
         import torch.distributed.checkpoint.state_dict_saver  # noqa: F401
 
+        if self.plan.resume:
+            self._find_resume()
         err = None
         if self.world.is_root:
             try:
@@ -325,8 +332,42 @@ class TrainCheckpoints:
         else:  # one process saves without torch.distributed, which DCP warns about
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
+    def _find_resume(self) -> None:
+        """A collective, before this run's folder is made: rank 0 finds the newest complete
+        checkpoint in DIR and checks it against the run; every rank gets it."""
+        err, found = None, None
+        if self.world.is_root:
+            try:
+                point = newest_complete(Path(self.plan.to))
+                check_against_run(point, self.model_name, self.dataset, self.world.size,
+                                  self.batch_size)
+                found = (str(point.path), point.state.to_dict(), point.skipped)
+            except IobenchError as e:
+                err = e
+        agree(self.world, err, "the search for a checkpoint to resume")
+        path, state, skipped = self.world.bcast(found)
+        self.point = ResumePoint(Path(path), TrainState.from_dict(state, path), skipped)
+        self.warnings += list(skipped)
+
+    def first_epoch(self, steps_per_epoch: int, epochs: int) -> int:
+        """The epoch this run starts with (0, or the resumed checkpoint's: the next one when
+        its epoch was done); `skip` its steps done. Nothing left: a ConfigError (every rank)."""
+        if self.point is None:
+            return 0
+        s = self.point.state
+        first, self.skip = ((s.epoch + 1, 0) if s.epoch_step >= steps_per_epoch
+                            else (s.epoch, s.epoch_step))
+        if first >= epochs:
+            e = ConfigError(f"--resume: {self.point.path} was saved after step {s.step} "
+                            f"(epoch {s.epoch + 1}, its last): --epochs {epochs} leaves nothing "
+                            f"to train; raise --epochs above {first}")
+            e.agreed = True  # every rank computes the same
+            raise e
+        return first
+
     def start_repetition(self, rep: int, model: Any, opt: Any) -> None:
-        """A fresh model: its steps count from 0; the space for its checkpoints checked."""
+        """A fresh model: its steps count from 0 (or, resumed, the checkpoint's state loaded
+        and its steps counted on); the space for its checkpoints checked."""
         self.rep, self.steps, self.model, self.opt = rep, 0, model, opt
         self.mine = []
         err = None
@@ -336,6 +377,25 @@ class TrainCheckpoints:
             except StorageError as e:
                 err = e
         agree(self.world, err)
+        if self.point is not None:
+            self._load(self.point)
+
+    def _load(self, point: ResumePoint) -> None:
+        """Every rank loads the checkpoint (a collective); its steps count on from there."""
+        err = None
+        t0 = time.perf_counter_ns()
+        nbytes = 0
+        try:
+            nbytes = load_into(point.path, self.model, self.opt, self.pg,
+                               no_dist=self.world.size == 1)
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            err = _save_error(e, point.path, "read")
+        agree(self.world, err, "the checkpoint load")
+        load_s = max(self.world.allgather((time.perf_counter_ns() - t0) / 1e9))
+        self.steps = point.state.step
+        self.resumed = resume_record(point, load_s, nbytes)
 
     def _check_space(self, state_bytes: int) -> None:
         # the optimizer's state appears with the first step: count it as the model's again
@@ -352,8 +412,13 @@ class TrainCheckpoints:
     # ------------------------------------------------------------------ per step
     def epoch_start(self) -> None:
         self._epoch_reset()
+        # a resumed epoch counts on from the steps done before (not run again)
+        self.done_before, self.skip = self.skip, 0
+        self.epoch_steps = self.done_before
 
     def _epoch_reset(self) -> None:
+        self.epoch_steps = 0  # steps of this epoch done (a resumed one's before included)
+        self.blocked_log: list[tuple[int, int]] = []  # (this run's step of the epoch, ns)
         self.blocked_ns = 0
         self.epoch_saves = 0
         self.steps_log: list[tuple[int, int]] = []
@@ -362,6 +427,7 @@ class TrainCheckpoints:
         """Right after a step's compute: save when due; the time the step was blocked leaves
         the epoch's clock (`EpochClock.exclude`) and is counted here."""
         self.steps += 1
+        self.epoch_steps += 1
         if self.plan.drain_to is not None and len(clock.wait_ns) > 1:
             ready = clock.last_ns - clock.compute_ns[-1]
             self.steps_log.append((ready - clock.wait_ns[-1] + self.offset_ns,
@@ -371,6 +437,7 @@ class TrainCheckpoints:
         rec = self._save(epoch)
         blocked = clock.exclude()
         rec["blocked_s"] = blocked / 1e9
+        self.blocked_log.append((clock.steps - 1, blocked))  # --trace draws it
         self.blocked_ns += blocked
         self.epoch_saves += 1
 
@@ -390,8 +457,10 @@ class TrainCheckpoints:
                 err = StorageError(f"cannot create {tmp}: {e.strerror or e}")
         agree(self.world, err)  # (also: every rank's state is of the same step)
         rec: dict[str, Any] = {"index": k, "repeat": self.rep, "epoch": epoch,
-                               "step": self.steps, "waited_s": waited, "stage_s": 0.0}
+                               "step": self.steps, "epoch_step": self.epoch_steps,
+                               "waited_s": waited, "stage_s": 0.0}
         self.mine.append(rec)
+        _fill(self.fault, self.world.rank, k, Path(self.plan.to))  # tests only
         w = writer(tmp, lambda: self._after_shard(tmp, k))
         state = model_state(self.model, self.opt)
         no_dist = self.world.size == 1
@@ -434,6 +503,7 @@ class TrainCheckpoints:
         rec["write_s"] = max((w.shard_end_ns or t1) - t0, 0) / 1e9
         rec["save_s"] = (t1 - t0) / 1e9
         if self.world.is_root:
+            write_state(tmp, self._state(rec))  # what --resume carries on from
             files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
             marker = Marker(model=self.model_name, scale=1.0, ranks=self.world.size,
                             seed=self.seed, files=files,
@@ -446,6 +516,12 @@ class TrainCheckpoints:
             if self.drain is not None:
                 self.drain.submit(final, rec["index"], self._prune)
         return rec
+
+    def _state(self, rec: dict[str, Any]) -> TrainState:
+        return TrainState(model=self.model_name, dataset=self.dataset, ranks=self.world.size,
+                          batch_size=self.batch_size, seed=self.seed, epoch=rec["epoch"],
+                          epoch_step=rec["epoch_step"], step=rec["step"], run_id=self.run_id,
+                          saved_ns=time.time_ns())
 
     def _prune(self) -> None:
         protected: frozenset[str] = frozenset()
@@ -550,6 +626,7 @@ class TrainCheckpoints:
                 "to": str(self.run_dir), "drain_to": None if self.drain_dir is None
                 else str(self.drain_dir), "saves": self.saves, "kept": kept,
                 "drained": _complete(self.drain_dir) if self.drain_dir is not None else [],
+                "resumed": self.resumed,
                 "summary": summary(plan, epochs, self.saves,
                                    self.end_waits[-1] if self.drain is not None
                                    and self.end_waits else None)}
@@ -646,11 +723,20 @@ def _young(plan: CheckpointPlan, cost_s: float | None, step_s: float | None
             "optimal_steps": max(1, round(y["optimal_s"] / step_s))}
 
 
-def _save_error(e: BaseException, where: Path) -> BaseException:
-    """A failed save as the error to raise (a full disk: one StorageError line)."""
+def _save_error(e: BaseException, where: Path, what: str = "write") -> BaseException:
+    """A failed save (or load) as the error to raise (a full disk: one StorageError line)."""
     from iobench.workflows.checkpoint import _dcp_error
 
-    return _dcp_error(e, where, "write")
+    return _dcp_error(e, where, what)
+
+
+def _fill(fault: faults.Fault | None, rank: int, k: int, where: Path) -> None:
+    """Tests only (IOBENCH_TEST_FAULT action `fill`, `epoch` the save's index): another
+    writer fills the filesystem of --checkpoint-to just before the save."""
+    if fault is not None and fault.action == "fill":
+        from iobench.workflows.checkpoint import _fill_disk_fault
+
+        _fill_disk_fault(fault, rank, k, where)
 
 
 def _now() -> str:
@@ -681,6 +767,10 @@ def checkpoint_line(doc: dict[str, Any]) -> str | None:
             f"steps), {s['bytes_median'] / 1e6:,.1f} MB each, write {s['write_s_median']:.3f} s "
             f"(slowest rank), steps blocked {s['cost_s']:.3f} s per save, "
             f"{(s['fraction'] or 0):.1%} of training time; kept in {c['to']}")
+    if c.get("resumed"):
+        r = c["resumed"]
+        line += (f"; resumed from step {r['step']} (epoch {r['epoch'] + 1}) of {r['path']}, "
+                 f"loaded in {r['load_s']:.3f} s")
     if c["drain_to"] is not None:
         drains = [x["drain"] for x in c["saves"] if x.get("drain")]
         if drains:

@@ -56,7 +56,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from iobench.core.breakeven import outcome
-from iobench.core.result_types import Ceilings, ProbeDoc, Straggler, TrainResult, Verdict
+from iobench.core.result_types import (
+    Ceilings,
+    CheckpointResume,
+    ProbeDoc,
+    Straggler,
+    TrainResult,
+    Verdict,
+)
 
 DEFAULT_THRESHOLD = 0.90  # MLPerf Storage: AU below 0.90 means storage cannot keep up
 BUSY_SATURATED = 0.75  # readers busy at least this fraction of the epoch: they set the pace
@@ -291,15 +298,16 @@ def checkpoint_words(res: TrainResult) -> tuple[list[str], list[str]]:
     Young/Daly's interval sqrt(2 x cost x MTBF) in steps and seconds, and the time lost per
     day at it and at the interval used (docs/metrics.md, "Checkpoints in training")."""
     c = res.checkpoint
+    resumed = [resumed_words(c.resumed)] if c is not None and c.resumed is not None else []
     if c is None or not c.saves or c.summary.cost_s is None:
-        return [], []
+        return resumed, []
     s = c.summary
     every = f"every {s.interval_steps:,} steps" + (
         f" ({s.interval_s:.3g} s)" if s.interval_s is not None else "")
     with_it = _median([e.checkpoint.au_with_checkpoint_mean for e in res.epochs
                        if e.checkpoint is not None])
     data_only = _median([e.summary.au_mean for e in res.epochs])
-    evidence = [f"checkpoints ({c.mode}, {every}): {s.cost_s:.3g} s of blocked steps per "
+    evidence = [*resumed, f"checkpoints ({c.mode}, {every}): {s.cost_s:.3g} s of blocked steps per "
                 f"save, {s.fraction or 0:.1%} of training time"
                 + (f" (AU {with_it:.2f} with the checkpoints' time, {data_only:.2f} with the "
                    "data stall alone)" if with_it is not None and data_only is not None
@@ -312,6 +320,12 @@ def checkpoint_words(res: TrainResult) -> tuple[list[str], list[str]]:
         f"{y.optimal_steps:,} steps ({y.optimal_s:,.3g} s): about {y.lost_per_day_s:,.0f} s "
         f"lost per day, against {y.lost_per_day_used_s:,.0f} s every {y.used_steps:,} steps "
         "(checkpoints and lost work; the restart is not counted)"]
+
+
+def resumed_words(r: CheckpointResume) -> str:
+    """"resumed from step 8 (epoch 2, 4 of its steps done) of PATH: ..." (`train --resume`)."""
+    return (f"resumed from step {r.step:,} (epoch {r.epoch + 1}, {r.epoch_step:,} of its steps "
+            f"done) of {r.path}: the figures are this run's steps alone")
 
 
 def _judge_ingest(res: TrainResult, threshold: float, probe: ProbeDoc | None,
