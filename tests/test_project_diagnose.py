@@ -111,6 +111,7 @@ def test_a_diagnose_result_is_the_delivery_curve(measured: dict[str, Path], tmp_
     (path,) = (tmp_path / "a").glob("projection-*.json")
     doc = json.loads(path.read_text())
     assert doc["inputs"]["diagnose"] == str(measured["diagnose"])
+    assert "diagnose result's fastest and slowest" in doc["model"]["spread_note"]
     curve = {f["name"]: f for f in doc["figures"] if f["name"].startswith("delivery with")}
     assert sorted(curve) == ["delivery with 1 worker(s), cold, no decode",
                              "delivery with 2 worker(s), cold, no decode"]

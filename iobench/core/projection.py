@@ -54,6 +54,11 @@ ASSUMPTIONS = (
     "The model's step is the mean over 16 parts of the epoch; k is the run's measured "
     "bytes per tier request over the sample size, else the probe's request size over it, "
     "else 1 (no front-loading).",
+    "Not modelled: on N nodes with a client cache each, a request whose k samples fall on "
+    "several nodes is fetched by each of them (up to k times the dataset per epoch at large "
+    "N, N (1 - (1 - 1/N)^k) times on average); the model fetches each request once per "
+    "epoch, so where k > 1 it is optimistic in tier bytes beyond one node by up to k. The "
+    "one-box validation shares one client cache among its N ranks and cannot show it.",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
     "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "

@@ -16,7 +16,12 @@ nodes would). The script:
    one client cache) and sharded (`mpiexec -n N iobench stage`: one copy
    spread over N ranks);
 5. prints predicted vs measured stall per epoch, AU, steady step and staging
-   time per N, with the error (target: within 25 %), and the box's load.
+   time per N, with the error (target: within 25 %), and the box's load;
+6. and, per N, what tells a CPU-bound run from a tier-bound one: the cores
+   the training's processes, the tier's daemon and the whole box used while
+   the tier served (from /proc every 0.5 s), and the share of rank 0's steady
+   stall in the first half of each epoch (from its `--trace`: the client
+   cache's front-loading of a shuffled epoch, docs/projection.md).
 
     .venv/bin/python scripts/bench/project_validate.py [--work /tmp/iobench-project-validate] \
         [--nodes 1,2,4] [--bandwidth 12] [--compute 0.1] [--samples 16384] [--batch 256]
