@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -138,7 +139,9 @@ def sampled(cmd: list[Any], mnt: Path, every: float = 0.5) -> dict[str, float]:
     if proc.returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-15:])
         sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{tail}")
-    n = max(len(rows), 1)
+    if not rows:  # a tier without the emulator's counters: nothing says when it served
+        return dict.fromkeys(("run_cores", "daemon_cores", "box_cores"), float("nan"))
+    n = len(rows)
     return {"run_cores": sum(r[0] for r in rows) / n, "daemon_cores": sum(r[1] for r in rows) / n,
             "box_cores": sum(r[2] for r in rows) / n}
 
@@ -253,9 +256,14 @@ def cpu_table(meas: dict[int, dict[str, float]]) -> list[str]:
     front-loading: 0.5 would be even)."""
     out = [f"| N | training cores | daemon cores | box busy cores (of {os.cpu_count()}) "
            "| steady stall in the epoch's first half |", "|---|---|---|---|---|"]
-    out += [f"| {n} | {m['run_cores']:.2f} | {m['daemon_cores']:.2f} | {m['box_cores']:.2f} "
-            f"| {m['first_half']:.0%} |" for n, m in sorted(meas.items())]
+    out += [f"| {n} | {_cores(m['run_cores'])} | {_cores(m['daemon_cores'])} "
+            f"| {_cores(m['box_cores'])} | {m['first_half']:.0%} |"
+            for n, m in sorted(meas.items())]
     return out
+
+
+def _cores(v: float) -> str:
+    return "n/a (no tier counters)" if math.isnan(v) else f"{v:.2f}"
 
 
 def main() -> int:
