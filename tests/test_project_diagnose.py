@@ -75,6 +75,32 @@ def test_a_delivery_fits_the_latency_of_one_reader_in_closed_form() -> None:
     assert fit_delivery_latency(node, tier, 1, 1.0, 100.0) == 0.0  # faster than the limits
 
 
+def test_a_delivery_curve_gives_a_latency_per_sample_times_the_training_batch() -> None:
+    """One reader, every batch alike (k = 1): a diagnosis batch of 50 delivered at X
+    samples/s takes 50 / X s a batch, the limits' demand D of it, so L = (50 / X - D) / 50
+    per sample; the projection's latency is that times its own batch (100)."""
+    from iobench.workflows.diagnose import Demand, DiagnoseConfig, DiagnoseResult, Diagnosis
+    from iobench.workflows.diagnose import Measurement as Run
+    from iobench.workflows.project import delivery_curve
+
+    cfg = DiagnoseConfig(loader="hdf5", storage="/x", dataset="cifar10", batch_size=50,
+                         demand=Demand(1000.0, "measured", "test"))
+    runs = (Run("storage", 1, 250.0, 10, None, 0.0, "a"), Run("storage", 2, 400.0, 10, None,
+                                                               0.0, "b"))
+    diag = DiagnoseResult(cfg, runs, runs, None,
+                          Diagnosis("none", "none", 1, 400.0, 400.0, 100.0, "x"), "now")
+    node, tier = _node(), _tier()
+    demand = 50 / 1e5 + 50 * 1000 / 1e6  # a batch of 50: its opens and its bytes
+    curve = delivery_curve(Path("d.json"), DiagnoseResult(cfg, runs, runs[:1], None,
+                                                          diag.diagnosis, "now"), node, tier)
+    assert curve.latency_s == pytest.approx((50 / 250.0 - demand) / 50 * 100, rel=1e-9)
+    assert curve.points == ((1, 250.0, pytest.approx(250.0)),)
+    both = delivery_curve(Path("d.json"), diag, node, tier)
+    low, high = both.latency_range_s
+    assert low < high and low <= both.latency_s <= high
+    assert [w for w, _, _ in both.points] == [1, 2]
+
+
 # ------------------------------------------------------------------ diagnose as the input, end to end
 
 @pytest.fixture(scope="module")

@@ -239,18 +239,14 @@ def delivery_curve(path: Path, diag: DiagnoseResult, node: NodeFigures,
     worker counts, their least and greatest as the range."""
     bd = diag.config.batch_size
     k = node.samples_per_request.value if node.samples_per_request else 1.0
-    per_sample, points = [], []
-    for m in diag.storage:
-        shape = replace(node, batch_size=bd, workers=m.workers, ranks_per_node=1)
-        share = opening_share(k, m.steps * bd / node.epoch_samples)
-        lat = fit_delivery_latency(shape, tier, m.workers, share, m.samples_per_s / bd)
-        per_sample.append(lat / bd)
-        points.append((m.workers, m.samples_per_s, lat))
+    runs = [(m, replace(node, batch_size=bd, workers=m.workers, ranks_per_node=1),
+             opening_share(k, m.steps * bd / node.epoch_samples)) for m in diag.storage]
+    per_sample = [fit_delivery_latency(shape, tier, m.workers, share, m.samples_per_s / bd)
+                  / bd for m, shape, share in runs]
     per = _median(per_sample)
-    model = tuple((w, x, delivery(replace(node, batch_size=bd, workers=w, ranks_per_node=1),
-                                  tier, w, per * bd,
-                                  opening_share(k, m.steps * bd / node.epoch_samples)) * bd)
-                  for (w, x, _), m in zip(points, diag.storage, strict=True))
+    points = tuple((m.workers, m.samples_per_s,
+                    delivery(shape, tier, m.workers, per * bd, share) * bd)
+                   for m, shape, share in runs)
     counts = ", ".join(str(w) for w, _, _ in points)
     return DeliveryCurve(
         latency_s=per * node.batch_size,
@@ -259,7 +255,7 @@ def delivery_curve(path: Path, diag: DiagnoseResult, node: NodeFigures,
               f"cold, no decode, {counts} worker(s), batch {bd}): {per * 1e3:.4g} ms per "
               f"sample, median over the worker counts, times the training batch "
               f"{node.batch_size}"),
-        points=model)
+        points=points)
 
 
 def _median(xs: Sequence[float]) -> float:
