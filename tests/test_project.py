@@ -430,6 +430,30 @@ def test_report_and_compare_show_a_projection_apart_and_labelled(
     tail = out[out.index("projections (projection, not measured"):]
     assert "cifar10 (hdf5)" in tail and "1-8" in tail and "AU [spread] at the last N" in tail
     assert out.index("projections (projection") > out.index("per run")  # after the runs
+    answer = page.split("\n## ")[1]  # named in the report's answer, as a projection
+    assert answer.startswith("The answer")
+    assert "Projections (a model's prediction, not measured)" in answer
+    assert "PROJECTION, not measured (projection-" in answer
+
+
+def test_a_directory_of_projections_alone_is_reported_and_compared_labelled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = tmp_path / "res"
+    assert main(["project", "--train", str(_train(tmp_path, slower=0.001)),
+                 "--probe", str(_probe(tmp_path)), "--nodes", "1,8",
+                 "--simulate-max-nodes", "0", "--no-plot", "--results", str(res)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(res), "--out", str(tmp_path / "r.md")]) == 0
+    page = (tmp_path / "r.md").read_text()
+    answer = page.split("\n## ")[1]
+    assert answer.startswith("The answer") and "no training runs here" in answer
+    line = next(x for x in answer.splitlines() if "PROJECTION, not measured (" in x)
+    assert "at N = 1-8 nodes" in line and "[" in line  # AU with its spread
+    assert "## PROJECTION, not measured: cifar10 (hdf5) at N nodes" in page
+    assert "the model fitted again to the fastest and the slowest measured step" in page
+    assert main(["compare", str(res)]) == 0
+    out = capsys.readouterr().out
+    assert "projections (projection, not measured" in out and "1-8" in out
 
 
 def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str], words: str) -> None:

@@ -10,6 +10,7 @@ break-even of staging. RESULT may be a result file or a directory of them.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from iobench.core.errors import ConfigError
 
@@ -27,6 +28,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also draw training accuracy (loss for regression) per epoch, per run")
 
 
+def _load(paths: list[str]) -> Any:
+    """compare.load_all, or nothing measured where the paths hold projections only (then
+    shown apart, labelled, by projection_view.print_compare)."""
+    from iobench.core.result_types import ResultError
+    from iobench.workflows import compare
+    from iobench.workflows.projection_view import find_projections
+
+    try:
+        return compare.load_all(paths)
+    except ResultError:
+        if not find_projections(paths)[0]:
+            raise
+        return compare.Loaded([], [], [], [])
+
+
 def main(args: argparse.Namespace) -> int:
     from iobench.core.outputs import writable_file
     from iobench.workflows import compare
@@ -36,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"{opt} {value}: give a file name ending in .png")
         if value is not None:
             writable_file(value, opt)  # before reading anything
-    loaded = compare.load_all(args.results)
+    loaded = _load(args.results)
     docs = loaded.runs
     for path, why in loaded.skipped:
         print(f"compare: skipped {path}: {why}")

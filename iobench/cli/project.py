@@ -12,6 +12,7 @@ assumptions are printed beside the table. Examples:
   iobench project --train RUN.json --probe PROBE.json --stage STAGE.json --nodes 1,64,1024
   iobench project --train RUN.json --pfs-read-gbs 400 --pfs-mds-ops 50000 --client-gbs 12
   iobench project --train RUN.json --probe PROBE.json --pfs-iops 2000000
+  iobench project --train RUN.json --diagnose res/diagnose-X.json --probe PROBE.json
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "figure of each is taken)")
     p.add_argument("--stage", default=None, metavar="FILE",
                    help="an `iobench stage` result of the same dataset (staging rate to fit)")
+    p.add_argument("--diagnose", default=None, metavar="FILE",
+                   help="an `iobench diagnose` result of the same dataset: its storage runs "
+                        "(delivery against reader count, cold) fit the per-batch latency "
+                        "instead of the training result's step")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="the run's `train --trace` file: drives the simulation with the "
                         "measured per-step compute and fetch times (bursts)")
@@ -84,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> ProjectConfig:
     return ProjectConfig(
         train=Path(args.train), probes=tuple(Path(p) for p in args.probe or ()),
         stage=Path(args.stage) if args.stage else None,
+        diagnose=Path(args.diagnose) if args.diagnose else None,
         trace=Path(args.trace) if args.trace else None,
         nodes=args.nodes if args.nodes is not None else DEFAULT_NODES,
         pfs_read_Bps=args.pfs_read_gbs * 1e9 if args.pfs_read_gbs else None,

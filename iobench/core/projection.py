@@ -26,6 +26,7 @@ BUSY = 0.5  # a stalled step whose most-used queue is below this is the latency'
 MAX_NODES = 10_000_000  # the saturation search's ceiling
 STALLED = 1.03  # a measured step this much above the compute time counts as stalled
 BISECT_STEPS = 60
+SEGMENTS = 16  # parts of an epoch whose tier bytes differ (the client cache's front-loading)
 
 ASSUMPTIONS = (
     "PROJECTION, not a measurement: a closed queueing network solved by mean-value analysis "
@@ -46,10 +47,27 @@ ASSUMPTIONS = (
     "are the same at every N (no server added, no contention outside this job).",
     "Each node reads 1/N of the epoch's samples (the dataset is fixed; each node keeps its "
     "batch size): steps per node per epoch = ceil(samples / (N x ranks per node x batch)).",
+    "In a shuffled epoch a request of k samples' bytes is fetched by the first of its k "
+    "samples read (the others then come from the client's page cache): the batch at "
+    "fraction f of the epoch takes k x (1 - f)^(k - 1) times the mean bytes and requests "
+    "from the tier (more at the start, none at the end; the epoch's total is the dataset). "
+    "The model's step is the mean over 16 parts of the epoch; k is the run's measured "
+    "bytes per tier request over the sample size, else the probe's request size over it, "
+    "else 1 (no front-loading).",
+    "Not modelled: on N nodes with a client cache each, a request whose k samples fall on "
+    "several nodes is fetched by each of them (up to k times the dataset per epoch at large "
+    "N, N (1 - (1 - 1/N)^k) times on average); the model fetches each request once per "
+    "epoch, so where k > 1 it is optimistic in tier bytes beyond one node by up to k. The "
+    "one-box validation shares one client cache among its N ranks and cannot show it.",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
     "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "
-    "measured step (over epochs and repetitions); the tier's figures are taken as exact.",
+    "measured step (over epochs and repetitions), or, with a diagnose result, with the "
+    "latency of its fastest and slowest worker count; the tier's figures are taken as exact.",
+    "With a diagnose result, the fixed latency comes from its storage runs (one rank, cold, "
+    "no decode, each worker count): per sample, the median over the counts, times the "
+    "training batch; each run's tier bytes are those of its opening steps of a shuffled "
+    "epoch (front-loaded, above).",
     "Node-local storage keeps up with the accelerators (an epoch from a staged copy is "
     "compute only); the staging break-even is stage time / epoch time saved.",
 )
@@ -87,6 +105,8 @@ class NodeFigures:
     stall_s: float  # measured stall per epoch (max over ranks)
     au: float | None
     step_range: tuple[float, float] | None = None  # the measured step's min and max (spread)
+    # k: samples one tier request holds, in a shuffled epoch (None: 1, every batch alike)
+    samples_per_request: Figure | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples"):
@@ -108,6 +128,24 @@ class NodeFigures:
     @property
     def batch_bytes(self) -> float:
         return self.batch_size * self.sample_bytes
+
+    def epoch_shares(self) -> tuple[float, ...]:
+        """Each part's tier bytes per batch over the epoch's mean (`epoch_shares`)."""
+        k = self.samples_per_request
+        return epoch_shares(k.value if k is not None else 1.0)
+
+
+def epoch_shares(k: float, segments: int = SEGMENTS) -> tuple[float, ...]:
+    """A shuffled epoch's tier bytes per batch in `segments` equal parts, over their mean:
+    k (1 - f)^(k - 1) at each part's middle f, scaled to a mean of exactly 1 (k <= 1: one
+    part of 1, every batch alike)."""
+    if not (math.isfinite(k) and k > 0):
+        raise ConfigError(f"samples per request {k!r} must be a finite number > 0")
+    if k <= 1.0:
+        return (1.0,)
+    raw = [k * (1.0 - (j + 0.5) / segments) ** (k - 1.0) for j in range(segments)]
+    mean = sum(raw) / segments
+    return tuple(r / mean for r in raw)
 
 
 @dataclass(frozen=True)
@@ -164,19 +202,50 @@ class StagingFigures:
         return max(self.files, math.ceil(self.dataset_bytes / self.chunk_bytes), 1)
 
 
+def opening_share(k: float, fraction: float) -> float:
+    """The mean tier bytes per batch of a shuffled epoch's first `fraction` (0-1] over the
+    epoch's mean: the mean of k (1 - f)^(k - 1) over [0, fraction], (1 - (1 - a)^k) / a."""
+    a = min(1.0, max(fraction, 1e-9))
+    return 1.0 if k <= 1.0 else (1.0 - (1.0 - a) ** k) / a
+
+
+def delivery(node: NodeFigures, tier: TierLimits, readers: int, latency_s: float,
+             share: float = 1.0) -> float:
+    """Batches/s that `readers` readers of one node deliver with no compute and no decode
+    (an ingest run, as `iobench diagnose` measures storage): the network's throughput."""
+    return solve(read_network(node, tier, 1, latency_s, 0.0, share), max(readers, 1)).throughput
+
+
+def fit_delivery_latency(node: NodeFigures, tier: TierLimits, readers: int, share: float,
+                         batches_per_s: float) -> float:
+    """The fixed latency per batch (s) with which `delivery` is the measured `batches_per_s`;
+    0 where the tier's limits alone deliver less (they are then lower bounds)."""
+    if not batches_per_s > 0:
+        raise ConfigError(f"a delivery of {batches_per_s!r} batches/s must be > 0")
+    if delivery(node, tier, readers, 0.0, share) <= batches_per_s:
+        return 0.0
+    lo, hi = 0.0, max(readers, 1) / batches_per_s
+    for _ in range(BISECT_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delivery(node, tier, readers, mid, share) > batches_per_s \
+            else (lo, mid)
+    return lo
+
+
 def _queue(name: str, demand_s: float, copies: int = 1) -> Station:
     return Station(name, demand_s, copies=copies)
 
 
 def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: float,
-                 think_s: float) -> Network:
-    """The stations one reader's batch visits with `nodes` nodes reading (module docstring)."""
-    b = node.batch_bytes
+                 think_s: float, share: float = 1.0) -> Network:
+    """The stations one reader's batch visits with `nodes` nodes reading (module docstring);
+    `share`: the batch's tier bytes and requests over the epoch's mean (`epoch_shares`)."""
+    b = node.batch_bytes * share
     stations = [_queue(METADATA, node.batch_size * node.ops_per_sample.value
                        / tier.metadata_ops.value),
                 _queue(BANDWIDTH, b / tier.bandwidth_Bps.value)]
     if tier.requests_per_s is not None:
-        stations.append(_queue(REQUESTS, request_demand_s(node, tier)))
+        stations.append(_queue(REQUESTS, request_demand_s(node, tier) * share))
     if tier.client_Bps is not None:
         stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=nodes))
     stations.append(Station(LATENCY, latency_s, kind=DELAY))
@@ -198,9 +267,12 @@ class Operating:
 class ReadModel:
     """The read side at any N, after fitting the latency to the measured node."""
 
-    def __init__(self, node: NodeFigures, tier: TierLimits) -> None:
+    def __init__(self, node: NodeFigures, tier: TierLimits,
+                 latency: tuple[float, str] | None = None) -> None:
+        """`latency`: (seconds per batch, where from) when known apart (a delivery curve,
+        `fit_delivery_latency`); else fitted to the measured node's step."""
         self.node, self.tier = node, tier
-        self.latency_s, self.latency_note = self._fit_latency()
+        self.latency_s, self.latency_note = latency or self._fit_latency()
         self._first_io_s = self._io_time(node.nodes)
 
     def _think(self) -> float:
@@ -208,10 +280,18 @@ class ReadModel:
         return n.worker_cpu_s if n.prefetch else n.compute_s + n.worker_cpu_s
 
     def _step(self, nodes: int, latency_s: float) -> tuple[float, Solution]:
-        """Step time (s) at `nodes` nodes: with prefetch, readers never idle when the step
-        waits, so the step is max(compute, cycle / workers); else a rank's cycle."""
+        """Mean step time (s) over the epoch's parts at `nodes` nodes, and the first part's
+        solution (the epoch's start, where the first batch is read)."""
+        parts = [self._part_step(nodes, latency_s, share)
+                 for share in self.node.epoch_shares()]
+        return sum(step for step, _ in parts) / len(parts), parts[0][1]
+
+    def _part_step(self, nodes: int, latency_s: float, share: float) -> tuple[float, Solution]:
+        """Step time (s) where a batch takes `share` of the mean tier bytes: with prefetch,
+        readers never idle when the step waits, so max(compute, cycle / workers); else a
+        rank's cycle."""
         n = self.node
-        net = read_network(n, self.tier, nodes, latency_s, self._think())
+        net = read_network(n, self.tier, nodes, latency_s, self._think(), share)
         sol = solve(net, nodes * n.readers)
         if n.prefetch:
             return max(n.compute_s, sol.cycle_s / n.workers), sol

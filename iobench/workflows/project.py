@@ -19,12 +19,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from iobench.core.breakeven import jsonable_break_even
 from iobench.core.errors import ConfigError, IobenchError
 from iobench.core.formats import FORMATS
-from iobench.core.jsonio import read_json
+from iobench.core.jsonio import load_json, read_json
 from iobench.core.projection import (
     ASSUMPTIONS,
     RESOURCES,
@@ -35,6 +35,9 @@ from iobench.core.projection import (
     StagingModel,
     TierLimits,
     break_even_epochs,
+    delivery,
+    fit_delivery_latency,
+    opening_share,
     read_network,
     request_demand_s,
     requests_per_batch,
@@ -57,12 +60,18 @@ from iobench.core.results import (
 from iobench.core.schema import Enum, Num, Opt
 from iobench.core.simulation import EXPONENTIAL, TRACE, Service, TrainingShape, simulate_training
 
+if TYPE_CHECKING:
+    from iobench.workflows.diagnose import DiagnoseResult
+
 SCHEMA, SCHEMA_VERSION = "iobench.projection", 1
 DEFAULT_NODES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 10_000)
 MAX_NODES_OPTION = 1_000_000
 STAGE_THREADS = 4  # iobench stage's default copy threads per rank
 STAGE_CHUNK = 16 * 2**20  # iobench stage's default buffer (bytes)
 LABEL = "PROJECTION (model, not measured)"
+SPREAD_STEP = "the model fitted again to the fastest and the slowest measured step."
+SPREAD_CURVE = ("the model with the latency of the diagnose result's fastest and slowest "
+                "worker count (per sample).")
 
 
 class ProjectionInputError(IobenchError, ValueError):
@@ -99,6 +108,7 @@ class ProjectConfig:
     train: Path
     probes: tuple[Path, ...] = ()
     stage: Path | None = None
+    diagnose: Path | None = None  # its storage runs: the node's delivery curve
     trace: Path | None = None
     nodes: tuple[int, ...] = DEFAULT_NODES
     pfs_read_Bps: float | None = None  # given: the site's aggregate read bandwidth
@@ -195,6 +205,59 @@ def _load_stage(path: Path) -> _Stage:
                                         max_version=STAGE_SCHEMA_VERSION), str(path))
 
 
+@dataclass(frozen=True)
+class DeliveryCurve:
+    """The latency per batch (s) fitted to a `diagnose` result's storage runs (cold, no
+    decode, one rank at each worker count), with its range over the worker counts and, per
+    count, the measured and the model's samples/s."""
+
+    latency_s: float
+    latency_range_s: tuple[float, float]
+    note: str
+    points: tuple[tuple[int, float, float], ...]  # (workers, measured, model) samples/s
+
+
+def _load_diagnose(path: Path, run: TrainResult) -> DiagnoseResult:
+    """The diagnose result at `path`, checked to be of the training result's dataset."""
+    from iobench.workflows.diagnose import load_diagnosis
+
+    diag = load_diagnosis(path)
+    c, ds = diag.config, run.dataset
+    if c.dataset != ds.dataset or (c.format is not None and c.format != ds.format):
+        raise ProjectionInputError(
+            f"--diagnose {path} measured {c.dataset} ({c.format or 'any format'}) but the "
+            f"training result read {ds.dataset} ({ds.format}): give results of one dataset",
+            "diagnose")
+    return diag
+
+
+def delivery_curve(path: Path, diag: DiagnoseResult, node: NodeFigures,
+                   tier: TierLimits) -> DeliveryCurve:
+    """The fixed latency per sample that makes the model deliver what each storage run of
+    the diagnosis delivered (its opening `steps` of a cold epoch, one rank, `workers`
+    readers), as a latency per batch of the training result's batch: the median over the
+    worker counts, their least and greatest as the range."""
+    bd = diag.config.batch_size
+    k = node.samples_per_request.value if node.samples_per_request else 1.0
+    runs = [(m, replace(node, batch_size=bd, workers=m.workers, ranks_per_node=1),
+             opening_share(k, m.steps * bd / node.epoch_samples)) for m in diag.storage]
+    per_sample = [fit_delivery_latency(shape, tier, m.workers, share, m.samples_per_s / bd)
+                  / bd for m, shape, share in runs]
+    per = _median(per_sample)
+    points = tuple((m.workers, m.samples_per_s,
+                    delivery(shape, tier, m.workers, per * bd, share) * bd)
+                   for m, shape, share in runs)
+    counts = ", ".join(str(w) for w, _, _ in points)
+    return DeliveryCurve(
+        latency_s=per * node.batch_size,
+        latency_range_s=(min(per_sample) * node.batch_size, max(per_sample) * node.batch_size),
+        note=(f"fitted to the delivery curve of the diagnose result {path.name} (storage, "
+              f"cold, no decode, {counts} worker(s), batch {bd}): {per * 1e3:.4g} ms per "
+              f"sample, median over the worker counts, times the training batch "
+              f"{node.batch_size}"),
+        points=points)
+
+
 def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     m = len(s) // 2
@@ -239,6 +302,50 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         ops_per_sample=ops, epoch_samples=max(e.summary.samples for e in run.epochs),
         stall_s=_median(stalls), au=_median(au) if au else None,
         step_range=(min(steps), max(steps)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TierCounters(Record):
+    """An emulated tier's counters over one epoch (`epochs[i].tier_bytes` of a result)."""
+
+    bytes_served: int
+    read_requests: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class _EpochTier(Record):
+    """An epoch's tier counters, where the run read an emulated tier (else none)."""
+
+    tier_bytes: _TierCounters | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RunTier(Record):
+    """A training result's epochs, the tier counters only."""
+
+    epochs: tuple[_EpochTier, ...]
+
+
+def samples_per_request(path: Path, run: TrainResult, tier: TierLimits) -> Figure | None:
+    """k, the samples one tier request holds in a shuffled epoch (the client cache's
+    front-loading, docs/projection.md): the run's measured bytes per tier request (the
+    emulated tier's counters, median epoch) over the sample bytes, else the probe's request
+    size over them; None (every batch alike) unless the run shuffled globally."""
+    if run.config.shuffle != "global":
+        return None
+    sample = run.dataset.total_bytes / run.dataset.num_samples
+    doc = _RunTier.from_dict(load_json(path), str(path))  # load_typed checked it whole
+    sizes = [e.tier_bytes.bytes_served / e.tier_bytes.read_requests for e in doc.epochs
+             if e.tier_bytes is not None and e.tier_bytes.read_requests > 0]
+    if sizes:
+        return Figure(max(1.0, _median(sizes) / sample),
+                      f"measured: the run's tier counters, {_median(sizes):.0f} bytes per "
+                      f"request over {sample:.0f}-byte samples (median epoch)")
+    if tier.requests_per_s is not None:
+        return Figure(max(1.0, tier.request_bytes / sample),
+                      f"the probe's {tier.request_bytes:.0f}-byte requests over "
+                      f"{sample:.0f}-byte samples")
+    return None
 
 
 def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
@@ -384,6 +491,12 @@ class ModelInfo(Record):
     staging_note: str
     simulation: str
     assumptions: tuple[str, ...]
+    # what the [spread] of AU and stall is (absent in the first documents: SPREAD_STEP)
+    spread_note: str = key(default="", optional=True)
+
+    def __post_init__(self) -> None:
+        if not self.spread_note:
+            object.__setattr__(self, "spread_note", SPREAD_STEP)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -413,6 +526,7 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
         return InputFigure(name=name, value=value, unit=unit, source=source, given=given)
 
     run = "measured: the training result"
+    k = node.samples_per_request
     out = [fig("compute per step", node.compute_s, "s", run + " (mean rank, median epoch)"),
            fig("step time", node.step_s, "s", run + " (slowest rank, first batch excluded)"),
            fig("first batch", node.first_batch_s, "s", run),
@@ -423,6 +537,9 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
            fig("bytes per sample", node.sample_bytes, "bytes", run + " (dataset manifest)"),
            fig("metadata ops per sample", node.ops_per_sample.value, "ops",
                node.ops_per_sample.source, node.ops_per_sample.given),
+           fig("samples per tier request (k)", k.value if k else 1.0, "samples",
+               k.source if k else "assumed: 1, every batch takes the mean bytes (no global "
+                                  "shuffle, or no request size measured)"),
            fig("tier read bandwidth", tier.bandwidth_Bps.value / 1e6, "MB/s",
                tier.bandwidth_Bps.source, tier.bandwidth_Bps.given),
            fig("tier metadata rate", tier.metadata_ops.value, "ops/s",
@@ -531,10 +648,12 @@ def project(cfg: ProjectConfig,
     stage = _load_stage(cfg.stage) if cfg.stage is not None else None
     node = node_figures(run, cfg.ops_per_sample)
     tier = tier_limits(probes, cfg, node.sample_bytes)
+    node = replace(node, samples_per_request=samples_per_request(cfg.train, run, tier))
     staging = staging_figures(stage, run)
-    read = ReadModel(node, tier)
-    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0),
-                     _spread_models(node, tier))
+    curve = (delivery_curve(cfg.diagnose, _load_diagnose(cfg.diagnose, run), node, tier)
+             if cfg.diagnose is not None else None)
+    read, spread = _read_models(node, tier, curve)
+    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0), spread)
     points = []
     for n in cfg.nodes:
         sim = simulate(read, n) if simulate and n <= cfg.simulate_max_nodes else None
@@ -544,16 +663,57 @@ def project(cfg: ProjectConfig,
         created=now_iso(), dataset=run.dataset.dataset, format=run.dataset.format,
         inputs={"train": str(cfg.train), "probes": [str(p) for p in cfg.probes],
                 "stage": str(cfg.stage) if cfg.stage else None,
-                "trace": str(cfg.trace) if cfg.trace else None},
-        figures=tuple(_figures(node, tier, staging)),
+                "trace": str(cfg.trace) if cfg.trace else None,
+                "diagnose": str(cfg.diagnose) if cfg.diagnose else None},
+        figures=tuple(_figures(node, tier, staging) + _curve_figures(cfg.diagnose, curve)),
         model=ModelInfo(method="closed queueing network, mean-value analysis (exact up to "
                         "2,000 readers, Schweitzer's approximation above)",
                         latency_s=read.latency_s, latency_note=read.latency_note,
                         local_write_s=models.stage.local_s, staging_note=models.stage.note,
                         simulation=_simulation_words(cfg, simulate is not None),
-                        assumptions=ASSUMPTIONS),
+                        assumptions=ASSUMPTIONS,
+                        spread_note=SPREAD_STEP if curve is None else SPREAD_CURVE),
         points=tuple(points), saturation=_saturation(read, cfg.threshold),
-        warnings=tuple(_warnings(node, tier, len(probes))))
+        warnings=tuple(_warnings(node, tier, len(probes)) + _curve_warnings(read, curve)))
+
+
+def _read_models(node: NodeFigures, tier: TierLimits, curve: DeliveryCurve | None
+                 ) -> tuple[ReadModel, tuple[ReadModel, ...]]:
+    """The read model and its spread: fitted to the measured node's step (the spread: to
+    its fastest and slowest), or, with a delivery curve, with the curve's latency (the
+    spread: its least and greatest over the worker counts)."""
+    if curve is None:
+        return ReadModel(node, tier), _spread_models(node, tier)
+    read = ReadModel(node, tier, (curve.latency_s, curve.note))
+    lo, hi = curve.latency_range_s
+    spread = () if lo == hi else tuple(
+        ReadModel(node, tier, (lat, curve.note)) for lat in (lo, hi))
+    return read, spread
+
+
+def _curve_figures(path: Path | None, curve: DeliveryCurve | None) -> list[InputFigure]:
+    if path is None or curve is None:
+        return []
+    return [InputFigure(name=f"delivery with {w} worker(s), cold, no decode", value=x,
+                        unit="samples/s", given=False,
+                        source=f"measured: the diagnose result {path.name} (storage run); "
+                               f"the model with the fitted latency: {model:.4g} samples/s")
+            for w, x, model in curve.points]
+
+
+def _curve_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
+    """With a delivery curve: whether the model's step at the measured node count agrees
+    with the training result's (within 25 %)."""
+    if curve is None:
+        return []
+    n = read.node
+    model = read.at(n.nodes).step_s
+    if abs(model - n.step_s) <= 0.25 * n.step_s:
+        return []
+    return [f"with the delivery curve's latency the model's step at the measured node count "
+            f"is {model:.4g} s, the training result measured {n.step_s:.4g} s: the diagnose "
+            "and the training runs saw the tier differently (another load, another tier); "
+            "project from the training result alone to fit its step"]
 
 
 def _simulation_words(cfg: ProjectConfig, ran: bool) -> str:
@@ -568,7 +728,6 @@ def _simulation_words(cfg: ProjectConfig, ran: bool) -> str:
 
 def _trace_service(path: Path, run: TrainResult) -> Service:
     """The trace's per-step compute times and its fetch times over their mean (bursts)."""
-    from iobench.core.jsonio import load_json
     from iobench.workflows.timeline import load_timeline
 
     head = load_json(path)

@@ -61,14 +61,32 @@ def find_projections(paths: Iterable[str | Path]
     return found, bad
 
 
+def _stops(doc: ProjectionDoc) -> str:
+    s = doc.saturation
+    return ("not below 10 million nodes" if s.nodes is None
+            else f"N = {s.nodes:,}: {s.resource}")
+
+
+def lead_lines(projections: Sequence[tuple[str, ProjectionDoc]]) -> list[str]:
+    """One line per projection for the report's answer: what it projects, its AU with the
+    spread at the last N, where the tier stops keeping up; labelled a projection."""
+    out = []
+    for name, doc in projections:
+        last = point_cells(doc.points[-1])
+        out.append(f"PROJECTION, not measured ({name}): {doc.dataset} ({doc.format}) at "
+                   f"N = {doc.points[0].nodes:,}-{doc.points[-1].nodes:,} nodes; AU "
+                   f"{last[1]} at N = {last[0]}; the tier stops keeping up at "
+                   f"{_stops(doc)} (its tables below)")
+    return out
+
+
 def report_sections(name: str, doc: ProjectionDoc) -> list[Section]:
     """A projection's two tables: per node count (AU, stall, staging, break-even, the limit,
     with the spread), then its inputs (measured or given) and the model's assumptions."""
     where = saturation_words(doc)
     note = (f"{doc.label}: a model's prediction from one node's measured results "
             "(docs/projection.md), not a measurement, and never averaged with the measured "
-            "runs. [spread]: the model fitted again to the fastest and the slowest measured "
-            f"step. {where[:1].upper()}{where[1:]}."
+            f"runs. [spread]: {doc.model.spread_note} {where[:1].upper()}{where[1:]}."
             + "".join(f" WARNING: {w}." for w in doc.warnings))
     points = Section(title=f"PROJECTION, not measured: {doc.dataset} ({doc.format}) at "
                            f"N nodes, {name}",
@@ -104,9 +122,7 @@ def compare_table(projections: Sequence[tuple[str, ProjectionDoc]]) -> Any:
         table.add_column(escape(col), justify="left" if col in ("file", "dataset") else "right")
     for name, doc in projections:
         first, last = point_cells(doc.points[0]), point_cells(doc.points[-1])
-        s = doc.saturation
-        stops = ("not below 10 million nodes" if s.nodes is None
-                 else f"N = {s.nodes:,}: {s.resource}")
+        stops = _stops(doc)
         table.add_row(escape(name), f"{doc.dataset} ({doc.format})",
                       f"{doc.points[0].nodes:,}-{doc.points[-1].nodes:,}",
                       escape(f"{first[1]} (N = {first[0]})"),

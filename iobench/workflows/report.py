@@ -49,7 +49,11 @@ from iobench.workflows.compare import (
     mark,
     node_spread,
 )
-from iobench.workflows.projection_view import all_report_sections, find_projections
+from iobench.workflows.projection_view import (
+    all_report_sections,
+    find_projections,
+    lead_lines,
+)
 from iobench.workflows.report_plots import make_plots, short_label, tier_words
 from iobench.workflows.report_render import Lead, Table, render_html, render_markdown
 from iobench.workflows.timeline import add_timelines
@@ -92,10 +96,11 @@ def _known() -> dict[str, int]:
 _CHECKPOINT_SCHEMA = "iobench.checkpoint"  # iobench.workflows.checkpoint.SCHEMA (v1)
 
 
-def load_directory(results_dir: str | Path) -> Collection:
+def load_directory(results_dir: str | Path, projections: int = 0) -> Collection:
     """Read every iobench document in `results_dir` and its sub-directories (as `compare`
     searches them); damaged files are listed in `skipped` by their path under it, never
-    fatal. An empty or missing directory is an error."""
+    fatal. An empty or missing directory is an error (`projections`: projection documents
+    found there apart, which make it not empty)."""
     d = Path(results_dir)
     if not d.is_dir():
         raise DatasetNotFoundError(f"results directory {d} does not exist; give the --results "
@@ -111,7 +116,7 @@ def load_directory(results_dir: str | Path) -> Collection:
             except ResultError as e:
                 col.skipped.append((name, str(e)))
     if not (col.runs or col.stages or col.probes or col.sweeps or col.searches
-            or col.checkpoints):
+            or col.checkpoints or projections):
         raise DatasetNotFoundError(f"{d} holds no iobench results (training runs, stage or "
                                    "probe results), searched with its sub-directories; run "
                                    "`iobench train`, `stage`, `probe` or `sweep` with "
@@ -714,13 +719,16 @@ def write_report(results_dir: str | Path, out: str | Path, title: str | None = N
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm", ".md"):
         raise ConfigError(f"--out {out}: the name must end in .html or .md")
-    col = load_directory(results_dir)
     projections, unread = find_projections([results_dir])  # issue 30: apart, labelled
+    col = load_directory(results_dir, len(projections))
     col.skipped += unread
     names = sweep_tier_names(col.sweeps)
     rows = [run_row(r, col.probes, names) for r in col.runs]
     tell_tiers_apart(rows)
     lead = lead_section(col, rows)
+    if projections:  # named in the answer as what they are, their tables below
+        lead.points.append(("Projections (a model's prediction, not measured)",
+                            lead_lines(projections)))
     tables = build_tables(col, rows)
     tables += [Table(t.title, t.header, t.rows, t.note) for t in all_report_sections(projections)]
     pngs = make_plots(rows, col.probes, col.searches)

@@ -16,7 +16,12 @@ nodes would). The script:
    one client cache) and sharded (`mpiexec -n N iobench stage`: one copy
    spread over N ranks);
 5. prints predicted vs measured stall per epoch, AU, steady step and staging
-   time per N, with the error (target: within 25 %), and the box's load.
+   time per N, with the error (target: within 25 %), and the box's load;
+6. and, per N, what tells a CPU-bound run from a tier-bound one: the cores
+   the training's processes, the tier's daemon and the whole box used while
+   the tier served (from /proc every 0.5 s), and the share of rank 0's steady
+   stall in the first half of each epoch (from its `--trace`: the client
+   cache's front-loading of a shuffled epoch, docs/projection.md).
 
     .venv/bin/python scripts/bench/project_validate.py [--work /tmp/iobench-project-validate] \
         [--nodes 1,2,4] [--bandwidth 12] [--compute 0.1] [--samples 16384] [--batch 256]
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -71,14 +77,103 @@ def mount(a: argparse.Namespace, backing: Path, mnt: Path, direct: bool) -> None
          *(["--direct-io"] if direct else [])])
 
 
-def train(a: argparse.Namespace, mnt: Path, out: Path, n: int) -> Path:
+def _proc_cpu() -> tuple[dict[int, list[int]], dict[int, float]]:
+    """Every process's children and CPU seconds (user + system), from /proc."""
+    kids: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        f = text[text.rindex(")") + 2:].split()
+        kids.setdefault(int(f[1]), []).append(int(name))
+        cpu[int(name)] = (int(f[11]) + int(f[12])) / tick
+    return kids, cpu
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of the live processes under `root` (the ranks and their loader workers)."""
+    kids, cpu = _proc_cpu()
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += kids.get(pid, [])
+    return total
+
+
+def _box_busy() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def _tier_now(mnt: Path) -> tuple[float, float]:
+    try:
+        c = json.loads((mnt / ".iobench-pfs-stats").read_text())["counters"]
+        return float(c["bytes_served"]), float(c["daemon_cpu_s"])
+    except (OSError, ValueError, KeyError):
+        return 0.0, 0.0
+
+
+def sampled(cmd: list[Any], mnt: Path, every: float = 0.5) -> dict[str, float]:
+    """Run `cmd`, sampling every `every` s while the tier serves (> 1 MB/s, i.e. in the
+    epochs, start-up left out): cores used by the command's processes, by the tier's daemon
+    and by the whole box (CPU seconds per wall second, means over those samples)."""
+    proc = subprocess.Popen([str(c) for c in cmd], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    rows: list[tuple[float, float, float]] = []
+    (b0, t0), (s0, d0), c0 = _box_busy(), _tier_now(mnt), 0.0
+    while proc.poll() is None:
+        time.sleep(every)
+        (b1, t1), (s1, d1), c1 = _box_busy(), _tier_now(mnt), _tree_cpu(proc.pid)
+        if (s1 - s0) / every > 1e6:
+            rows.append(((c1 - c0) / every, (d1 - d0) / every,
+                         (b1 - b0) / max(t1 - t0, 1) * (os.cpu_count() or 1)))
+        (b0, t0), (s0, d0), c0 = (b1, t1), (s1, d1), max(c0, c1)
+    out = proc.communicate()[0]
+    if proc.returncode != 0:
+        tail = "\n".join(out.strip().splitlines()[-15:])
+        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{tail}")
+    if not rows:  # a tier without the emulator's counters: nothing says when it served
+        return dict.fromkeys(("run_cores", "daemon_cores", "box_cores"), float("nan"))
+    n = len(rows)
+    return {"run_cores": sum(r[0] for r in rows) / n, "daemon_cores": sum(r[1] for r in rows) / n,
+            "box_cores": sum(r[2] for r in rows) / n}
+
+
+def train(a: argparse.Namespace, mnt: Path, out: Path, n: int) -> tuple[Path, dict[str, float]]:
+    """`mpiexec -n N iobench train` on the tier, with a trace; its result and CPU use."""
     log(f"train, {n} rank(s) at once")
     shutil.rmtree(out, ignore_errors=True)
-    run([MPIEXEC, "-n", n, *IOBENCH, "train", "--loader", "hdf5", "--storage", mnt,
-         "--compute-time", a.compute, "--epochs", a.epochs, "--batch-size", a.batch,
-         "--workers", a.workers, "--shuffle", a.shuffle, "--results", out])
+    out.mkdir(parents=True)
+    cpu = sampled([MPIEXEC, "-n", n, *IOBENCH, "train", "--loader", "hdf5", "--storage", mnt,
+                   "--compute-time", a.compute, "--epochs", a.epochs, "--batch-size", a.batch,
+                   "--workers", a.workers, "--shuffle", a.shuffle, "--results", out,
+                   "--trace", out / "trace.trace"], mnt)
     (path,) = out.glob("*.json")
-    return path
+    return path, cpu
+
+
+def first_half(trace: Path) -> float:
+    """Of rank 0's steady stall (every wait but each epoch's first), the share in the first
+    half of its epoch's steps (0.5: spread evenly), median over epochs."""
+    waits: dict[int, list[tuple[int, float]]] = {}
+    for e in json.loads(trace.read_text())["traceEvents"]:
+        if e.get("name") == "wait" and e.get("pid") == 0 and "dur" in e:
+            waits.setdefault(e["args"]["epoch"], []).append((e["args"]["step"], e["dur"]))
+    shares = []
+    for steps in waits.values():
+        steps.sort()
+        rest = steps[1:]
+        total = sum(d for _, d in rest)
+        half = sum(d for k, d in rest if k < (len(steps) + 1) // 2)
+        shares.append(half / total if total else 0.5)
+    return statistics.median(shares) if shares else float("nan")
 
 
 def stage_replicate(mnt: Path, work: Path, n: int) -> float:
@@ -112,7 +207,7 @@ def stage_shard(mnt: Path, work: Path, n: int) -> float:
     return float(one(res)["stage_s"])
 
 
-def measured(path: Path) -> dict[str, float]:
+def measured(path: Path, cpu: dict[str, float]) -> dict[str, float]:
     doc = json.loads(path.read_text())
     eps = doc["epochs"]
     steps = [max((r["wall_s"] - (r["first_batch_s"] or 0)) / r["steps"] for r in e["ranks"])
@@ -123,7 +218,8 @@ def measured(path: Path) -> dict[str, float]:
             "first_s": statistics.median(max(r["first_batch_s"] for r in e["ranks"])
                                          for e in eps),
             "spread_stall": (max(e["summary"]["stall_s_max"] for e in eps)
-                             - min(e["summary"]["stall_s_max"] for e in eps))}
+                             - min(e["summary"]["stall_s_max"] for e in eps)),
+            "first_half": first_half(path.parent / "trace.trace"), **cpu}
 
 
 def err(pred: float, meas: float) -> str:
@@ -151,6 +247,23 @@ def table(proj: dict[str, Any], meas: dict[int, dict[str, float]]) -> list[str]:
             f"| {err(p['stage_replicate_s'], m['replicate_s'])} | {p['stage_shard_s']:.2f} "
             f"| {m['shard_s']:.2f} | {err(p['stage_shard_s'], m['shard_s'])} |")
     return out
+
+
+def cpu_table(meas: dict[int, dict[str, float]]) -> list[str]:
+    """Per N, while the tier served: cores the training used (ranks and loader workers), the
+    tier's daemon, and the whole box (other sessions' work included), of os.cpu_count(); and
+    the share of the steady stall in the first half of the epoch (the client cache's
+    front-loading: 0.5 would be even)."""
+    out = [f"| N | training cores | daemon cores | box busy cores (of {os.cpu_count()}) "
+           "| steady stall in the epoch's first half |", "|---|---|---|---|---|"]
+    out += [f"| {n} | {_cores(m['run_cores'])} | {_cores(m['daemon_cores'])} "
+            f"| {_cores(m['box_cores'])} | {m['first_half']:.0%} |"
+            for n, m in sorted(meas.items())]
+    return out
+
+
+def _cores(v: float) -> str:
+    return "n/a (no tier counters)" if math.isnan(v) else f"{v:.2f}"
 
 
 def main() -> int:
@@ -188,10 +301,11 @@ def main() -> int:
              "--readers", "1,4", "--runtime", "1", "--metadata-files", "100",
              "--sample-size", a.probe_sample,
              "--engine", "python", "--results", res / "probe"])
-        runs = {n: train(a, mnt, res / f"train-{n}", n) for n in nodes}
+        trained = {n: train(a, mnt, res / f"train-{n}", n) for n in nodes}
+        runs = {n: t[0] for n, t in trained.items()}
         mount(a, backing, mnt, direct=True)
         for n in nodes:
-            meas[n] = {**measured(runs[n]), "replicate_s": stage_replicate(mnt, work, n),
+            meas[n] = {**measured(*trained[n]), "replicate_s": stage_replicate(mnt, work, n),
                        "shard_s": stage_shard(mnt, work, n)}
     finally:
         subprocess.run([*IOBENCH, "emulate-pfs", "--unmount", str(mnt), "--lazy"], env=ENV,
@@ -216,6 +330,9 @@ def main() -> int:
     print("\n".join(table(proj, meas)))
     print("measured stall spread over epochs (max - min, s): "
           + ", ".join(f"N={n}: {m['spread_stall']:.2f}" for n, m in sorted(meas.items())))
+    k = next(f for f in proj["figures"] if f["name"].startswith("samples per tier request"))
+    print(f"samples per tier request k = {k['value']:.2f} ({k['source']})")
+    print("\n".join(cpu_table(meas)))
     print("\n" + " ".join(map(str, cmd[2:])))
     print(projection_text.split("\n\n", 1)[0])
     return 0
