@@ -71,15 +71,15 @@ def private_mount(data: Path, remount: bool = False) -> Path:
     mnt.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(["mountpoint", "-q", str(mnt)]).returncode == 0
     if mounted and remount:
-        _tiers.run(["umount", mnt])
+        _tiers.run(["umount", str(mnt)])
     if remount or not mounted:
-        _tiers.run(["mount", "-t", "glusterfs", f"{os.uname().nodename}:/iobench", mnt])
+        _tiers.run(["mount", "-t", "glusterfs", f"{os.uname().nodename}:/iobench", str(mnt)])
     return mnt
 
 
 def gluster_cold(data: Path) -> None:
     """Empty every cache of the source: the bricks' pages, then the client's (a remount)."""
-    _tiers.run(["bash", _tiers.GLUSTER, "evict"])
+    _tiers.run(["bash", str(_tiers.GLUSTER), "evict"])
     private_mount(data, remount=True)
 
 
