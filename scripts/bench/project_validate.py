@@ -27,6 +27,15 @@ nodes would). The script:
         [--nodes 1,2,4] [--bandwidth 12] [--compute 0.1] [--samples 16384] [--batch 256]
 
 Needs FUSE and MPICH (the venv's mpiexec). About 5-10 minutes on 2 cores.
+
+With `--gluster` the tier is the one-box GlusterFS instead (root;
+scripts/pfs/local-gluster.sh, brought up if it is not): the dataset is copied
+to MNT/s10-project, the probe writes its scratch files to MNT/s10-probe, every
+probe, train and stage run empties the bricks' caches (`--evict-cmd
+'local-gluster.sh evict'`), and the replicated staging reads through a second
+GlusterFS client mounted with `direct-io-mode=enable` (WORK/gluster-direct)
+in place of the emulator's `--direct-io` remount. --bandwidth and the
+latencies then do not apply.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ IOBENCH = [sys.executable, "-m", "iobench"]
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
 TARGET = 0.25
+GLUSTER = REPO / "scripts" / "pfs" / "local-gluster.sh"
+GLUSTER_EVICT = ["--evict-cmd", f"{GLUSTER} evict"]
 
 
 def log(msg: str) -> None:
@@ -154,7 +165,7 @@ def train(a: argparse.Namespace, mnt: Path, out: Path, n: int) -> tuple[Path, di
     cpu = sampled([MPIEXEC, "-n", n, *IOBENCH, "train", "--loader", "hdf5", "--storage", mnt,
                    "--compute-time", a.compute, "--epochs", a.epochs, "--batch-size", a.batch,
                    "--workers", a.workers, "--shuffle", a.shuffle, "--results", out,
-                   "--trace", out / "trace.trace"], mnt)
+                   "--trace", out / "trace.trace", *(GLUSTER_EVICT if a.gluster else [])], mnt)
     (path,) = out.glob("*.json")
     return path, cpu
 
@@ -176,7 +187,7 @@ def first_half(trace: Path) -> float:
     return statistics.median(shares) if shares else float("nan")
 
 
-def stage_replicate(mnt: Path, work: Path, n: int) -> float:
+def stage_replicate(mnt: Path, work: Path, n: int, extra: tuple[str, ...] = ()) -> float:
     """N full copies at once (N processes): the slowest one's stage_s."""
     log(f"stage, replicate: {n} process(es) at once")
     procs, outs = [], []
@@ -187,7 +198,7 @@ def stage_replicate(mnt: Path, work: Path, n: int) -> float:
         outs.append(res)
         procs.append(subprocess.Popen(
             [*IOBENCH, "stage", "--from", str(mnt), "--to", str(dest), "--no-progress",
-             "--results", str(res)], env=ENV, stdout=subprocess.DEVNULL,
+             "--results", str(res), *extra], env=ENV, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate()
@@ -196,15 +207,33 @@ def stage_replicate(mnt: Path, work: Path, n: int) -> float:
     return max(float(one(r)["stage_s"]) for r in outs)
 
 
-def stage_shard(mnt: Path, work: Path, n: int) -> float:
+def stage_shard(mnt: Path, work: Path, n: int, extra: tuple[str, ...] = ()) -> float:
     """One copy spread over N ranks (`mpiexec -n N iobench stage`)."""
     log(f"stage, one copy over {n} rank(s)")
     dest, res = work / f"shard-{n}", work / f"stage-shard-{n}"
     shutil.rmtree(dest, ignore_errors=True)
     shutil.rmtree(res, ignore_errors=True)
     run([MPIEXEC, "-n", n, *IOBENCH, "stage", "--from", mnt, "--to", dest, "--no-progress",
-         "--results", res])
+         "--results", res, *extra])
     return float(one(res)["stage_s"])
+
+
+def gluster_tier(backing: Path, work: Path, direct: bool) -> Path:
+    """--gluster: the dataset's copy on the one-box GlusterFS, through a second client
+    mounted with direct-io-mode=enable when `direct` (no page cache shared by the copies)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _tiers
+
+    root = _tiers.gluster_up()
+    _tiers.ensure_copy(backing / "cifar10-hdf5", root / "s10-project")
+    if not direct:
+        return root / "s10-project"
+    dmnt = work / "gluster-direct"
+    dmnt.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mountpoint", "-q", str(dmnt)]).returncode != 0:
+        run(["mount", "-t", "glusterfs", "-o", "direct-io-mode=enable",
+             f"{os.uname().nodename}:/iobench", dmnt])
+    return dmnt / "s10-project"
 
 
 def measured(path: Path, cpu: dict[str, float]) -> dict[str, float]:
@@ -282,6 +311,8 @@ def main() -> int:
     ap.add_argument("--probe-sample", default="3072",
                     help="bytes of the probe's random reads: the samples' size, for the "
                          "request-rate limit (default 3072, cifar10's)")
+    ap.add_argument("--gluster", action="store_true",
+                    help="the one-box GlusterFS as the tier instead of the emulator (root)")
     a = ap.parse_args()
     nodes = [int(x) for x in a.nodes.split(",")]
     work = a.work
@@ -294,22 +325,35 @@ def main() -> int:
              a.samples, "--samples-per-file", "1024", "--storage", backing, "--force"])
     meas: dict[int, dict[str, float]] = {}
     try:
-        mount(a, backing, mnt, direct=False)
+        if a.gluster:
+            mnt = gluster_tier(backing, work, direct=False)
+            (mnt.parent / "s10-probe").mkdir(exist_ok=True)
+            where = ["--storage", mnt.parent / "s10-probe", *GLUSTER_EVICT]
+        else:
+            mount(a, backing, mnt, direct=False)
+            where = ["--storage", mnt, "--write-via", backing]
         shutil.rmtree(res, ignore_errors=True)
         log("probe of the tier")
-        run([*IOBENCH, "probe", "--storage", mnt, "--write-via", backing, "--size", "16M",
+        run([*IOBENCH, "probe", *where, "--size", "16M",
              "--readers", "1,4", "--runtime", "1", "--metadata-files", "100",
              "--sample-size", a.probe_sample,
              "--engine", "python", "--results", res / "probe"])
         trained = {n: train(a, mnt, res / f"train-{n}", n) for n in nodes}
         runs = {n: t[0] for n, t in trained.items()}
-        mount(a, backing, mnt, direct=True)
+        extra = tuple(GLUSTER_EVICT) if a.gluster else ()
+        direct = gluster_tier(backing, work, direct=True) if a.gluster else mnt
+        if not a.gluster:
+            mount(a, backing, mnt, direct=True)
         for n in nodes:
-            meas[n] = {**measured(*trained[n]), "replicate_s": stage_replicate(mnt, work, n),
-                       "shard_s": stage_shard(mnt, work, n)}
+            meas[n] = {**measured(*trained[n]),
+                       "replicate_s": stage_replicate(direct, work, n, extra),
+                       "shard_s": stage_shard(mnt, work, n, extra)}
     finally:
-        subprocess.run([*IOBENCH, "emulate-pfs", "--unmount", str(mnt), "--lazy"], env=ENV,
-                       capture_output=True)
+        if a.gluster:
+            subprocess.run(["umount", str(work / "gluster-direct")], capture_output=True)
+        else:
+            subprocess.run([*IOBENCH, "emulate-pfs", "--unmount", str(mnt), "--lazy"],
+                           env=ENV, capture_output=True)
     (probe,) = (res / "probe").glob("probe-*.json")
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
     log("project from N = 1")
@@ -319,8 +363,10 @@ def main() -> int:
     proj = one(res / "proj", "projection-*.json")
     load_after = os.getloadavg()
     print(f"# iobench project validation, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"tier: emulated, {a.bandwidth} MB/s cap, {a.open_latency} ms open, "
-          f"{a.read_latency} ms per read; cifar10/hdf5 {a.samples} samples, batch {a.batch}, "
+    tier = ("one-box GlusterFS (2 bricks, cold: --evict-cmd)" if a.gluster else
+            f"emulated, {a.bandwidth} MB/s cap, {a.open_latency} ms open, "
+            f"{a.read_latency} ms per read")
+    print(f"tier: {tier}; cifar10/hdf5 {a.samples} samples, batch {a.batch}, "
           f"{a.workers} workers, compute {a.compute} s/step, shuffle {a.shuffle}, "
           f"{a.epochs} epochs (medians over epochs)")
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}, "
