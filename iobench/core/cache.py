@@ -439,6 +439,8 @@ def split_files(entries: Sequence[FileEntry], index: int, count: int) -> list[Fi
     """
     if count < 1 or not 0 <= index < count:
         raise ConfigError(f"{index=} must be in [0, {count=})")
+    if count == 1:  # one worker takes all, in order (no sort of a 20,000-file list)
+        return list(entries)
     load = [0] * count
     out: list[list[FileEntry]] = [[] for _ in range(count)]
     order = sorted(range(len(entries)), key=lambda i: (-entries[i].bytes, i))
@@ -564,9 +566,11 @@ def share_paths(manifest: Manifest, share: Sequence[FileEntry],
     staged copy's), re-iterable (lazy for a compact manifest's)."""
     if isinstance(share, FileShare):
         return share.paths(root)
-    if root is not None:
-        return [root / e.path for e in share]
-    return [manifest.path_of(e) for e in share]
+    where = root if root is not None else manifest.root
+    if where is None:
+        return [manifest.path_of(e) for e in share]  # raises: no root to resolve against
+    top = os.fspath(where)  # plain strings: building a Path per file costs more than the join
+    return [os.path.join(top, e.path) for e in share]
 
 
 def node_ranks(world: World) -> list[int]:

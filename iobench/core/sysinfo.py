@@ -158,17 +158,19 @@ def memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def gpus() -> list[dict[str, Any]]:
-    """GPUs visible to this process (via torch when CUDA is usable, else nvidia-smi)."""
-    try:
-        import torch
+def gpus(import_torch: bool = True) -> list[dict[str, Any]]:
+    """GPUs visible to this process (via torch when CUDA is usable, else nvidia-smi). Without
+    `import_torch`, torch is asked only if already imported (importing it takes seconds)."""
+    if import_torch or "torch" in sys.modules:
+        try:
+            import torch
 
-        if torch.cuda.is_available():
-            return [{"index": i, "name": torch.cuda.get_device_name(i),
-                     "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
-                    for i in range(torch.cuda.device_count())]
-    except Exception:  # a broken CUDA install must not break provenance
-        pass
+            if torch.cuda.is_available():
+                return [{"index": i, "name": torch.cuda.get_device_name(i),
+                         "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+                        for i in range(torch.cuda.device_count())]
+        except Exception:  # a broken CUDA install must not break provenance
+            pass
     if shutil.which("nvidia-smi"):
         r = capture(["nvidia-smi", "--query-gpu=index,name,memory.total",
                      "--format=csv,noheader,nounits"], 10, keep_bytes=1 << 16)
@@ -325,8 +327,9 @@ def job_identity(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     return job
 
 
-def provenance(storage: str | Path | None = None) -> dict[str, Any]:
-    """Everything a result file records about where it was measured."""
+def provenance(storage: str | Path | None = None, import_torch: bool = True) -> dict[str, Any]:
+    """Everything a result file records about where it was measured (`import_torch`: see
+    `gpus`; a command that never uses torch passes False)."""
     doc: dict[str, Any] = {
         "host": socket.gethostname(),
         "os": f"{platform.system()} {platform.release()}",
@@ -334,7 +337,7 @@ def provenance(storage: str | Path | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_bytes": memory_bytes(),
-        "gpus": gpus(),
+        "gpus": gpus(import_torch),
         "versions": library_versions(),
         "code": code_version(),
         "argv": sys.argv,
