@@ -273,15 +273,14 @@ def evict_and_measure(paths: Iterable[str | Path]) -> tuple[EvictResult, Residen
     One open instead of two matters on a parallel filesystem, where every open
     is a metadata-server round trip (a million-file dataset, every epoch).
     """
-    n = nbytes = 0
+    n = nbytes = cached = total = unknown = 0  # plain sums, not a Residency added per file
     errors: list[str] = []
-    res = Residency(0, 0, 0)
     for p in paths:
         try:
             fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             errors.append(f"{p}: {e.strerror}")
-            res = res + Residency(0, 0, 1)
+            unknown += 1
             continue
         try:
             _write_back(fd)
@@ -290,13 +289,15 @@ def evict_and_measure(paths: Iterable[str | Path]) -> tuple[EvictResult, Residen
             nbytes += st.st_size
             n += 1
             r = _resident_fd(fd, p, st)
-            res = res + Residency(r or 0, st.st_size, int(r is None and st.st_size > 0))
+            cached, total = cached + (r or 0), total + st.st_size
+            unknown += r is None and st.st_size > 0
         except OSError as e:
             errors.append(f"{p}: {e.strerror}")
-            res = res + Residency(0, 0, 1)
+            unknown += 1
         finally:
             os.close(fd)
-    return EvictResult(files=n, bytes=nbytes, errors=tuple(errors)), res
+    return (EvictResult(files=n, bytes=nbytes, errors=tuple(errors)),
+            Residency(cached, total, unknown))
 
 
 def resident_fraction(paths: Iterable[str | Path]) -> float | None:

@@ -860,7 +860,7 @@ def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
         "per_node": per_node,
         "slowest_node": max(per_node, key=lambda n: n["seconds"])["name"],
         "warnings": [source_cache["warning"]] if source_cache["warning"] else [],
-        "provenance": provenance(import_torch=False) if world.rank == 0 else None,
+        "provenance": provenance(import_libs=False) if world.rank == 0 else None,
     }
 
 
