@@ -281,3 +281,26 @@ def test_stage_does_not_import_torch_nor_the_format_libraries(tmp_path):
     assert isinstance(doc["provenance"]["gpus"], list)
     versions = doc["provenance"]["versions"]  # the packages' versions, without importing them
     assert versions["h5py"] and versions["netCDF4"] and versions["lmdb"]
+
+
+def test_a_link_inside_the_source_tree_is_staged_and_one_out_of_it_refused(tmp_path):
+    """The source's containment check resolves each folder once and only the files that
+    are symbolic links: a link to a file inside the tree is staged (its bytes), a link
+    out of it is refused before anything is copied."""
+    m = make_dataset(tmp_path / "src" / "cifar10-files", SMALL[:10])
+    inside = m.path_of(m.files[3])
+    moved = inside.parent / "elsewhere" / inside.name
+    moved.parent.mkdir()
+    inside.rename(moved)
+    inside.symlink_to(moved)
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst", threads=2)
+    stage_dataset(cfg)
+    _assert_exact(m, tmp_path / "dst" / "cifar10-files")
+    outside = tmp_path / "outside.bin"
+    victim = m.path_of(m.files[5])
+    outside.write_bytes(victim.read_bytes())
+    victim.unlink()
+    victim.symlink_to(outside)
+    with pytest.raises(DatasetError, match="outside the dataset: refused"):
+        stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst2"))
+    assert not (tmp_path / "dst2").exists()
