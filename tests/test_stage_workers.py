@@ -204,3 +204,103 @@ def test_shard_mode_copies_only_each_nodes_share(tmp_path):
             assert hashlib.sha256((dest / f.path).read_bytes()).hexdigest() == f.sha256
         node = next(n for n in docs[0]["per_node"] if n["node"] == r)
         assert node["copied_bytes"] == sum(f.bytes for f in mine) + labels.bytes
+
+
+def _resident(paths: list[Path]) -> float:
+    from iobench.core import cache
+
+    frac = cache.resident_fraction(paths)
+    if frac is None:
+        pytest.skip("this process may not learn the page-cache residency here")
+    return frac
+
+
+@pytest.mark.parametrize(("opts", "source_dropped", "dest_dropped"), [
+    ((), True, True),  # batches synced and dropped through their open descriptors
+    (("--threads", "1"), True, True),
+    (("--sync", "file"), True, True),
+    (("--warm-source",), False, True),  # the source stays as the user had it
+    (("--no-fsync",), True, True),  # the copies' dirty pages: written back after the copy
+])
+def test_the_copy_leaves_no_pages_behind(tmp_path, opts, source_dropped, dest_dropped):
+    """After staging batches of small files (and a large one), neither the copies nor the
+    source they were read from stay in the page cache, without a pass that opens every
+    file again (`_drop_batch`); with --warm-source the source's pages are left alone."""
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [*SMALL, 5 * 2**20])
+    if tmp_path.stat().st_dev == os.stat("/dev/shm").st_dev:
+        pytest.skip("tmpfs holds its files in the page cache")
+    for f in m.files:  # warm: what the copy leaves is then what it dropped or not
+        m.path_of(f).read_bytes()
+    assert cli("stage", "--from", tmp_path / "src", "--to", tmp_path / "dst", *opts,
+               "--results", tmp_path / "res") == 0
+    dest = tmp_path / "dst" / "cifar10-files"
+    copies = _resident([dest / f.path for f in m.files])  # before anything reads them
+    assert (copies <= 0.1) if dest_dropped else (copies >= 0.9), copies
+    src = _resident([m.path_of(f) for f in m.files])
+    assert (src <= 0.1) if source_dropped else (src >= 0.9), src
+    _assert_exact(m, dest)
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "res").glob("stage-*.json")]
+    assert doc["evict_s"] > 0
+
+
+def test_the_copies_pages_are_dropped_before_the_renames(tmp_path, monkeypatch):
+    """Each batch's copies leave the page cache through the descriptors the copy holds,
+    once they are durable and before they get their final names: no copy is opened
+    again for it."""
+    from iobench.workflows import stage
+
+    m = make_dataset(tmp_path / "src" / "cifar10-files", SMALL)
+    seen: list[float] = []
+    real = stage._drop_batch
+
+    def spy(copied, cfg, counters, lock):
+        real(copied, cfg, counters, lock)
+        seen.append(_resident([Path(c.tmp) for c in copied]))
+        assert all(not os.path.exists(c.dst) for c in copied)
+
+    monkeypatch.setattr(stage, "_drop_batch", spy)
+    monkeypatch.setattr(stage.cache, "evict", lambda paths: pytest.fail("a pass after"))
+    stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
+                              threads=1, sync="fs"))
+    assert len(seen) == 3 and max(seen) <= 0.1, seen
+    _assert_exact(m, tmp_path / "dst" / "cifar10-files")
+
+
+def test_stage_does_not_import_torch_nor_the_format_libraries(tmp_path):
+    """`iobench stage` uses neither torch nor h5py, netCDF4 or lmdb: its result's provenance
+    must not import them (seconds of a small stage's wall time)."""
+    make_dataset(tmp_path / "src" / "cifar10-files", SMALL[:5])
+    code = ("import sys; from iobench.cli import main; "
+            f"rc = main(['stage', '--from', {str(tmp_path / 'src')!r}, '--to', "
+            f"{str(tmp_path / 'dst')!r}, '--results', {str(tmp_path / 'res')!r}]); "
+            "print(rc, any(m in sys.modules for m in ('torch', 'h5py', 'netCDF4', 'lmdb')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.split()[-2:] == ["0", "False"], r.stdout + r.stderr
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "res").glob("stage-*.json")]
+    assert isinstance(doc["provenance"]["gpus"], list)
+    versions = doc["provenance"]["versions"]  # the packages' versions, without importing them
+    assert versions["h5py"] and versions["netCDF4"] and versions["lmdb"]
+
+
+def test_a_link_inside_the_source_tree_is_staged_and_one_out_of_it_refused(tmp_path):
+    """The source's containment check resolves each folder once and only the files that
+    are symbolic links: a link to a file inside the tree is staged (its bytes), a link
+    out of it is refused before anything is copied."""
+    m = make_dataset(tmp_path / "src" / "cifar10-files", SMALL[:10])
+    inside = m.path_of(m.files[3])
+    moved = inside.parent / "elsewhere" / inside.name
+    moved.parent.mkdir()
+    inside.rename(moved)
+    inside.symlink_to(moved)
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst", threads=2)
+    stage_dataset(cfg)
+    _assert_exact(m, tmp_path / "dst" / "cifar10-files")
+    outside = tmp_path / "outside.bin"
+    victim = m.path_of(m.files[5])
+    outside.write_bytes(victim.read_bytes())
+    victim.unlink()
+    victim.symlink_to(outside)
+    with pytest.raises(DatasetError, match="outside the dataset: refused"):
+        stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst2"))
+    assert not (tmp_path / "dst2").exists()

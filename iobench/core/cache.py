@@ -273,15 +273,14 @@ def evict_and_measure(paths: Iterable[str | Path]) -> tuple[EvictResult, Residen
     One open instead of two matters on a parallel filesystem, where every open
     is a metadata-server round trip (a million-file dataset, every epoch).
     """
-    n = nbytes = 0
+    n = nbytes = cached = total = unknown = 0  # plain sums, not a Residency added per file
     errors: list[str] = []
-    res = Residency(0, 0, 0)
     for p in paths:
         try:
             fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             errors.append(f"{p}: {e.strerror}")
-            res = res + Residency(0, 0, 1)
+            unknown += 1
             continue
         try:
             _write_back(fd)
@@ -290,13 +289,15 @@ def evict_and_measure(paths: Iterable[str | Path]) -> tuple[EvictResult, Residen
             nbytes += st.st_size
             n += 1
             r = _resident_fd(fd, p, st)
-            res = res + Residency(r or 0, st.st_size, int(r is None and st.st_size > 0))
+            cached, total = cached + (r or 0), total + st.st_size
+            unknown += r is None and st.st_size > 0
         except OSError as e:
             errors.append(f"{p}: {e.strerror}")
-            res = res + Residency(0, 0, 1)
+            unknown += 1
         finally:
             os.close(fd)
-    return EvictResult(files=n, bytes=nbytes, errors=tuple(errors)), res
+    return (EvictResult(files=n, bytes=nbytes, errors=tuple(errors)),
+            Residency(cached, total, unknown))
 
 
 def resident_fraction(paths: Iterable[str | Path]) -> float | None:
@@ -439,6 +440,8 @@ def split_files(entries: Sequence[FileEntry], index: int, count: int) -> list[Fi
     """
     if count < 1 or not 0 <= index < count:
         raise ConfigError(f"{index=} must be in [0, {count=})")
+    if count == 1:  # one worker takes all, in order (no sort of a 20,000-file list)
+        return list(entries)
     load = [0] * count
     out: list[list[FileEntry]] = [[] for _ in range(count)]
     order = sorted(range(len(entries)), key=lambda i: (-entries[i].bytes, i))
@@ -564,9 +567,11 @@ def share_paths(manifest: Manifest, share: Sequence[FileEntry],
     staged copy's), re-iterable (lazy for a compact manifest's)."""
     if isinstance(share, FileShare):
         return share.paths(root)
-    if root is not None:
-        return [root / e.path for e in share]
-    return [manifest.path_of(e) for e in share]
+    where = root if root is not None else manifest.root
+    if where is None:
+        return [manifest.path_of(e) for e in share]  # raises: no root to resolve against
+    top = os.fspath(where)  # plain strings: building a Path per file costs more than the join
+    return [os.path.join(top, e.path) for e in share]
 
 
 def node_ranks(world: World) -> list[int]:

@@ -639,17 +639,18 @@ class Manifest:
             return dataclasses.replace(self, files=tuple(t))
         return self
 
-    def write(self, root: str | Path, form: str = "keep") -> Path:
+    def write(self, root: str | Path, form: str = "keep", indent: int | None = 1) -> Path:
         """Write atomically as `root/iobench.json` (the compact form's side arrays first,
         in `TABLE_DIR`), in the form it has (`keep`), the one its size calls for (`auto`,
-        see `with_compact`), `compact` (when the files follow one pattern) or `json`."""
+        see `with_compact`), `compact` (when the files follow one pattern) or `json`;
+        `indent=None`: one line, with the C encoder (several times faster)."""
         choice = {"keep": "keep", "auto": None, "compact": True, "json": False}
         if form not in choice:
             raise ValueError(f"form {form!r}: one of {', '.join(choice)}")
         m = self if form == "keep" else self.with_compact(choice[form])  # type: ignore[arg-type]
         if (t := m.compact) is not None:
             t.write_arrays(Path(root))
-        return write_json_atomic(Path(root) / MANIFEST_NAME, m.to_dict())
+        return write_json_atomic(Path(root) / MANIFEST_NAME, m.to_dict(), indent=indent)
 
     @classmethod
     def load(cls, root: str | Path) -> Manifest:
@@ -672,7 +673,8 @@ class Manifest:
     def check_contained(self) -> None:
         """Every listed file resolves (symbolic links followed) inside the dataset root.
 
-        Files are checked one by one up to CONTAINMENT_FILES of them; beyond
+        Files are checked one by one up to CONTAINMENT_FILES of them (each
+        folder's real path, and each file that is a symbolic link); beyond
         that, every distinct directory is, and the readers of one-file-per-sample
         datasets open files with O_NOFOLLOW (a million realpath calls on a
         parallel filesystem would cost minutes before the first batch).
@@ -687,12 +689,40 @@ class Manifest:
             paths = [*t.dirs, TABLE_DIR, *(f.path for f in t.aux)]
         else:
             paths = sorted({os.path.dirname(f.path) or "." for f in self.files})
+        if len(self.files) > CONTAINMENT_FILES:
+            for rel in paths:
+                self._refuse_outside(top, rel)
+            return
+        # a file that is not a symbolic link resolves to its folder's real path plus its
+        # name: one realpath per folder, and one listing of it to find the links (d_type,
+        # no stat per file), each of them resolved on its own
+        by_folder: dict[str, set[str]] = {}
         for rel in paths:
-            real = os.path.realpath(os.path.join(top, rel))
-            if real != top and not real.startswith(top + os.sep):
-                raise DatasetError(f"manifest in {self.root} lists {rel!r}, which resolves to "
-                                   f"{real}, outside the dataset: refused (a symbolic link out "
-                                   "of the tree); remove it or regenerate the dataset")
+            folder, _, name = rel.rpartition("/")
+            by_folder.setdefault(folder, set()).add(name)
+        for folder, names in by_folder.items():
+            self._refuse_outside(top, folder or ".")
+            for name in _links(os.path.join(top, folder), names):
+                self._refuse_outside(top, f"{folder}/{name}" if folder else name)
+
+    def _refuse_outside(self, top: str, rel: str) -> None:
+        real = os.path.realpath(os.path.join(top, rel))
+        if real != top and not real.startswith(top + os.sep):
+            raise DatasetError(f"manifest in {self.root} lists {rel!r}, which resolves to "
+                               f"{real}, outside the dataset: refused (a symbolic link out "
+                               "of the tree); remove it or regenerate the dataset")
+
+
+def _links(folder: str, names: set[str]) -> list[str]:
+    """Which of `names` in `folder` are symbolic links (all of them when it cannot be listed;
+    none when it does not exist, where nothing resolves but the folder)."""
+    try:
+        with os.scandir(folder) as it:
+            return [e.name for e in it if e.name in names and e.is_symlink()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError:
+        return sorted(names)
 
 
 def bad_label(labels: Any, num_classes: int) -> int | None:

@@ -158,17 +158,19 @@ def memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def gpus() -> list[dict[str, Any]]:
-    """GPUs visible to this process (via torch when CUDA is usable, else nvidia-smi)."""
-    try:
-        import torch
+def gpus(import_libs: bool = True) -> list[dict[str, Any]]:
+    """GPUs visible to this process (via torch when CUDA is usable, else nvidia-smi). Without
+    `import_libs`, torch is asked only if already imported (importing it takes seconds)."""
+    if import_libs or "torch" in sys.modules:
+        try:
+            import torch
 
-        if torch.cuda.is_available():
-            return [{"index": i, "name": torch.cuda.get_device_name(i),
-                     "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
-                    for i in range(torch.cuda.device_count())]
-    except Exception:  # a broken CUDA install must not break provenance
-        pass
+            if torch.cuda.is_available():
+                return [{"index": i, "name": torch.cuda.get_device_name(i),
+                         "memory_bytes": torch.cuda.get_device_properties(i).total_memory}
+                        for i in range(torch.cuda.device_count())]
+        except Exception:  # a broken CUDA install must not break provenance
+            pass
     if shutil.which("nvidia-smi"):
         r = capture(["nvidia-smi", "--query-gpu=index,name,memory.total",
                      "--format=csv,noheader,nounits"], 10, keep_bytes=1 << 16)
@@ -186,33 +188,23 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def library_versions() -> dict[str, str | None]:
-    """Versions of Python and of every library whose behaviour shapes the figures."""
+def library_versions(import_libs: bool = True) -> dict[str, str | None]:
+    """Versions of Python and of every library whose behaviour shapes the figures. Without
+    `import_libs`, a format library not imported yet gives its package's version only (no
+    import, and no version of the C library under it)."""
     v: dict[str, str | None] = {"python": platform.python_version(), "iobench": None}
     from iobench import __version__
 
     v["iobench"] = __version__
     v["numpy"] = _dist_version("numpy")
     v["torch"] = _dist_version("torch")
-    try:
-        import h5py
-
-        v["h5py"], v["hdf5"] = h5py.__version__, h5py.version.hdf5_version
-    except ImportError:
-        v["h5py"] = v["hdf5"] = None
-    try:
-        import netCDF4
-
-        v["netCDF4"], v["netcdf-c"] = netCDF4.__version__, netCDF4.__netcdf4libversion__
-        v["netCDF4-hdf5"] = netCDF4.__hdf5libversion__
-    except ImportError:
-        v["netCDF4"] = v["netcdf-c"] = None
-    try:
-        import lmdb
-
-        v["lmdb"], v["liblmdb"] = lmdb.__version__, ".".join(map(str, lmdb.version()))
-    except ImportError:
-        v["lmdb"] = v["liblmdb"] = None
+    if not import_libs:  # a command that reads no format (stage copies bytes)
+        for name, lib in (("h5py", "hdf5"), ("netCDF4", "netcdf-c"), ("lmdb", "liblmdb")):
+            if name not in sys.modules:
+                v[name], v[lib] = _dist_version(name), None
+        if "netCDF4" not in sys.modules:
+            v["netCDF4-hdf5"] = None
+    _format_libraries(v)
     v["nvidia-dali"] = next((x for x in (_dist_version("nvidia-dali-cuda130"),
                                          _dist_version("nvidia-dali-cuda120"),
                                          _dist_version("nvidia-dali-cuda110")) if x), None)
@@ -221,6 +213,33 @@ def library_versions() -> dict[str, str | None]:
     v["simplejpeg"] = _dist_version("simplejpeg")
     v["zarr"] = _dist_version("zarr")  # metadata only: importing zarr costs a third of a second
     return v
+
+
+def _format_libraries(v: dict[str, str | None]) -> None:
+    """The format libraries' versions and their C libraries' into `v`, importing each one
+    that `v` has no entry for yet."""
+    if "h5py" not in v:
+        try:
+            import h5py
+
+            v["h5py"], v["hdf5"] = h5py.__version__, h5py.version.hdf5_version
+        except ImportError:
+            v["h5py"] = v["hdf5"] = None
+    if "netCDF4" not in v:
+        try:
+            import netCDF4
+
+            v["netCDF4"], v["netcdf-c"] = netCDF4.__version__, netCDF4.__netcdf4libversion__
+            v["netCDF4-hdf5"] = netCDF4.__hdf5libversion__
+        except ImportError:
+            v["netCDF4"] = v["netcdf-c"] = None
+    if "lmdb" not in v:
+        try:
+            import lmdb
+
+            v["lmdb"], v["liblmdb"] = lmdb.__version__, ".".join(map(str, lmdb.version()))
+        except ImportError:
+            v["lmdb"] = v["liblmdb"] = None
 
 
 def mpi_library_version() -> str | None:
@@ -325,8 +344,10 @@ def job_identity(env: dict[str, str] | None = None) -> dict[str, Any] | None:
     return job
 
 
-def provenance(storage: str | Path | None = None) -> dict[str, Any]:
-    """Everything a result file records about where it was measured."""
+def provenance(storage: str | Path | None = None, import_libs: bool = True) -> dict[str, Any]:
+    """Everything a result file records about where it was measured. A command that uses
+    neither torch nor a format library passes `import_libs=False`: torch and the format
+    libraries are then asked only if imported already (`gpus`, `library_versions`)."""
     doc: dict[str, Any] = {
         "host": socket.gethostname(),
         "os": f"{platform.system()} {platform.release()}",
@@ -334,8 +355,8 @@ def provenance(storage: str | Path | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_bytes": memory_bytes(),
-        "gpus": gpus(),
-        "versions": library_versions(),
+        "gpus": gpus(import_libs),
+        "versions": library_versions(import_libs),
         "code": code_version(),
         "argv": sys.argv,
         "job": job_identity(),

@@ -4,6 +4,7 @@
         [--files 20000]
         [--large-mib 1024] [--large-files 2] [--repeat 3] [--verify full,size]
         [--before DIR [--before-only]] [--fpsync JOBS] [--json OUT]
+        [--ranks [--slurm]]
 
 Small files: a files-format cifar10 dataset of `--files` PNGs (`iobench generate`).
 Each repetition runs, interleaved (the order turned round every other repetition):
@@ -26,9 +27,26 @@ one process: a cold read of the source files (`--rw=read --bs=16m`), then a writ
 of as many bytes (`--rw=write --bs=16m --end_fsync=1`); its time is the two jobs'
 sum. `iobench stage --threads 1` (one copy process, the same count) times its copy.
 
+Across ranks and nodes (`--ranks`, on the small files): `iobench stage` as one rank,
+under `mpiexec -n 2` (one node, two ranks splitting it) and, with `--slurm`, under
+`srun -N 2 --ntasks-per-node 1` (a cluster's two nodes; scripts/slurm/local-cluster.sh
+makes two virtual ones on this host), in `replicate` and `shard` mode, each into
+`DEST/{node}` from a cold source, interleaved. Prints each node's copy rate (its
+bytes over its slowest rank's seconds: the result's `per_node`) against one rank's,
+and checks that each node copied exactly its share: every file in replicate mode;
+in shard mode the data files `sampling.files_for_rank` gives its ranks plus labels,
+by bytes in the result and by the files on its disk.
+
 Prints seconds and MB/s medians [min-max] and each contender's ratio to its anchor
 (rate over the anchor's rate, per repetition side by side, then of the medians):
-goal >= 0.8 for small files, >= 0.9 for large.
+goal >= 0.8 for small files, >= 0.9 for large. iobench's seconds there are its
+copy's (`stage_s`); beside them, the whole command's wall time (interpreter start,
+manifest, eviction and residency before the copy, result file) over the anchor's
+time, per repetition and of the medians: goal <= 1.5 for small files.
+
+Before measuring, iobench's modules are compiled to bytecode once (as an installed
+package has them): with PYTHONDONTWRITEBYTECODE set and no `__pycache__`, every
+run would compile them again, seconds that no installed iobench pays.
 """
 
 from __future__ import annotations
@@ -106,6 +124,16 @@ def run_stage(src: Path, dst: Path, res: Path, extra: list[str],
             "checksum_s": doc.get("checksum_s")}
 
 
+def compile_iobench(pythonpath: str | None) -> None:
+    """Byte-compile the iobench that runs (the `--before` tree's too) where it lacks .pyc."""
+    import compileall
+
+    import iobench
+
+    for where in filter(None, [str(Path(iobench.__file__).parent), pythonpath]):
+        compileall.compile_dir(where, quiet=1)
+
+
 def fio_copy(src: Path, out: Path) -> float:
     """fio's cold sequential read of the source files, then a write of as many bytes with a
     final fsync, one process: the two jobs' seconds summed."""
@@ -164,7 +192,7 @@ def bench(a: argparse.Namespace, src: Path, anchor: str, threads: list[str]) -> 
     nbytes = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     for r in range(a.repeat):
         order = [(anchor, None, None), *runs]
-        for name, opts, pp in (order if r % 2 == 0 else order[::-1]):
+        for name, opts, pp in (order if r % 2 == 0 else order[::-1]):  # A,B,.. then ..,B,A
             dst = a.dest
             if opts is None:
                 s = (run_cp(src, dst, a.sync) if anchor.startswith("cp")
@@ -185,16 +213,115 @@ def bench(a: argparse.Namespace, src: Path, anchor: str, threads: list[str]) -> 
 
 def table(secs: dict[str, list[float]], extra: dict[str, list[Any]], anchor: str,
           nbytes: int) -> None:
-    print(f"\n| what | seconds | MB/s | rate / {anchor}, per repetition | checksum s |")
-    print("|---|---:|---:|---:|---:|")
+    """The copy's seconds and rate against the anchor's, then (iobench runs) the whole
+    command's wall seconds over the anchor's seconds."""
+    print(f"\n| what | seconds | MB/s | rate / {anchor}, per repetition | checksum s | "
+          f"whole command s | whole / {anchor}, per repetition |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for k, v in secs.items():
         ratio = "" if k == anchor else fmt([c / s for s, c in zip(v, secs[anchor],
                                                                    strict=True)], ".2f")
         ck = [d["checksum_s"] for d in extra.get(k, []) if d["checksum_s"] is not None]
+        wall = [d["wall_s"] for d in extra.get(k, [])]
+        whole = fmt([w / c for w, c in zip(wall, secs[anchor], strict=True)], ".2f") if wall else ""
         print(f"| {k} | {fmt(v, '.2f')} | {fmt([nbytes / 1e6 / s for s in v], '.1f')} | "
-              f"{ratio} | {fmt(ck, '.2f') if ck else ''} |")
-    print("median ratios: " + ", ".join(f"{k} {median(secs[anchor]) / median(v):.2f}"
-                                        for k, v in secs.items() if k != anchor))
+              f"{ratio} | {fmt(ck, '.2f') if ck else ''} | "
+              f"{fmt(wall, '.2f') if wall else ''} | {whole} |")
+    print("median ratios (rate / anchor's): " + ", ".join(
+        f"{k} {median(secs[anchor]) / median(v):.2f}" for k, v in secs.items() if k != anchor))
+    walls = {k: [d["wall_s"] for d in runs] for k, runs in extra.items()}
+    if walls:
+        print("median ratios (whole command / anchor's seconds): " + ", ".join(
+            f"{k} {median(w) / median(secs[anchor]):.2f}" for k, w in walls.items()))
+
+
+def launchers(slurm: bool) -> list[tuple[str, list[str]]]:
+    """(name, argv in front of the python command) of each way to start the ranks."""
+    from _gencommon import venv_bin
+
+    out = [("1 rank", []), ("mpiexec -n 2", [venv_bin("mpiexec"), "-n", "2"])]
+    if slurm:
+        out.append(("srun -N 2", ["srun", "-N", "2", "--ntasks-per-node", "1", "--mpi=pmi2",
+                                  "--kill-on-bad-exit=1"]))
+    return out
+
+
+def run_ranked(prefix: list[str], src: Path, dest: Path, res: Path,
+               mode: str) -> dict[str, Any]:
+    """One staging under a launcher into `dest/{node}`, from a cold source: the result's
+    per-node figures, each node's bytes on disk, stage_s and the wall time."""
+    fresh(dest)
+    shutil.rmtree(res, ignore_errors=True)
+    cold(src)
+    argv = [*prefix, sys.executable, "-m", "iobench", "stage", "--from", str(src), "--to",
+            f"{dest}/{{node}}", "--mode", mode, "--results", str(res), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=src.parent.parent)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"stage failed ({' '.join(argv)}):\n{r.stdout}{r.stderr}")
+    (doc,) = [json.loads(p.read_text()) for p in res.glob("stage-*.json")]
+    on_disk = {n["node"]: sum(p.stat().st_size
+                              for p in (dest / str(n["node"]) / src.name).rglob("*")
+                              if p.is_file() and p.name != "iobench.json")
+               for n in doc["per_node"]}
+    return {"stage_s": doc["stage_s"], "wall_s": wall, "per_node": doc["per_node"],
+            "world_size": doc["config"]["world_size"], "on_disk": on_disk,
+            "status": doc["source_cache"]["status"]}
+
+
+def share_bytes(src: Path, ranks: list[int], world_size: int, mode: str) -> int:
+    """The bytes a node whose ranks are `ranks` must receive (`cache.files_for_node`)."""
+    from iobench.core import cache
+    from iobench.core.manifest import Manifest
+
+    m = Manifest.load(src)
+    scope = "local" if mode == "shard" else "global"
+    return sum(f.bytes for f in cache.files_for_node(m, ranks, world_size, scope))
+
+
+def bench_ranks(a: argparse.Namespace, src: Path) -> dict[str, Any]:
+    """Every launcher x mode, interleaved, `a.repeat` times; the per-node table."""
+    runs = [(f"{name}, {mode}", prefix, mode) for name, prefix in launchers(a.slurm)
+            for mode in ("replicate", "shard") if prefix or mode == "replicate"]
+    got: dict[str, list[dict[str, Any]]] = {}
+    for r in range(a.repeat):
+        for name, prefix, mode in (runs if r % 2 == 0 else runs[::-1]):
+            got.setdefault(name, []).append(run_ranked(prefix, src, a.dest, a.work / "res",
+                                                       mode))
+        print(f"  repeat {r + 1}: " + ", ".join(
+            f"{k} {min(n['MBps'] for n in v[-1]['per_node']):.1f} MB/s/node"
+            for k, v in got.items()) + f"  (load {loadavg():.2f})", flush=True)
+    fresh(a.dest)
+    ranks_table(got, src)
+    return got
+
+
+def ranks_table(got: dict[str, list[dict[str, Any]]], src: Path) -> None:
+    """Per node: its copy rate against one rank's, and its bytes against its share."""
+    base = [min(n["MBps"] for n in d["per_node"]) for d in got["1 rank, replicate"]]
+    print("\n| launcher, mode | nodes x ranks | slowest node MB/s | / 1 rank's, per repetition "
+          "| all nodes MB/s | stage_s | wall s | bytes per node (share; on disk) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for name, runs in got.items():
+        mode = name.rsplit(", ", 1)[1]
+        slow = [min(n["MBps"] for n in d["per_node"]) for d in runs]
+        total = [sum(n["copied_bytes"] for n in d["per_node"]) / d["stage_s"] / 1e6
+                 for d in runs]
+        last = runs[-1]
+        checks = []
+        for n in last["per_node"]:
+            want = share_bytes(src, n["ranks"], last["world_size"], mode)
+            ok = all(d_n["copied_bytes"] == want and d["on_disk"][d_n["node"]] == want
+                     for d in runs for d_n in d["per_node"] if d_n["node"] == n["node"])
+            checks.append(f"node {n['node']}: {n['copied_bytes'] / 1e6:.2f} MB "
+                          f"({want / 1e6:.2f}; {'exact' if ok else 'WRONG'})")
+        shape = f"{len(last['per_node'])} x {last['world_size'] // len(last['per_node'])}"
+        print(f"| {name} | {shape} | {fmt(slow, '.1f')} | "
+              f"{fmt([s / b for s, b in zip(slow, base, strict=True)], '.2f')} | "
+              f"{fmt(total, '.1f')} | {fmt([d['stage_s'] for d in runs], '.2f')} | "
+              f"{fmt([d['wall_s'] for d in runs], '.2f')} | {'; '.join(checks)} |")
 
 
 def main() -> int:
@@ -216,10 +343,16 @@ def main() -> int:
                     help="also run fpsync -n JOBS on the small files (apt-get install fpart)")
     ap.add_argument("--before-only", action="store_true", help="run only the code in --before")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--ranks", action="store_true",
+                    help="the small files across ranks and nodes instead (one rank, "
+                         "mpiexec -n 2; replicate and shard)")
+    ap.add_argument("--slurm", action="store_true",
+                    help="with --ranks: also srun -N 2 (a Slurm cluster up: SLURM_CONF)")
     a = ap.parse_args()
     a.work = a.work.resolve()
     a.dest = (a.dest or a.work / "dst").resolve()
     a.work.mkdir(parents=True, exist_ok=True)
+    compile_iobench(a.before)
     info = header(a.work)
     doc: dict[str, Any] = {"info": info}
     if a.files:
@@ -227,7 +360,10 @@ def main() -> int:
         print(f"\nsmall files: {a.files} PNGs in {src}")
         threads = ["--threads", str(a.threads)] if a.threads else []
         anchor = "cp -r && sync" + (" -f" if a.sync == "dest" else "")
-        doc["small"] = bench(a, src, anchor, threads)
+        if a.ranks:
+            doc["ranks"] = bench_ranks(a, src)
+        else:
+            doc["small"] = bench(a, src, anchor, threads)
     if a.large_mib:
         from iobench.core.datasets import DATASETS
 
