@@ -140,6 +140,193 @@ def write_behind_fs() -> Any:
     return _WriteBehindFS()
 
 
+@contextlib.contextmanager
+def lean_dcp() -> Iterator[None]:
+    """A DCP save or load without two CPU costs that are not the checkpoint's: DCP's debug
+    events (two log records per tensor, built and then dropped by its NullHandler: 0.1-0.4 s
+    a save of 1,164 tensors here), and a full garbage collection over the objects the
+    process held before (torch's ~250,000: 0.2-0.7 s whenever one falls inside). The
+    logger's level and the collector's generations are as they were afterwards."""
+    import gc
+    import logging
+
+    log: logging.Logger | None
+    try:
+        from torch.distributed.checkpoint.logger import _dcp_logger as log
+    except ImportError:
+        log = None
+    dropped = log is not None and not log.propagate and all(
+        isinstance(h, logging.NullHandler) for h in log.handlers)
+    level = log.level if log is not None else logging.NOTSET
+    if dropped and log is not None and log.getEffectiveLevel() < logging.INFO:
+        log.setLevel(logging.INFO)
+    frozen = gc.get_freeze_count() == 0  # someone else's freeze is left alone
+    if frozen:
+        gc.freeze()  # what exists now is not scanned; collected later, as before
+    try:
+        yield
+    finally:
+        if frozen:
+            gc.unfreeze()
+        if log is not None:
+            log.setLevel(level)
+
+
+# ------------------------------------------------------------------------------ writing, fast
+
+WRITE_GATHER = 8 << 20  # bytes handed to one writev (at most _IOV_MAX pieces)
+_IOV_MAX = 1024
+
+
+class ShardWriter:
+    """One shard file written as fio writes one: through the page cache in large writes
+    (`os.writev` of up to WRITE_GATHER bytes of pieces, no copy in Python), fsync'ed at
+    the end. (No write-behind here: on ext4, starting the write-back early allocates the
+    blocks early, and every other process's fsync, which commits the journal, then waits
+    for those blocks and blocks these writes: 0.80 of fio's speed against 0.91 without.)"""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        self.pos = 0  # bytes written or queued: the offset of the next piece
+        self._pending: list[memoryview] = []
+        self._pending_n = 0
+
+    def add(self, data: Any) -> None:
+        """Queue `data` (bytes-like, kept alive by its view until written) at `pos`."""
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), WRITE_GATHER):
+            piece = view[at:at + WRITE_GATHER]
+            self._pending.append(piece)
+            self._pending_n += len(piece)
+            self.pos += len(piece)
+            if self._pending_n >= WRITE_GATHER or len(self._pending) >= _IOV_MAX:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write what is queued (a short write is resumed where it stopped)."""
+        pending = self._pending
+        while pending:
+            n = os.writev(self.fd, pending)
+            while pending and n >= len(pending[0]):
+                n -= len(pending.pop(0))
+            if n:
+                pending[0] = pending[0][n:]
+        self._pending_n = 0
+
+    def sync_close(self) -> None:
+        """Write the rest, fsync, close."""
+        try:
+            self.flush()
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+
+
+_TEMPLATES: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
+
+
+def _crc_off() -> bool:
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return False
+    return config.save.compute_crc32 is False
+
+
+def record_parts(tensor: Any, crc_off: bool | None = None
+                 ) -> tuple[bytes, memoryview, bytes] | None:
+    """`torch.save(tensor)`'s bytes as (head, the tensor's own bytes, tail), byte for byte,
+    without serializing it: for a plain contiguous CPU tensor, the head and tail are those of
+    the first tensor of its dtype and shape that `torch.save` wrote (they hold no byte of
+    the data once the records' CRC-32 is off: `no_zip_crc`; `crc_off`, when given, says
+    so); None for any other tensor, or while the CRC is on."""
+    import torch
+
+    if crc_off is None:
+        crc_off = _crc_off()
+    if not crc_off or type(tensor) is not torch.Tensor or tensor.layout != torch.strided \
+            or tensor.device.type != "cpu" or tensor.requires_grad or tensor.numel() == 0 \
+            or not tensor.is_contiguous() or tensor.storage_offset() != 0 \
+            or tensor.untyped_storage().nbytes() != tensor.nbytes or tensor.is_conj() \
+            or tensor.is_neg() or tensor.is_quantized:
+        return None
+    key = (tensor.dtype, tuple(tensor.shape))
+    parts = _TEMPLATES.get(key)
+    if parts is None:
+        buf = io.BytesIO()
+        torch.save(tensor, buf)
+        rec = buf.getvalue()
+        start, size = _spans(memoryview(rec))["data/0"]
+        if size != tensor.nbytes:
+            return None
+        parts = _TEMPLATES[key] = (rec[:start], rec[start + size:])
+    raw: Any = tensor.reshape(-1).view(torch.uint8).numpy()
+    return parts[0], memoryview(raw), parts[1]
+
+
+def fast_path(writer: Any) -> bool:
+    """Whether `write_shard` writes what this DCP writer would: one file a rank, one thread,
+    torch.save records, no stream extensions."""
+    try:
+        from torch.distributed.checkpoint.filesystem import SerializationFormat
+    except ImportError:
+        return False
+    return (writer.single_file_per_rank and writer.thread_count == 1
+            and getattr(writer, "serialization_format", None) == SerializationFormat.TORCH_SAVE
+            and not getattr(getattr(writer, "transforms", None), "extensions", ()))
+
+
+def write_shard(writer: Any, plan: Any, planner: Any) -> Any:
+    """DCP's `FileSystemWriter.write_data` for one file a rank (`fast_path`), with the same
+    bytes at the same offsets: the bytes items, then every tensor as its `torch.save`
+    record (`record_parts`, else `torch.save` itself), fsync'ed; a Future of the results."""
+    from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+    out = ShardWriter(writer.fs.concat_path(writer.path, name))
+    results = []
+    crc_off = _crc_off()
+    try:
+        items = sorted(plan.items, key=lambda wi: wi.type != WriteItemType.BYTE_IO)
+        for item in items:  # stable: the bytes items first, as DCP writes them
+            offset = out.pos
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                out.add(bytes(data.getbuffer()))
+            else:
+                for piece in _tensor_pieces(data, crc_off):
+                    out.add(piece)
+            results.append(WriteResult(index=item.index, size_in_bytes=out.pos - offset,
+                                       storage_data=_StorageInfo(name, offset,
+                                                                 out.pos - offset)))
+    except BaseException:
+        os.close(out.fd)
+        raise
+    out.sync_close()
+    fut: Any = Future()
+    fut.set_result(results)
+    return fut
+
+
+def _tensor_pieces(tensor: Any, crc_off: bool) -> tuple[Any, ...]:
+    """A tensor's `torch.save` record, in pieces, as DCP's loader hands it over (on the CPU,
+    cloned when its storage holds more than it)."""
+    tensor = tensor.detach().cpu()
+    if tensor.untyped_storage().size() != tensor.nbytes:
+        tensor = tensor.clone()
+    parts = record_parts(tensor, crc_off)
+    if parts is not None:
+        return parts
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(tensor, buf)
+    return (buf.getbuffer(),)
+
+
 # ------------------------------------------------------------------------------ reading
 
 class ShardFile:
@@ -384,8 +571,14 @@ _FULL = 0xFFFFFFFF  # a 32-bit field whose value is in the zip64 extra field
 
 def _records(view: memoryview) -> dict[str, memoryview]:
     """The records of a `torch.save` archive (uncompressed zip members), by name without the
-    archive's folder, as slices of `view` (no copy), from its central directory; a
-    ValueError for anything else (compressed, truncated, a comment after the directory)."""
+    archive's folder, as slices of `view` (no copy); a ValueError for anything else."""
+    return {name: view[start:start + size] for name, (start, size) in _spans(view).items()}
+
+
+def _spans(view: memoryview) -> dict[str, tuple[int, int]]:
+    """(start, size) of each record of a `torch.save` archive (uncompressed zip members) in
+    `view`, by name without the archive's folder, from its central directory; a ValueError
+    for anything else (compressed, truncated, a comment after the directory)."""
     end = len(view) - _END.size
     sig, _, _, _, count, _, cd, _ = _END.unpack(view[end:])
     if sig != b"PK\x05\x06":
@@ -396,7 +589,7 @@ def _records(view: memoryview) -> dict[str, memoryview]:
             raise ValueError("no zip64 end of central directory")
         count, cd = struct.unpack("<QQ", view[end64 + 32:end64 + 40]
                                   .tobytes() + view[end64 + 48:end64 + 56].tobytes())
-    out: dict[str, memoryview] = {}
+    out: dict[str, tuple[int, int]] = {}
     for _ in range(count):
         f = _CENTRAL.unpack(view[cd:cd + 46])
         if f[0] != b"PK\x01\x02" or f[6] != 0:  # stored only
@@ -411,7 +604,7 @@ def _records(view: memoryview) -> dict[str, memoryview]:
         start = offset + 30 + h[10] + h[11]
         if h[0] != b"PK\x03\x04" or start + size > len(view):
             raise ValueError("record past the end")
-        out[name.split("/", 1)[-1]] = view[start:start + size]
+        out[name.split("/", 1)[-1]] = (start, size)
         cd += 46 + name_len + extra_len + comment_len
     return out
 
