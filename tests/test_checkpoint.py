@@ -499,7 +499,7 @@ def test_record_parts_are_torch_saves_bytes_or_none() -> None:
     assert record_parts(torch.arange(7, dtype=torch.float32), crc_off=False) is None
 
 
-def test_lean_dcp_leaves_the_logger_and_collector_as_they_were() -> None:
+def test_lean_dcp_leaves_the_logger_and_collector_as_they_were(monkeypatch) -> None:
     import gc
     import logging
 
@@ -507,8 +507,12 @@ def test_lean_dcp_leaves_the_logger_and_collector_as_they_were() -> None:
 
     from iobench.core.checkpoint_io import lean_dcp
 
+    monkeypatch.setattr(_dcp_logger, "handlers", [logging.NullHandler()])
     level, frozen = _dcp_logger.level, gc.get_freeze_count()
-    with lean_dcp():
+    with lean_dcp():  # DCP's debug records go nowhere: not built
         assert not _dcp_logger.isEnabledFor(logging.DEBUG)
         assert gc.get_freeze_count() >= frozen
     assert (_dcp_logger.level, gc.get_freeze_count()) == (level, frozen)
+    monkeypatch.setattr(_dcp_logger, "handlers", [logging.StreamHandler()])
+    with lean_dcp():  # someone reads them: kept
+        assert _dcp_logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)
