@@ -32,12 +32,10 @@ from typing import Any
 
 from iobench.core.checkpoint_io import (
     DamagedShard,
-    fast_path,
     no_zip_crc,
     plain_transforms,
     read_ranges,
     write_behind_fs,
-    write_shard,
 )
 from iobench.core.errors import DatasetError
 from iobench.core.jsonio import read_json, write_json_atomic
@@ -295,9 +293,8 @@ def writer(path: Path, after_shard: Any) -> Any:
         files: tuple[str, ...] = ()
 
         def write_data(self, plan: Any, planner: Any) -> Any:
-            with no_zip_crc():  # DCP's bytes; fast: `write_shard`
-                fut = (write_shard(self, plan, planner) if fast_path(self)
-                       else super().write_data(plan, planner))
+            with no_zip_crc():
+                fut = super().write_data(plan, planner)
             self.files = tuple(sorted({r.storage_data.relative_path for r in fut.value()}))
             self.shard_end_ns = time.perf_counter_ns()
             after_shard()
