@@ -440,3 +440,47 @@ def test_read_ranges_cover_every_item_aligned() -> None:
     for start, end, rs in out:
         assert start % 4096 == 0 and end % 4096 == 0
         assert all(start <= off and off + n <= end for off, n, _ in rs)
+
+
+def test_a_stock_dcp_checkpoint_loads_through_iobenchs_reader(tmp_path: Path) -> None:
+    """A checkpoint DCP's stock FileSystemWriter wrote (its records with their CRC-32) loads
+    through iobench's reader, the plain tensors by the fast path, twice (the second time a
+    record is not decoded again only when its head and tail equal a decoded one's)."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_loader import load
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core.checkpoint_store import load_metadata, reader
+
+    gen = torch.Generator().manual_seed(1)
+    state = {f"t{i}": torch.randn(5 + 3 * (i % 4), generator=gen).to(dtype)
+             for i, dtype in enumerate([torch.float32, torch.bfloat16, torch.float16,
+                                        torch.float64] * 3)}
+    state["ints"] = torch.arange(24, dtype=torch.int64).reshape(2, 3, 4)
+    state["transposed"] = torch.randn(8, 4, generator=gen).t()
+    save(state, storage_writer=FileSystemWriter(tmp_path, thread_count=1), no_dist=True)
+    for _ in range(2):
+        back = {k: torch.zeros_like(v) for k, v in state.items()}
+        load(back, storage_reader=reader(tmp_path, load_metadata(tmp_path)), no_dist=True)
+        for k, v in state.items():
+            assert torch.equal(back[k], v), k
+
+
+def test_lean_dcp_leaves_the_logger_and_collector_as_they_were(monkeypatch) -> None:
+    import gc
+    import logging
+
+    from torch.distributed.checkpoint.logger import _dcp_logger
+
+    from iobench.core.checkpoint_io import lean_dcp
+
+    monkeypatch.setattr(_dcp_logger, "handlers", [logging.NullHandler()])
+    level, frozen = _dcp_logger.level, gc.get_freeze_count()
+    with lean_dcp():  # DCP's debug records go nowhere: not built
+        assert not _dcp_logger.isEnabledFor(logging.DEBUG)
+        assert gc.get_freeze_count() >= frozen
+    assert (_dcp_logger.level, gc.get_freeze_count()) == (level, frozen)
+    monkeypatch.setattr(_dcp_logger, "handlers", [logging.StreamHandler()])
+    with lean_dcp():  # someone reads them: kept
+        assert _dcp_logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)

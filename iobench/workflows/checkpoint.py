@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from iobench.core import cache, distributed, faults, procio
+from iobench.core.checkpoint_io import lean_dcp
 from iobench.core.checkpoint_layout import (
     Layout,
     build_state,
@@ -373,7 +374,8 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
     w = writer(tmp, lambda: faults.at_step(fault, world.rank, k, 0))
 
     def step() -> None:
-        save(state, storage_writer=w, no_dist=world.size == 1)
+        with lean_dcp():
+            save(state, storage_writer=w, no_dist=world.size == 1)
         fsync_dir(tmp)  # this rank's file's entry (rank 0 fsyncs it again in the commit)
 
     t0 = time.perf_counter_ns()
@@ -515,8 +517,12 @@ def _read_one(cfg: CheckpointConfig, plan: _Plan, state: dict[str, Any], world: 
     world.barrier()
     t0 = time.perf_counter_ns()
     r = reader(path, metadata)
-    t1 = _dcp(lambda: load(state, storage_reader=r, no_dist=world.size == 1), world, path,
-              "read")
+
+    def step() -> None:
+        with lean_dcp():
+            load(state, storage_reader=r, no_dist=world.size == 1)
+
+    t1 = _dcp(step, world, path, "read")
     delta = procio.tree_io() - io0
     rec = RankRead(world.rank, world.node, sum(f.stat().st_size for f in mine),
                    (r.read_end_ns - t0) / 1e9, (t1 - t0) / 1e9,
