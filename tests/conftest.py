@@ -130,6 +130,28 @@ SERIAL_MODULES = frozenset({
 })
 
 
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """`tmpfs(size)`: a tmpfs of that size (e.g. "3m") mounted in the test's folder, for a
+    full disk; the test is skipped where none can be mounted (needs root). Unmounted after."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs{len(mounted)}"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                           capture_output=True, text=True) if os.geteuid() == 0 else None
+        if r is None or r.returncode != 0:
+            pytest.skip(f"cannot mount a {size} tmpfs here: "
+                        f"{'needs root' if r is None else r.stderr.strip() or r.returncode}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.module is not None and item.module.__name__.rpartition(".")[2] in SERIAL_MODULES:

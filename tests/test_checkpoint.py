@@ -11,7 +11,6 @@ import json
 import math
 import os
 import pickle
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -273,16 +272,9 @@ def test_interrupt_mid_write_leaves_the_previous_checkpoint(tmp_path: Path) -> N
 
 
 @pytest.fixture
-def tiny_fs(tmp_path: Path):
-    """A 3 MB tmpfs (root only); skipped where it cannot be mounted."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_fs(tmpfs):
+    """A 3 MB tmpfs (conftest's `tmpfs`)."""
+    return tmpfs("3m")
 
 
 def test_full_disk_mid_write_is_one_line_and_keeps_the_previous(tiny_fs: Path,

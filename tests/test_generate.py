@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
 import signal
 import subprocess
@@ -156,26 +155,6 @@ def test_verify_catches_damage_in_containers(tmp_path):
     assert len(probs) == 1 and probs[0].startswith("truncated") and str(p) in probs[0]
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Mount a tmpfs of the size asked for (needs root); unmounted afterwards."""
-    mounted: list[Path] = []
-
-    def mount(size: str) -> Path:
-        mnt = tmp_path / f"tmpfs{len(mounted)}"
-        mnt.mkdir()
-        if os.geteuid() != 0 or subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                capture_output=True).returncode != 0:
-            pytest.skip("needs root to mount a small tmpfs")
-        mounted.append(mnt)
-        return mnt
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", str(mnt)], check=False)
-
-
 @pytest.mark.parametrize("argv", [
     # records larger than a page take overflow pages: the pre-check passes, the write fails
     ["--dataset", "cifar10", "--format", "lmdb", "--samples", "1000", "--samples-per-file",
@@ -232,22 +211,15 @@ def test_force_replaces_in_one_swap(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["cifar10-hdf5"]  # nothing left beside it
 
 
-def test_out_of_space_leaves_no_partial_file(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs",
-                                            str(mnt)], capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    try:
-        # compressed: past the up-front space check, so the writer meets the full disk
-        r = run_cmd("generate", "--dataset", "cosmoflow", "--samples", "2", "--compression",
-                    "gzip", "--storage", mnt)
-        assert r.returncode == 2
-        assert "out of space" in r.stderr and "Traceback" not in r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1
-        assert not list(mnt.rglob("*.tmp")) and not list(mnt.rglob("*.h5"))
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+def test_out_of_space_leaves_no_partial_file(tmpfs):
+    mnt = tmpfs("2m")
+    # compressed: past the up-front space check, so the writer meets the full disk
+    r = run_cmd("generate", "--dataset", "cosmoflow", "--samples", "2", "--compression",
+                "gzip", "--storage", mnt)
+    assert r.returncode == 2
+    assert "out of space" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not list(mnt.rglob("*.tmp")) and not list(mnt.rglob("*.h5"))
 
 
 @pytest.mark.parametrize("argv, needle", [

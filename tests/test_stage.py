@@ -301,18 +301,9 @@ def test_bad_input_is_one_line(tmp_path, capsys, case, needle):
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 1 MiB tmpfs (needs root and mount), unmounted afterwards."""
-    d = tmp_path / "small"
-    d.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("needs root to mount a small tmpfs")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield d
-    subprocess.run(["umount", str(d)], check=False)
+def small_tmpfs(tmpfs):
+    """A 1 MiB tmpfs (conftest's `tmpfs`)."""
+    return tmpfs("1m")
 
 
 def test_out_of_space(tmp_path, small_tmpfs):

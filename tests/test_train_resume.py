@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -189,17 +188,9 @@ def test_bad_resumes_are_one_line_and_exit_2(storage, tmp_path, capsys, argv, wo
 # ------------------------------------------------------------------------ a full disk
 
 @pytest.fixture
-def tiny_fs(tmp_path: Path):
-    """An 8 MB tmpfs (root only; room for the checks before the run, filled by the fault);
-    skipped where it cannot be mounted."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+def tiny_fs(tmpfs):
+    """An 8 MB tmpfs (room for the checks before the run, filled by the fault; conftest's `tmpfs`)."""
+    return tmpfs("8m")
 
 
 def test_a_full_disk_is_one_line_and_the_previous_save_resumes(storage, tiny_fs, tmp_path,
