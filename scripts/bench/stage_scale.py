@@ -1,6 +1,6 @@
 """Staging time against file count, from the local disk and the one-box GlusterFS (issue 31 item 4).
 
-    .venv/bin/python scripts/bench/stage_scale.py [--data /work/data-s10]
+    .venv/bin/python scripts/bench/stage_scale.py [--data /var/tmp/iobench-stage-scale]
         [--counts 1000,10000,100000] [--tiers local,gluster] [--repeat 3]
         [--once-above 10000] [--fpsync-jobs 2] [--dest DIR] [--json OUT]
 
@@ -171,7 +171,7 @@ def table(cells: list[dict[str, Any]], jobs: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path("/work/data-s10"),
+    ap.add_argument("--data", type=Path, default=Path("/var/tmp/iobench-stage-scale"),
                     help="datasets (DATA/local/nCOUNT), copies (DATA/dst), results")
     ap.add_argument("--counts", default="1000,10000,100000", help="file counts")
     ap.add_argument("--tiers", default="local,gluster", help="sources: local, gluster")
