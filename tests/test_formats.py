@@ -19,6 +19,7 @@ OWNERS = {"iobench/core/formats.py"} | {f"{d}/{n}.py" for n in FORMATS for d in 
 # provenance), a preflight check's name, MLPerf's (DLIO's) own name of a workload's format
 NOT_FORMATS = {("iobench/workflows/report.py", "hdf5"), ("iobench/workflows/report.py", "lmdb"),
                ("iobench/core/sysinfo.py", "hdf5"), ("iobench/core/sysinfo.py", "zarr"),
+               ("iobench/core/sysinfo.py", "lmdb"),  # the Python package, for its version
                ("iobench/workflows/preflight.py", "files"),
                ("iobench/core/workloads.py", "npz")}
 
