@@ -8,11 +8,11 @@ import shlex
 from pathlib import Path
 
 import pytest
-from test_verdict import _doc
+from test_verdict import _doc, one_pass
 
 from conftest import cli
 from iobench.core import results
-from iobench.workflows.verdict import for_run, verdict
+from iobench.workflows.verdict import for_run, rate_words, verdict
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_a_dali_run_names_its_cause_from_measured_ceilings(data: Path, tmp_path:
     assert v.bottleneck in ("storage", "cpu", "loader", "startup"), v.line
     assert "cause unknown" not in v.line
     assert "DALI keeps no per-batch clocks, so iobench measured its ceilings" in v.line
-    assert f"{c.warm_decode_samples_per_s:,.0f} in memory decoding" in v.line
+    assert f"{rate_words(c.warm_decode_samples_per_s)} in memory decoding" in v.line
 
 
 def _ceilings(doc: dict, cold: float, warm: float, decode: float,
@@ -93,8 +93,8 @@ def test_cpu_decoding_on_a_gpu_node_says_what_the_gpu_would_do(tmp_path: Path) -
     v = verdict(doc)
     assert v["bottleneck"] == "cpu"
     [gpu] = [a for a in v["advice"] if "this node has a GPU with DALI" in a]
-    assert f"a core decodes {per_core:,.0f} samples/s" in gpu
-    assert f"the 16 core(s) available reach at most {per_core * 16:,.0f}" in gpu
+    assert f"a core decodes {rate_words(per_core)} samples/s" in gpu
+    assert f"the 16 core(s) available reach at most {rate_words(per_core * 16)}" in gpu
     assert "DALI's GPU rate here is not measured yet" in gpu and "--loader dali" in gpu
     # a DALI run on this node's GPU, in the same results directory, gives the GPU rate
     other = _on_a_gpu_node(_ceilings(_doc(0.95), 30_000, 31_000, 9_500, "gpu"))
@@ -170,3 +170,17 @@ def test_the_readme_main_job_asks_the_storage_question_on_any_node() -> None:
     for line in trains:
         assert line.startswith("iobench train --loader hdf5 --storage ")
         assert "--compute-time" in line.split() or "--workload" in line.split()
+
+
+def test_a_slow_rate_never_prints_as_zero() -> None:
+    """CosmoFlow on a CPU trains at about 0.13 samples/s: the verdict once read "ran on the
+    CPU at 0 samples/s ... needs 0 samples/s"; below 100 a rate keeps three digits."""
+    doc = _doc(0.97)
+    doc["compute"] = {"kind": "model", "model": "cosmoflow", "device": {"type": "cpu"}}
+    doc["summary"]["spread"]["samples_per_s"] = one_pass(0.131)
+    line = verdict(doc)["line"]
+    assert "the model ran on the CPU at 0.131 samples/s" in line, line
+    slow = verdict(_ceilings(_doc(0.5), 0.5, 12.5, 0.0417))["line"]
+    assert "0.5 samples/s cold without decoding" in slow, slow
+    assert "12.5 in memory without decoding, 0.0417 in memory decoding" in slow, slow
+    assert " 0 samples/s" not in line + slow

@@ -383,8 +383,14 @@ def demand_words(res: TrainResult) -> str | None:
     where = c.device.name if c.device is not None and c.device.name else c.demand.device
     needs = c.demand.samples_per_s * res.world.size
     return (f"{c.model} (batch {c.demand.batch_size}{', bf16' if c.amp else ''}) on this "
-            f"{where} needs {needs:,.0f} samples/s ({c.demand.ms_per_step:.1f} ms a step with "
-            f"its input on the device); the loader delivered {delivered:,.0f}")
+            f"{where} needs {rate_words(needs)} samples/s ({c.demand.ms_per_step:.1f} ms a step with "
+            f"its input on the device); the loader delivered {rate_words(delivered)}")
+
+
+def rate_words(rate: float) -> str:
+    """A rate as people read it: `2,471` from 100 up, three significant digits below
+    (`0.131`, `12.5`), so a slow rate never prints as `0`."""
+    return f"{rate:,.0f}" if abs(rate) >= 100 else f"{rate:.3g}"
 
 
 def au_words(au: float, threshold: float, op: str) -> str:
@@ -401,7 +407,7 @@ def _ingest(case: _Case) -> Verdict:
     doc = case.doc
     rate, mbps = _spread_median(doc, "samples_per_s"), _spread_median(doc, "read_MBps")
     case.evidence.append("no accelerator (--model none), so AU does not apply"
-                         + (f"; the loader delivered {rate:,.0f} samples/s"
+                         + (f"; the loader delivered {rate_words(rate)} samples/s"
                             if rate is not None else "")
                          + (f", {mbps:,.0f} MB/s" if mbps is not None else ""))
     if case.lt:
@@ -564,9 +570,9 @@ def _by_ceilings(case: _Case, c: Ceilings) -> str:
     case.evidence.append(
         f"DALI keeps no per-batch clocks, so iobench measured its ceilings after the epochs "
         f"({c.batches} batches a pass, {c.threads} thread(s), operators on the "
-        f"{c.device.upper()}): {cold:,.0f} samples/s {'cold' if c.cold else 'warm'} without "
-        f"decoding ({c.cold_fetch_MBps:,.0f} MB/s), {warm:,.0f} in memory without decoding, "
-        f"{dec:,.0f} in memory decoding")
+        f"{c.device.upper()}): {rate_words(cold)} samples/s {'cold' if c.cold else 'warm'} without "
+        f"decoding ({c.cold_fetch_MBps:,.0f} MB/s), {rate_words(warm)} in memory without decoding, "
+        f"{rate_words(dec)} in memory decoding")
     if _startup(case):
         return "startup"
     if c.cold and cold < SLOWER * warm and cold <= dec:
@@ -576,7 +582,7 @@ def _by_ceilings(case: _Case, c: Ceilings) -> str:
     if dec < SLOWER * warm:
         per = dec / max(1, min(c.threads, case.cores))
         case.evidence.append(f"decoding costs {warm / dec:.1f}x the hand-over alone "
-                             f"({per:,.0f} samples/s per thread): decoding sets the pace")
+                             f"({rate_words(per)} samples/s per thread): decoding sets the pace")
         return "cpu" if c.device == "cpu" else "decode"
     case.evidence.append("neither fetching cold nor decoding slows DALI much by itself: its "
                          "pipeline's own rate (threads, hand-over to the step) sets the pace")
@@ -627,11 +633,11 @@ def _gpu_decode_words(case: _Case) -> str | None:
     if not _gpu_with_dali(doc) or per_core is None:
         return None
     fmt = doc.config.format or doc.dataset.format
-    gpu = (f"DALI decoded {case.dali_gpu:,.0f} samples/s on this node's GPU"
+    gpu = (f"DALI decoded {rate_words(case.dali_gpu)} samples/s on this node's GPU"
            if case.dali_gpu else "DALI's GPU rate here is not measured yet")
     return (f"CPU decoding is the limit and this node has a GPU with DALI: a core decodes "
-            f"{per_core:,.0f} samples/s, so the {case.cores} core(s) available reach at most "
-            f"{per_core * case.cores:,.0f}; {gpu}: decode on the GPU with --loader dali"
+            f"{rate_words(per_core)} samples/s, so the {case.cores} core(s) available reach at most "
+            f"{rate_words(per_core * case.cores)}; {gpu}: decode on the GPU with --loader dali"
             + (f" --format {fmt}" if fmt else "") + " (train runs DALI's decoding on the GPU "
             "when it trains on one)")
 
@@ -676,7 +682,7 @@ def _cpu_model(case: _Case) -> Verdict:
     doc = case.doc
     rate = _spread_median(doc, "samples_per_s")
     case.evidence.append("the model ran on the CPU"
-                         + (f" at {rate:,.0f} samples/s" if rate is not None else "")
+                         + (f" at {rate_words(rate)} samples/s" if rate is not None else "")
                          + ": this measures the CPU, not the storage")
     if (needs := demand_words(doc)) is not None:
         case.evidence.append(needs)
