@@ -45,7 +45,7 @@ from iobench.core.simulation import (
     simulate_closed,
     simulate_training,
 )
-from tests.result_docs import probe_doc, real_result
+from result_docs import probe_doc, real_result
 
 # ------------------------------------------------------------------ the model's known answers
 
