@@ -376,6 +376,16 @@ class EpochCheckpoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EpochResume(Record):
+    """An epoch `train --resume` started part-way (`epochs[i].resumed`), figures of its steps.
+
+    The steps run, not a whole epoch's: compare labels it beside whole epochs."""
+
+    steps_before: int  # steps of the epoch trained before the checkpoint, not run again
+    samples_skipped: int  # their samples, all ranks: the epoch's order starts after them
+
+
+@dataclass(frozen=True, kw_only=True)
 class Epoch(Record):
     """One epoch of one repetition (`epochs[i]`)."""
 
@@ -387,6 +397,7 @@ class Epoch(Record):
     cache: EpochCache
     training: Training | None
     checkpoint: EpochCheckpoint | None = key(default=None, optional=True)
+    resumed: EpochResume | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
