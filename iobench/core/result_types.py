@@ -376,6 +376,17 @@ class EpochCheckpoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TierBytes(Record):
+    """A storage tier's counters over one epoch (`epochs[i].tier_bytes`), rank 0's node.
+
+    Deltas of a `counters()` source: the emulated parallel filesystem's daemon names the
+    two typed here (docs/results-schema.md, `tier`); another source's are kept as they are."""
+
+    bytes_served: int | None = key(default=None, optional=True)  # bytes returned for reads
+    read_requests: int | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EpochResume(Record):
     """An epoch `train --resume` started part-way (`epochs[i].resumed`), figures of its steps.
 
@@ -398,6 +409,7 @@ class Epoch(Record):
     training: Training | None
     checkpoint: EpochCheckpoint | None = key(default=None, optional=True)
     resumed: EpochResume | None = key(default=None, optional=True)
+    tier_bytes: TierBytes | None = key(default=None, optional=True)  # absent in old documents
 
 
 @dataclass(frozen=True, kw_only=True)
