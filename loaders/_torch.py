@@ -150,6 +150,7 @@ class EpochBatches(Sampler[tuple[int, np.ndarray, int]]):
         # workers to the garbage collector, which shuts them down only after a timeout
         self.order, self.batch_size = order, batch_size
         self.epoch = 0
+        self.start = 0  # samples of the epoch's order left out (a resumed epoch's trained)
         self.tag = 1  # this pass's tag: marks the shared slots its batches are lent in
         self.warm_up = 0  # > 0: the next iteration yields this many warm-up keys only
 
@@ -159,7 +160,7 @@ class EpochBatches(Sampler[tuple[int, np.ndarray, int]]):
             yield from ((WARM_UP, np.empty(0, dtype=np.int64), 0)
                         for _ in range(self.warm_up))
             return
-        idx = self.order(self.epoch)
+        idx = self.order(self.epoch, self.start)
         bs = self.batch_size
         for s in range(0, len(idx), bs):
             yield self.epoch, idx[s:s + bs], self.tag
@@ -167,7 +168,7 @@ class EpochBatches(Sampler[tuple[int, np.ndarray, int]]):
     def __len__(self) -> int:
         if self.warm_up:
             return self.warm_up
-        return -(-len(self.order(self.epoch)) // self.batch_size)
+        return -(-len(self.order(self.epoch, self.start)) // self.batch_size)
 
 
 def _identity(x: Any) -> Any:
@@ -299,8 +300,10 @@ class TorchLoader(Loader):
                                        "batch") from e
             yield item
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         c = self.config
+        # the keys the sampler hands out start there: the earlier batches are never read
+        self.sampler.start = self.start_sample(start_step)
         if c.workers > 0 and c.worker_type == "thread":
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(c.workers, thread_name_prefix=f"iobench-{self.name}")

@@ -235,13 +235,14 @@ class Loader(ABC):
             raise ConfigError(f"dataset has {self.manifest.num_samples} samples: too few for "
                               f"{world} ranks; generate more with --samples")
 
-    def indices(self, epoch: int) -> np.ndarray:
-        """Global sample indices this rank reads in `epoch`, in order."""
+    def indices(self, epoch: int, start: int = 0) -> np.ndarray:
+        """Global sample indices this rank reads in `epoch`, in order, without the first
+        `start` of them (samples)."""
         c, m = self.config, self.manifest
         ranges = sampling.FileRanges.of(m) if c.scope == "local" else None
         return sampling.rank_indices(m.num_samples, c.shuffle, c.seed, epoch, self.rank,
                                      self.world, c.block_size, c.shuffle_window,
-                                     file_ranges=ranges, scope=c.scope)
+                                     file_ranges=ranges, scope=c.scope, start=start)
 
     def samples_per_epoch(self) -> int:
         """Samples this rank reads each epoch (the same every epoch, on every rank), by
@@ -256,8 +257,20 @@ class Loader(ABC):
         return math.ceil(self.samples_per_epoch() / self.config.batch_size)
 
     @abstractmethod
-    def epoch(self, epoch: int) -> Iterator[Batch]:
-        """Yield this rank's batches for `epoch` (0-based)."""
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        """Yield this rank's batches for `epoch` (0-based), from batch `start_step` on: the
+        same batches as a whole epoch's from there (`train --resume` part-way through an
+        epoch), the earlier ones' samples never read."""
+
+    def start_sample(self, start_step: int) -> int:
+        """The samples of this rank's share that batch `start_step` starts after; a
+        ConfigError past the epoch's last batch."""
+        steps = self.steps_per_epoch()
+        if not 0 <= start_step <= steps:
+            raise ConfigError(f"{start_step=} must be in [0, {steps}], the steps of an epoch "
+                              f"({self.samples_per_epoch()} samples a rank, batch "
+                              f"{self.config.batch_size})")
+        return start_step * self.config.batch_size
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Start workers and load their libraries, reading no data.

@@ -107,19 +107,22 @@ class _Source:
     """DALI batch source of batch `iteration` of epoch `first_epoch + epoch_idx`: the batch's
     data (`_data`), its sample indices, and cifar10's augmentation arguments; StopIteration
     at the epoch's end, so the next epoch starts only when asked for (after its eviction).
+    The first epoch starts at batch `first_step` (a resumed one), the others at their first.
     Picklable (spawned DALI workers get a copy)."""
 
     def __init__(self, order: EpochOrder, first_epoch: int, batch_size: int, seed: int,
-                 cifar_aug: bool, max_steps: int | None = None) -> None:
+                 cifar_aug: bool, max_steps: int | None = None, first_step: int = 0) -> None:
         self.order, self.first_epoch = order, first_epoch
         self.batch_size, self.seed, self.cifar_aug = batch_size, seed, cifar_aug
         self.max_steps = max_steps  # the consumer takes no more batches an epoch
+        self.first_step = first_step
 
     def __call__(self, info: Any) -> tuple[Any, ...]:
         epoch = self.first_epoch + info.epoch_idx
         idx = self.order(epoch)
-        start = info.iteration * self.batch_size
-        if start >= len(idx) or (self.max_steps is not None and info.iteration >= self.max_steps):
+        step = info.iteration + (self.first_step if info.epoch_idx == 0 else 0)
+        start = step * self.batch_size
+        if start >= len(idx) or (self.max_steps is not None and step >= self.max_steps):
             raise StopIteration
         b = idx[start:start + self.batch_size]
         outs = (*self._data(b), b.copy())
@@ -352,16 +355,18 @@ class DaliLoader(Loader):
         # cosmoflow: the stored int16; log1p is the batch's Finish (a table lookup)
         return x.gpu() if self.gpu else x
 
-    def _source_pipeline(self, first_epoch: int) -> Any:
-        """A pipeline that delivers epochs `first_epoch`, `first_epoch + 1`, ... (after each
-        `reset`), fed batch by batch by an external source: container formats' batches read
-        by iobench's reader in DALI's Python workers, or the files format's paths, read by
-        DALI's own `fn.io.file.read` in its threads. Outputs: the preprocessed samples,
-        then (containers) labels and stored bytes, then the sample indices."""
+    def _source_pipeline(self, first_epoch: int, first_step: int = 0) -> Any:
+        """A pipeline that delivers epochs `first_epoch` (from its batch `first_step`),
+        `first_epoch + 1`, ... (after each `reset`), fed batch by batch by an external
+        source: container formats' batches read by iobench's reader in DALI's Python
+        workers, or the files format's paths, read by DALI's own `fn.io.file.read` in its
+        threads. Outputs: the preprocessed samples, then (containers) labels and stored
+        bytes, then the sample indices."""
         fn, types = self._dali.fn, self._dali.types
         c, ds, files = self.config, self.manifest.dataset, self.native
         cifar_aug = ds == "cifar10" and c.decode
-        args = (self.order, first_epoch, c.batch_size, c.seed, cifar_aug, c.max_steps)
+        args = (self.order, first_epoch, c.batch_size, c.seed, cifar_aug, c.max_steps,
+                first_step)
         src: _Source
         if files:
             assert self._paths is not None, "set for the files format but .npy"
@@ -470,14 +475,16 @@ class DaliLoader(Loader):
         why = (f"...{flat[-300:]}" if len(flat) > 300 else flat) or type(e).__name__
         return DatasetError(f"DALI pipeline failed reading {self.manifest.root}: {why}")
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         c, m = self.config, self.manifest
-        idx_all = self.order(epoch)
-        pipe = self._pipeline_for(epoch, idx_all)
+        # from batch `start_step` on: the pipeline's source starts there (nothing before read)
+        idx_all = self.order(epoch, self.start_sample(start_step))
+        pipe = self._pipeline_for(epoch, idx_all, start_step)
         finish = FINISH.get(m.dataset) if c.decode else None
         steps = self.steps_per_epoch()
         # the source ends an epoch at max_steps too: then the pipeline carries on to the next
-        for k in range(steps if c.max_steps is None else min(steps, c.max_steps)):
+        for k in range(max(0, (steps if c.max_steps is None else min(steps, c.max_steps))
+                           - start_step)):
             idx = idx_all[k * c.batch_size:(k + 1) * c.batch_size]
             n = len(idx)
             outs = self._run(pipe, idx_all, k)
@@ -499,15 +506,16 @@ class DaliLoader(Loader):
                 pipe.reset()
                 self._next_epoch = epoch + 1
 
-    def _pipeline_for(self, epoch: int, idx_all: np.ndarray) -> Any:
-        """The live pipeline if it delivers `epoch` next, else a new one."""
+    def _pipeline_for(self, epoch: int, idx_all: np.ndarray, start_step: int = 0) -> Any:
+        """The live pipeline if it delivers `epoch` next from its first batch, else a new one
+        (from batch `start_step`: `idx_all` is the order from there)."""
         try:
             if self.per_epoch:
                 self.close()
                 self._pipe = self._npy_pipeline(epoch, idx_all)
-            elif self._pipe is None or self._next_epoch != epoch:
+            elif self._pipe is None or self._next_epoch != epoch or start_step:
                 self.close()
-                self._pipe = self._source_pipeline(epoch)
+                self._pipe = self._source_pipeline(epoch, start_step)
         except IobenchError:
             raise
         except Exception as e:  # DALI checks its readers' files when it builds

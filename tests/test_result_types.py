@@ -134,3 +134,49 @@ def test_report_tables_are_what_they_were_before(tmp_path) -> None:
     (d / "sweep-x.json").write_text(json.dumps(sweep))
     report.write_report(d, tmp_path / "r.md", title="golden")
     assert (tmp_path / "r.md").read_text() == (DATA / "report-golden.md").read_text()
+
+
+# ------------------------------------------------------------------ epochs[i].tier_bytes, typed
+
+def test_an_epochs_tier_bytes_are_typed_and_round_trip() -> None:
+    """The emulated tier's counters are typed (`bytes_served`, `read_requests`); another
+    source's (GlusterFS bricks') and the daemon's other counters are kept as they are; an
+    old document without the key reads None and writes none back."""
+    doc = real_result()
+    emulated = {"bytes_served": 8_000_000, "read_requests": 250, "opens": 3,
+                "read_service_s": 0.5}
+    doc["epochs"][0]["tier_bytes"] = emulated
+    doc["epochs"][1]["tier_bytes"] = {"brick_read_bytes": 7_000_000}
+    run = TrainResult.from_dict(copy.deepcopy(doc))
+    t0, t1 = (e.tier_bytes for e in run.epochs)
+    assert t0 is not None and (t0.bytes_served, t0.read_requests) == (8_000_000, 250)
+    assert dict(t0.extra) == {"opens": 3, "read_service_s": 0.5}
+    assert t1 is not None and (t1.bytes_served, t1.read_requests) == (None, None)
+    assert run.to_dict() == doc
+    old = real_result()
+    for e in old["epochs"]:
+        del e["tier_bytes"]
+    run = TrainResult.from_dict(copy.deepcopy(old))
+    assert [e.tier_bytes for e in run.epochs] == [None, None] and run.to_dict() == old
+    doc["epochs"][0]["tier_bytes"] = {"bytes_served": -1, "read_requests": 2}
+    with pytest.raises(ResultError, match="bytes_served"):
+        TrainResult.from_dict(doc)
+
+
+def test_project_takes_bytes_per_request_from_the_typed_epochs() -> None:
+    """`project`'s k (samples per tier request) from the typed result alone, median epoch:
+    no second read of the file (the run is never written anywhere here)."""
+    from iobench.core.projection import Figure, TierLimits
+    from iobench.workflows.project import samples_per_request
+
+    doc = real_result()
+    sample = doc["dataset"]["total_bytes"] / doc["dataset"]["num_samples"]  # 3176 bytes
+    doc["epochs"][0]["tier_bytes"] = {"bytes_served": int(sample * 40), "read_requests": 10}
+    doc["epochs"][1]["tier_bytes"] = {"bytes_served": int(sample * 60), "read_requests": 10}
+    tier = TierLimits(Figure(1e9, "bw"), Figure(1e5, "md"))
+    k = samples_per_request(TrainResult.from_dict(doc), tier)
+    assert k is not None and k.value == pytest.approx(5.0, rel=1e-3)
+    assert k.source.startswith("measured: the run's tier counters")
+    for e in doc["epochs"]:  # no counters: none measured, and no probe's requests either
+        e["tier_bytes"] = None
+    assert samples_per_request(TrainResult.from_dict(doc), tier) is None

@@ -20,7 +20,9 @@ import pytest
 from conftest import cli, run_cmd, run_mpi
 from iobench.core import results
 from iobench.core.checkpoint_store import check_marker, load_metadata, reader
+from iobench.core.manifest import Manifest
 from iobench.core.world import World
+from iobench.workflows import compare
 from iobench.workflows.train_checkpoint import CheckpointPlan, TrainCheckpoints
 from iobench.workflows.train_resume import newest_complete, read_state
 
@@ -268,3 +270,115 @@ def test_a_trace_draws_the_time_saves_blocked_the_steps(storage, tmp_path) -> No
     assert step[("wait", 2)]["ts"] == pytest.approx(first["ts"] + first["dur"], abs=2e-3)
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     assert "checkpoint (steps blocked)" in names
+
+
+# ------------------------------------------------------------------------ the resumed epoch's samples
+
+def _record_batches(monkeypatch, loader_cls) -> list[tuple[int, list[int], int]]:
+    """Each batch the training loop takes from `loader_cls` (a real loader, reading real
+    files): (epoch, its sample indices, its payload bytes)."""
+    seen: list[tuple[int, list[int], int]] = []
+    original = loader_cls.epoch
+
+    def epoch(self, epoch, start_step=0):
+        for b in original(self, epoch, start_step) if start_step else original(self, epoch):
+            seen.append((epoch, b.indices.tolist(), b.payload_bytes))
+            yield b
+
+    monkeypatch.setattr(loader_cls, "epoch", epoch)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def files_storage(tmp_path_factory) -> Path:
+    """256 cifar10 samples, one file each: the OS reads a sample's file and nothing of the
+    others' (no readahead across files), so an epoch's read bytes follow its samples."""
+    s = tmp_path_factory.mktemp("resume-files")
+    assert cli("generate", "--dataset", "cifar10", "--format", "files", "--samples", "256",
+               "--storage", s) == 0
+    return s
+
+
+@pytest.mark.parametrize("loader", ["files", "dali"])
+def test_a_resumed_epoch_reads_the_tail_of_the_same_order(files_storage, tmp_path, monkeypatch,
+                                                          loader) -> None:
+    """An epoch of 8 steps with a save every 4; the save at step 8 removed, so a resume
+    carries on from step 4 of the epoch: it reads exactly the batches 5-8 the run without
+    a failure read (same shuffled order, same batches), none of the first four, and its
+    epoch says so; its payload is those 4 batches', and its OS read bytes their files'."""
+    if loader == "dali":
+        from iobench.loaders.dali import DaliLoader as cls
+    else:
+        from iobench.loaders.files import FilesLoader as cls
+    seen = _record_batches(monkeypatch, cls)
+    argv = ["train", "--storage", files_storage, "--loader", loader, "--model", "cnn",
+            "--batch-size", "32", "--workers", "1", "--epochs", "1", "--checkpoint-every",
+            "4", "--checkpoint-to", tmp_path / "ck"]
+    assert cli(*argv, "--results", tmp_path / "whole") == 0
+    # the epoch's batches (DALI's ceilings passes read epochs after it: not the training's)
+    whole, full = seen[:8], _result(tmp_path / "whole")
+    assert len(whole) == 8 and len({i for _, b, _ in whole for i in b}) == 256
+    (run_dir,) = (tmp_path / "ck").iterdir()
+    shutil.rmtree(run_dir / "ckpt-001")  # the save at step 8: as if the run died before it
+    seen.clear()
+    assert cli(*argv, "--resume", "--results", tmp_path / "resumed") == 0
+    doc = _result(tmp_path / "resumed")
+    assert doc["checkpoint"]["resumed"]["epoch_step"] == 4
+    assert seen[:4] == whole[4:]  # the tail of the same order, batch for batch
+    (ep,) = doc["epochs"]
+    assert ep["resumed"] == {"steps_before": 4, "samples_skipped": 128}
+    assert ep["summary"]["steps"] == 4
+    (row,) = compare.comparison_rows([doc])  # compare says so beside whole epochs
+    assert row["resumed_at"] == 4
+    (rank,) = ep["ranks"]
+    assert rank["batch_bytes"] == sum(n for _, _, n in whole[4:])
+    (full_rank,) = full["epochs"][0]["ranks"]
+    assert full_rank["batch_bytes"] == sum(n for _, _, n in whole)
+    if rank["os_read_bytes"] is not None:  # null where the OS does not count reads
+        # a file's pages, read cold: the tail's files, not the whole epoch's
+        m = Manifest.load(next(files_storage.glob("cifar10-*")))
+        pages = lambda idx: sum(-(-m.data_files[i].bytes // 4096) * 4096 for i in idx)  # noqa: E731
+        tail = pages(i for _, b, _ in whole[4:] for i in b)
+        rest = pages(i for _, b, _ in whole[:4] for i in b)
+        assert tail <= rank["os_read_bytes"] < tail + rest / 2, (rank["os_read_bytes"], tail)
+
+
+@pytest.mark.parametrize("mode, scope", [("global", "global"), ("block", "global"),
+                                         ("none", "global"), ("global", "local")])
+def test_the_order_starts_part_way_without_building_another(mode, scope) -> None:
+    """`rank_indices(..., start=k)` is the rank's share of the same order without its first k
+    samples, on every rank; past the share's end it is a ConfigError."""
+    from iobench.core.errors import ConfigError
+    from iobench.core.sampling import rank_indices
+
+    kw = {"block_size": 8, "window": 2, "scope": scope,
+          "file_ranges": [(f, 10) for f in range(0, 100, 10)] if scope == "local" else None}
+    for rank in range(3):
+        whole = rank_indices(100, mode, 5, 2, rank, 3, **kw)
+        for k in (0, 1, 16, len(whole)):
+            assert rank_indices(100, mode, 5, 2, rank, 3, start=k, **kw).tolist() == \
+                whole[k:].tolist()
+        with pytest.raises(ConfigError, match="start="):
+            rank_indices(100, mode, 5, 2, rank, 3, start=len(whole) + 1, **kw)
+
+
+@pytest.mark.parametrize("workers, worker_type", [(0, "process"), (2, "process"),
+                                                  (2, "thread")])
+def test_each_rank_starts_at_its_own_batch(storage, workers, worker_type) -> None:
+    """Two ranks (in one process, by rank number), a real HDF5 loader each: epoch 1 from
+    step 2 delivers each rank's own batches 3.. of the whole epoch, the earlier ones' samples
+    never read (the payload is the delivered batches'); the next epoch is whole again."""
+    from iobench.loaders import LoaderConfig, make_loader
+
+    (root,) = storage.glob("cifar10-*")
+    config = LoaderConfig(batch_size=16, workers=workers, worker_type=worker_type)
+    for rank in range(2):
+        with make_loader("hdf5", root, config, rank, 2) as ld:
+            ld.start()
+            whole = [(b.indices.tolist(), b.payload_bytes) for b in ld.epoch(1)]
+            assert len(whole) == 4
+            tail = [(b.indices.tolist(), b.payload_bytes) for b in ld.epoch(1, start_step=2)]
+            assert tail == whole[2:]
+            assert [b.indices.tolist() for b in ld.epoch(2)] == [
+                ld.indices(2)[s:s + 16].tolist() for s in range(0, 64, 16)]
+            assert list(ld.epoch(1, start_step=4)) == []

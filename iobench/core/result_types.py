@@ -376,6 +376,27 @@ class EpochCheckpoint(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TierBytes(Record):
+    """A storage tier's counters over one epoch (`epochs[i].tier_bytes`), rank 0's node.
+
+    Deltas of a `counters()` source: the emulated parallel filesystem's daemon names the
+    two typed here (docs/results-schema.md, `tier`); another source's are kept as they are."""
+
+    bytes_served: int | None = key(default=None, optional=True)  # bytes returned for reads
+    read_requests: int | None = key(default=None, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochResume(Record):
+    """An epoch `train --resume` started part-way (`epochs[i].resumed`), figures of its steps.
+
+    The steps run, not a whole epoch's: compare labels it beside whole epochs."""
+
+    steps_before: int  # steps of the epoch trained before the checkpoint, not run again
+    samples_skipped: int  # their samples, all ranks: the epoch's order starts after them
+
+
+@dataclass(frozen=True, kw_only=True)
 class Epoch(Record):
     """One epoch of one repetition (`epochs[i]`)."""
 
@@ -387,6 +408,8 @@ class Epoch(Record):
     cache: EpochCache
     training: Training | None
     checkpoint: EpochCheckpoint | None = key(default=None, optional=True)
+    resumed: EpochResume | None = key(default=None, optional=True)
+    tier_bytes: TierBytes | None = key(default=None, optional=True)  # absent in old documents
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,10 @@ Each rank takes a contiguous, equal share of the epoch's order (contiguous
 keeps `block` locality per rank); the `N mod world` samples left over are
 the only ones skipped that epoch, and they differ from epoch to epoch.
 
+`start` leaves out the first samples of a rank's share (`train --resume` part-way
+through an epoch: the batches trained before the failure): the rest of the SAME
+order, never read and thrown away.
+
 With `scope="local"` (a dataset sharded across nodes by `iobench stage
 --mode shard`) each rank only ever reads the files `files_for_rank` gives it,
 and shuffles within them.
@@ -169,16 +173,31 @@ def rank_count(num_samples: int, world: int, *,
 def rank_indices(num_samples: int, mode: str, seed: int, epoch: int, rank: int, world: int,
                  block_size: int = 256, window: int = 16, *,
                  file_ranges: Sequence[tuple[int, int]] | FileRanges | None = None,
-                 scope: str = "global") -> np.ndarray:
+                 scope: str = "global", start: int = 0) -> np.ndarray:
     """Global sample indices rank `rank` reads this epoch, in order (int64).
 
     Every rank gets the same count: num_samples // world in global scope (the
     rest skipped this epoch), the smallest rank's share in local scope.
     `file_ranges` lists (first_sample, num_samples) per data file (or is a
-    `FileRanges`) and is needed for `scope="local"`.
+    `FileRanges`) and is needed for `scope="local"`. `start` (samples) leaves out
+    the first samples of the share: `rank_indices(..., start=k)` is
+    `rank_indices(...)[k:]`, the epoch resumed part-way.
     """
     if world < 1 or not 0 <= rank < world:
         raise ConfigError(f"{rank=} must be in [0, {world=})")
+    share = _share(num_samples, mode, seed, epoch, rank, world, block_size, window,
+                   file_ranges, scope)
+    if not 0 <= start <= len(share):
+        raise ConfigError(f"{start=} must be in [0, {len(share)}], the samples rank {rank} "
+                          f"reads in epoch {epoch}")
+    return share[start:].astype(np.int64)
+
+
+def _share(num_samples: int, mode: str, seed: int, epoch: int, rank: int, world: int,
+           block_size: int, window: int,
+           file_ranges: Sequence[tuple[int, int]] | FileRanges | None,
+           scope: str) -> np.ndarray:
+    """`rank_indices` of the whole epoch, in the order's own dtype (int32 or int64)."""
     dtype = _index_dtype(num_samples)
     if scope == "global":
         if mode == "global":  # in place: one array of N, not the arange and its permutation
@@ -188,10 +207,12 @@ def rank_indices(num_samples: int, mode: str, seed: int, epoch: int, rank: int, 
             order = epoch_order(np.arange(num_samples, dtype=dtype), mode, seed, epoch,
                                 block_size, window)
         per_rank = num_samples // world
-        return order[rank * per_rank:(rank + 1) * per_rank].astype(np.int64)
+        share: np.ndarray = order[rank * per_rank:(rank + 1) * per_rank]
+        return share
     if scope == "local":
         ranges = _local_ranges(num_samples, world, file_ranges)
         mine = _expand(*ranges.of_rank(rank, world), dtype)
         order = epoch_order(mine, mode, seed * 1_000_003 + rank, epoch, block_size, window)
-        return order[:min(ranges.rank_counts(world))].astype(np.int64)
+        share = order[:min(ranges.rank_counts(world))]
+        return share
     raise ConfigError(f"unknown shuffle scope {scope!r}; choose one of: {', '.join(SCOPES)}")

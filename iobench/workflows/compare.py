@@ -231,6 +231,8 @@ def comparison_rows(docs: Sequence[Doc]) -> list[dict[str, Any]]:
             rows.append({
                 "run": i, "label": label, "run_id": doc.run_id, "repeat": e.repeat,
                 "epoch": e.epoch,
+                # train --resume part-way: the epoch's figures are the steps from there on
+                "resumed_at": e.resumed.steps_before if e.resumed is not None else None,
                 "stall_s": s.stall_s_max, "stall_fraction": s.stall_fraction_max,
                 "au": s.au_mean, "samples_per_s": s.samples_per_s,
                 "read_MBps": s.read_MBps, "wall_s": s.wall_s,
@@ -304,7 +306,9 @@ def epoch_table(runs: Sequence[TrainResult]) -> Any:
     for row_no, r in enumerate(rows):
         nxt = rows[row_no + 1] if row_no + 1 < len(rows) else None
         table.add_row(f"{r['run'] + 1}", *([str(r["repeat"] + 1)] if repeated else []),
-                      str(r["epoch"] + 1), _fmt(r["stall_s"], ".2f"),
+                      str(r["epoch"] + 1) + (f" (resumed at step {r['resumed_at'] + 1})"
+                                             if r["resumed_at"] else ""),
+                      _fmt(r["stall_s"], ".2f"),
                       _fmt(r["stall_fraction"] and 100 * r["stall_fraction"], ".1f"),
                       _fmt(r["au"], ".2f"), fmt_rate(r["samples_per_s"]),
                       fmt_rate(r["read_MBps"]), _fmt(r["wall_s"], ".2f"),

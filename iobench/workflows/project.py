@@ -304,29 +304,7 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         step_range=(min(steps), max(steps)))
 
 
-@dataclass(frozen=True, kw_only=True)
-class _TierCounters(Record):
-    """An emulated tier's counters over one epoch (`epochs[i].tier_bytes` of a result)."""
-
-    bytes_served: int
-    read_requests: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class _EpochTier(Record):
-    """An epoch's tier counters, where the run read an emulated tier (else none)."""
-
-    tier_bytes: _TierCounters | None = key(default=None, optional=True)
-
-
-@dataclass(frozen=True, kw_only=True)
-class _RunTier(Record):
-    """A training result's epochs, the tier counters only."""
-
-    epochs: tuple[_EpochTier, ...]
-
-
-def samples_per_request(path: Path, run: TrainResult, tier: TierLimits) -> Figure | None:
+def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
     """k, the samples one tier request holds in a shuffled epoch (the client cache's
     front-loading, docs/projection.md): the run's measured bytes per tier request (the
     emulated tier's counters, median epoch) over the sample bytes, else the probe's request
@@ -334,9 +312,8 @@ def samples_per_request(path: Path, run: TrainResult, tier: TierLimits) -> Figur
     if run.config.shuffle != "global":
         return None
     sample = run.dataset.total_bytes / run.dataset.num_samples
-    doc = _RunTier.from_dict(load_json(path), str(path))  # load_typed checked it whole
-    sizes = [e.tier_bytes.bytes_served / e.tier_bytes.read_requests for e in doc.epochs
-             if e.tier_bytes is not None and e.tier_bytes.read_requests > 0]
+    sizes = [t.bytes_served / t.read_requests for t in (e.tier_bytes for e in run.epochs)
+             if t is not None and t.bytes_served is not None and t.read_requests]
     if sizes:
         return Figure(max(1.0, _median(sizes) / sample),
                       f"measured: the run's tier counters, {_median(sizes):.0f} bytes per "
@@ -648,7 +625,7 @@ def project(cfg: ProjectConfig,
     stage = _load_stage(cfg.stage) if cfg.stage is not None else None
     node = node_figures(run, cfg.ops_per_sample)
     tier = tier_limits(probes, cfg, node.sample_bytes)
-    node = replace(node, samples_per_request=samples_per_request(cfg.train, run, tier))
+    node = replace(node, samples_per_request=samples_per_request(run, tier))
     staging = staging_figures(stage, run)
     curve = (delivery_curve(cfg.diagnose, _load_diagnose(cfg.diagnose, run), node, tier)
              if cfg.diagnose is not None else None)

@@ -3,10 +3,12 @@
 `load_timeline(path)` reads the Chrome trace-event JSON that
 `iobench.core.trace` writes into `EpochSpans` (per repetition and epoch,
 each rank's wait and compute spans and its loader lanes' fetch and decode).
-`epoch_svg` draws one epoch: a row per rank (compute green, wait red), a row
+`epoch_svg` draws one epoch: a row per rank (compute green, wait red, the
+time a checkpoint save blocked the steps grey: `train --checkpoint-every`), a row
 for its host-to-device copies when timed, and a row per loader lane (fetch
 blue, decode orange); spans closer than half a pixel merge, so a drawing
-stays small whatever the step count. `epoch_line` says the same in words.
+stays small whatever the step count. `epoch_line` says the same in words, the
+checkpoints' blocked time included.
 `add_timelines(page, runs, markdown)` is the report's hook: it adds a
 section for every run whose result names a trace.
 """
@@ -25,7 +27,7 @@ from iobench.core.result_types import TrainResult
 
 WIDTH, LABEL, ROW, GAP, TOP = 760, 150, 12, 3, 30  # px
 COLOURS = {"compute": "#4caf50", "wait": "#d32f2f", "h2d": "#7b1fa2", "fetch": "#1976d2",
-           "decode": "#f57c00"}
+           "decode": "#f57c00", "checkpoint": "#607d8b"}
 MAX_ROWS = 24  # lanes drawn per epoch; the rest are counted
 MAX_EPOCHS = 12  # epochs drawn per run; the rest are counted
 TITLE = "Stall timeline per epoch (train --trace)"
@@ -40,6 +42,7 @@ class RankSpans:
     wait: list[Span] = field(default_factory=list)
     compute: list[Span] = field(default_factory=list)
     h2d: list[Span] = field(default_factory=list)
+    checkpoint: list[Span] = field(default_factory=list)  # a save blocked the steps
     # loader lane name -> (kind, start, duration)
     lanes: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
     window: Span | None = None  # the epoch span
@@ -109,6 +112,8 @@ def _add(r: RankSpans, e: dict[str, Any], lane: str) -> None:
         r.compute.append(span)
     elif kind == "h2d":
         r.h2d.append(span)
+    elif kind == "checkpoint":
+        r.checkpoint.append(span)
     elif kind in ("fetch", "decode"):
         r.lanes.setdefault(lane, []).append((kind, *span))
 
@@ -132,7 +137,8 @@ def _rows(ep: EpochSpans) -> list[tuple[str, list[tuple[str, float, float]]]]:
     rows: list[tuple[str, list[tuple[str, float, float]]]] = []
     for rank, r in sorted(ep.ranks.items()):
         rows.append((f"rank {rank}", [("compute", *s) for s in r.compute]
-                     + [("wait", *s) for s in r.wait]))
+                     + [("wait", *s) for s in r.wait]
+                     + [("checkpoint", *s) for s in r.checkpoint]))
         if r.h2d:
             rows.append((f"rank {rank} host-to-device", [("h2d", *s) for s in r.h2d]))
         for lane, spans in sorted(r.lanes.items()):
@@ -174,8 +180,20 @@ def epoch_svg(ep: EpochSpans) -> str:
     return "".join(out)
 
 
+def checkpoint_blocked(ep: EpochSpans) -> tuple[float, int, int] | None:
+    """(microseconds, saves, rank) of the rank whose steps checkpoint saves blocked longest
+    in this epoch; None when no save blocked them."""
+    blocked = {rank: sum(d for _, d in r.checkpoint) for rank, r in ep.ranks.items()
+               if r.checkpoint}
+    if not blocked:
+        return None
+    rank = max(blocked, key=lambda k: blocked[k])
+    return blocked[rank], len(ep.ranks[rank].checkpoint), rank
+
+
 def epoch_line(ep: EpochSpans) -> str:
-    """One epoch in words: the slowest rank's stall, the longest wait, the loaders' time."""
+    """One epoch in words: the slowest rank's stall, the longest wait, the loaders' time, the
+    time checkpoint saves blocked the steps."""
     stall = {rank: sum(d for _, d in r.wait) for rank, r in ep.ranks.items()}
     worst = max(stall, key=lambda k: stall[k])
     wall = ep.ranks[worst].window
@@ -194,6 +212,10 @@ def epoch_line(ep: EpochSpans) -> str:
             f"step {step + 1})")
     if fetch or decode:
         line += f"; loaders fetched for {fetch / 1e6:.2f} s and decoded for {decode / 1e6:.2f} s"
+    ck = checkpoint_blocked(ep)
+    if ck is not None:
+        line += (f"; checkpoint saves blocked the steps for {ck[0] / 1e6:.3f} s ({ck[1]} "
+                 f"save(s), rank {ck[2]})")
     return line
 
 
@@ -206,6 +228,10 @@ def _run_section(run: TrainResult, markdown: bool) -> list[str]:
         epochs = load_timeline(path)
     except DatasetError as err:
         return [f"- {head}: {err}" if markdown else f"<p>{html.escape(f'{head}: {err}')}</p>"]
+    blocked = [b for b in map(checkpoint_blocked, epochs) if b is not None]
+    if blocked:  # the slowest rank's of each epoch: the steps waited for it
+        head += (f"; checkpoint saves blocked the steps for {sum(b[0] for b in blocked) / 1e6:.3f}"
+                 f" s in all ({sum(b[1] for b in blocked)} save(s))")
     more = len(epochs) - MAX_EPOCHS
     epochs = epochs[:MAX_EPOCHS]
     if markdown:

@@ -811,7 +811,11 @@ class _Run:
         self._clocks = StepClocks() if config.trace is not None else None
         self._last_live = prev_end = clock.start()
         times = _LoaderTimes()
-        it: Iterator[Any] = iter(loader.epoch(epoch))
+        # --resume part-way: the loader starts at the first step not trained, in the same
+        # order (the steps done before are never read); loaders written to the one-argument
+        # contract are only ever asked for whole epochs
+        it: Iterator[Any] = iter(loader.epoch(epoch, start_step=done) if done
+                                 else loader.epoch(epoch))
         step = 0
         try:
             while limit is None or step < limit:
@@ -881,6 +885,8 @@ class _Run:
                "training": training, "tier_bytes": tier}
         if self.ckpt is not None:
             rec["checkpoint"] = epoch_record(ranks)
+            if self.ckpt.done_before:  # --resume part-way: these figures are the steps run
+                rec["resumed"] = self._resumed_epoch(self.ckpt.done_before)
         rec["warnings"] = _cache_warnings(config, self.mount, self.manifest, report)
         if training and training["loss"] is not None and not math.isfinite(training["loss"]):
             training["loss"] = None  # JSON has no NaN; say it instead
@@ -892,6 +898,12 @@ class _Run:
         self.epochs.append(rec)
         if self.hooks.progress is not None:
             self.hooks.progress(rec)
+
+    def _resumed_epoch(self, done: int) -> dict[str, Any]:
+        """`epochs[i].resumed`: an epoch `train --resume` started part-way, at step `done`
+        of its order (every rank skipped its first `done` batches, never read them)."""
+        batch = self.config.batch_size
+        return {"steps_before": done, "samples_skipped": done * batch * self.world.size}
 
     def document(self, cluster_memory_bytes: int, status: str = "complete",
                  why: str | None = None) -> dict[str, Any]:
