@@ -104,6 +104,8 @@ def test_a_resume_after_a_kill_carries_on_from_the_last_complete_save(killed, st
     assert (s.step, s.epoch, s.epoch_step, s.run_id) == (8, 1, 4, doc["run_id"])
     assert "resumed from step 6 (epoch 2, 2 of its steps done)" in doc["summary"]["verdict"]["line"]
     assert "resumed from step 6" in out
+    assert "epoch 2/2 (resumed at step 3): 2 steps" in out  # its line, and the table's row
+    assert "2 (resumed at step 3)" in out.split("run ")[-1]
     assert (old / ".ckpt-003.partial").is_dir()  # left as it was, never read
 
 

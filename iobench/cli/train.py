@@ -333,6 +333,14 @@ def spread_line(doc: dict[str, Any]) -> str:
             + "; ".join(parts))
 
 
+
+def _resumed(epoch: dict[str, Any]) -> str:
+    """` (resumed at step S+1)` for an epoch `train --resume` began part-way (its figures
+    are those of the steps from there on), else nothing."""
+    r = epoch.get("resumed")
+    return f" (resumed at step {r['steps_before'] + 1})" if r else ""
+
+
 class _Output:
     """Rank 0's console output: a header, a line per epoch, a table at the end."""
 
@@ -427,7 +435,8 @@ class _Output:
         s, t = rec["summary"], rec["training"]
         rep = (f"repeat {rec['repeat'] + 1}/{self.config.repeat}, "
                if self.config.repeat > 1 else "")
-        line = (f"{rep}epoch {rec['epoch'] + 1}/{self.config.epochs}: {s['steps']} steps, "
+        line = (f"{rep}epoch {rec['epoch'] + 1}/{self.config.epochs}{_resumed(rec)}: "
+                f"{s['steps']} steps, "
                 f"{fmt_rate(s['samples_per_s'])} samples/s, {fmt_rate(s['read_MBps'])} MB/s, "
                 f"stall {s['stall_fraction_max']:.1%} (max {s['stall_s_max']:.2f} s of "
                 f"{s['wall_s']:.2f} s), AU {s['au_mean']:.2f}")
@@ -465,7 +474,8 @@ class _Output:
             s, t = e["summary"], e["training"] or {}
             res = e["cache"]["resident_fraction"]
             table.add_row(*((str(e["repeat"] + 1),) if reps else ()),
-                          str(e["epoch"] + 1), f"{s['wall_s']:.2f}", f"{s['stall_s_max']:.2f}",
+                          str(e["epoch"] + 1) + _resumed(e), f"{s['wall_s']:.2f}",
+                          f"{s['stall_s_max']:.2f}",
                           f"{s['stall_fraction_max']:.1%}", f"{s['au_mean']:.2f}",
                           fmt_rate(s["samples_per_s"]), fmt_rate(s["read_MBps"]),
                           "n/a" if s["os_read_bytes"] is None else f"{s['os_read_bytes'] / 1e6:.1f}",
