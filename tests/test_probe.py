@@ -122,6 +122,56 @@ def test_several_sample_sizes(tmp_path, monkeypatch):
     assert doc["summary"]["sample_bytes"] == 3072  # the first is the headline
 
 
+def test_buffered_random_reads_as_the_loaders_read(tmp_path, monkeypatch):
+    """Besides the O_DIRECT random reads, the sample size read through the page cache at the
+    loaders' reader counts (more than --readers: their files are written too): a test per
+    count in `buffered_tests`, one page-aligned block per read, and the best in the summary
+    and in the sample size's entry."""
+    monkeypatch.setenv("IOBENCH_PROBE_ENGINE", "python")
+    cfg = ProbeConfig(storage=tmp_path, file_bytes=4 * 2**20, readers=(1,), runtime_s=0.2,
+                      sample_bytes=3000, metadata_files=5, buffered_readers="3,1")
+    assert cfg.buffered_readers == (1, 3)
+    doc = probe_storage(cfg)
+    assert doc["config"]["buffered_readers"] == [1, 3]
+    assert "bufread" not in {t["op"] for t in doc["tests"]}  # the O_DIRECT tests stay apart
+    tests = {t["name"]: t for t in doc["buffered_tests"]}
+    assert set(tests) == {"bufread_3000B_1", "bufread_3000B_3"}
+    for t in tests.values():
+        assert t["op"] == "bufread" and t["bs_bytes"] == 4096 and t["direct"] is False
+        assert t["engine"] == "python" and t["iops"] > 0
+        reads = round(t["iops"] * t["seconds"])
+        assert t["bytes"] == reads * 3000  # whole samples, one read each
+    best = max(tests.values(), key=lambda t: t["iops"])
+    s = doc["summary"]
+    assert s["buffered_read_iops"] == best["iops"] and s["buffered_read_MBps"] == best["MBps"]
+    assert s["buffered_bs_bytes"] == 4096 and s["buffered_readers"] == best["readers"]
+    (entry,) = s["sample_reads"]
+    assert entry["buffered_iops"] == best["iops"] and entry["buffered_bs_bytes"] == 4096
+    assert cfg.files == 3 and ProbeConfig(storage=tmp_path).buffered_readers == (1, 4)
+
+
+def test_buffered_random_reads_are_cold_one_page_each(tmp_path, monkeypatch):
+    """Each buffered read starts its own page-aligned block, after the files were evicted: the
+    device reads at least a page per read (none served from the page cache)."""
+    from iobench.workflows.probe import _PyEngine
+
+    if procio.read_bytes_unavailable(tmp_path) is not None:
+        pytest.skip("the kernel does not count read_bytes on this filesystem")
+    cfg = ProbeConfig(storage=tmp_path, file_bytes=4 * 2**20, readers=(2,), runtime_s=600,
+                      sample_bytes=1000, metadata_files=5)
+    for i in range(2):
+        with open(tmp_path / f"probe.{i}", "wb") as f:
+            f.write(os.urandom(cfg.file_bytes))
+            os.fsync(f.fileno())
+    eng = _PyEngine(cfg, tmp_path, tmp_path, direct=False)
+    before = procio.tree_io()
+    t = eng.bufread(2, 1000, "1000B")
+    delta = procio.tree_io() - before
+    reads = round(t.iops * t.seconds)
+    assert reads == 2 * 1024 and t.bytes == reads * 1000  # every block of both files, once
+    assert delta.read_bytes >= 0.9 * reads * 4096
+
+
 def test_sample_size_from_dataset(tmp_path):
     make_dataset(tmp_path / "cifar10-files", [4000, 4000])
     assert sample_size_for("cifar10", tmp_path) == 1000  # 4 samples per 4000-byte file
@@ -141,6 +191,8 @@ def test_parse_size():
     (["--storage", "/does/not/exist"], "is not a directory"),
     (["--storage", "{tmp}", "--size", "12X"], "not a size"),
     (["--storage", "{tmp}", "--readers", "0,2"], "must be in [1, 256]"),
+    (["--storage", "{tmp}", "--buffered-readers", "2,0"], "must be in [1, 256]"),
+    (["--storage", "{tmp}", "--buffered-readers", "two"], "give counts separated by commas"),
     (["--storage", "{tmp}", "--size", "1M"], "below"),
     (["--storage", "{tmp}", "--size", "1000T"], "not enough space"),
 ])
@@ -197,7 +249,8 @@ def test_probe_writes_a_profile_the_emulator_replays(tmp_path, capsys):
     assert cli("probe", "--storage", storage, *TINY, "--engine", "python", "--results", res,
                "--evict-cmd", f"echo x >> {log}") == 0
     doc = _only_result(res)
-    reads = [t for t in doc["tests"] if t["op"] != "write"]
+    # every read test, the buffered ones (as loaders read) included
+    reads = [t for t in doc["tests"] + doc["buffered_tests"] if t["op"] != "write"]
     assert len(log.read_text().split()) == len(reads) + len(doc["metadata"])
     assert doc["evict_cmd"] == f"echo x >> {log}" and doc["cache_status"] == "cold"
     (pfile,) = res.glob("pfs-profile-*.json")
