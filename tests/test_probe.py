@@ -125,8 +125,8 @@ def test_several_sample_sizes(tmp_path, monkeypatch):
 def test_buffered_random_reads_as_the_loaders_read(tmp_path, monkeypatch):
     """Besides the O_DIRECT random reads, the sample size read through the page cache at the
     loaders' reader counts (more than --readers: their files are written too): a test per
-    count in `buffered_tests`, one page-aligned block per read, and the best in the summary
-    and in the sample size's entry."""
+    count in `buffered_tests`, whole samples, the bytes fetched per read as its request size,
+    and the best in the summary and in the sample size's entry."""
     monkeypatch.setenv("IOBENCH_PROBE_ENGINE", "python")
     cfg = ProbeConfig(storage=tmp_path, file_bytes=4 * 2**20, readers=(1,), runtime_s=0.2,
                       sample_bytes=3000, metadata_files=5, buffered_readers="3,1")
@@ -137,22 +137,27 @@ def test_buffered_random_reads_as_the_loaders_read(tmp_path, monkeypatch):
     tests = {t["name"]: t for t in doc["buffered_tests"]}
     assert set(tests) == {"bufread_3000B_1", "bufread_3000B_3"}
     for t in tests.values():
-        assert t["op"] == "bufread" and t["bs_bytes"] == 4096 and t["direct"] is False
-        assert t["engine"] == "python" and t["iops"] > 0
+        assert t["op"] == "bufread" and t["direct"] is False and t["engine"] == "python"
         reads = round(t["iops"] * t["seconds"])
-        assert t["bytes"] == reads * 3000  # whole samples, one read each
+        assert reads > 0 and t["bytes"] == reads * 3000  # whole samples, one read each
+        assert t["extra"]["sample_bytes"] == 3000
+        if t["extra"]["request_bytes_from"] == "measured":  # the pages fetched per read
+            assert t["bs_bytes"] == max(3000, round(t["extra"]["resident_bytes"] / reads))
+        else:
+            assert t["bs_bytes"] == 4096
     best = max(tests.values(), key=lambda t: t["iops"])
     s = doc["summary"]
     assert s["buffered_read_iops"] == best["iops"] and s["buffered_read_MBps"] == best["MBps"]
-    assert s["buffered_bs_bytes"] == 4096 and s["buffered_readers"] == best["readers"]
+    assert s["buffered_bs_bytes"] == best["bs_bytes"] and s["buffered_readers"] == best["readers"]
     (entry,) = s["sample_reads"]
-    assert entry["buffered_iops"] == best["iops"] and entry["buffered_bs_bytes"] == 4096
+    assert entry["buffered_iops"] == best["iops"]
+    assert entry["buffered_bs_bytes"] == best["bs_bytes"]
     assert cfg.files == 3 and ProbeConfig(storage=tmp_path).buffered_readers == (1, 4)
 
 
-def test_buffered_random_reads_are_cold_one_page_each(tmp_path, monkeypatch):
-    """Each buffered read starts its own page-aligned block, after the files were evicted: the
-    device reads at least a page per read (none served from the page cache)."""
+def test_buffered_random_reads_are_cold_and_count_the_bytes_fetched(tmp_path):
+    """Read to the end, every sample once: the files were evicted first (the device reads
+    them whole), and the bytes fetched per read are the files' bytes over the reads."""
     from iobench.workflows.probe import _PyEngine
 
     if procio.read_bytes_unavailable(tmp_path) is not None:
@@ -168,8 +173,12 @@ def test_buffered_random_reads_are_cold_one_page_each(tmp_path, monkeypatch):
     t = eng.bufread(2, 1000, "1000B")
     delta = procio.tree_io() - before
     reads = round(t.iops * t.seconds)
-    assert reads == 2 * 1024 and t.bytes == reads * 1000  # every block of both files, once
-    assert delta.read_bytes >= 0.9 * reads * 4096
+    assert reads == 2 * (4 * 2**20 // 1000) and t.bytes == reads * 1000  # each sample once
+    assert delta.read_bytes >= 0.9 * 2 * 4 * 2**20
+    if t.extra["request_bytes_from"] != "measured":
+        pytest.skip("the kernel does not report page-cache residency here")
+    assert t.extra["resident_bytes"] == 2 * 4 * 2**20
+    assert t.bs_bytes == round(2 * 4 * 2**20 / reads)
 
 
 def test_sample_size_from_dataset(tmp_path):

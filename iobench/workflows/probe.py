@@ -334,18 +334,27 @@ class _PyEngine:
         return _result(f"randread_{tag}_{n}", "randread", bs, n, b, o, s, "python", self.direct)
 
     def bufread(self, n: int, sample: int, tag: str) -> TestResult:
-        """Random `sample`-byte reads through the page cache, as the loaders read (no
-        O_DIRECT, no fadvise): cold (the site's command run, the files evicted), each at the
-        start of its own page-aligned block, each block once, so no read finds another's
-        pages; the block is the request the client sends (`bs_bytes`)."""
+        """Random `sample`-byte reads through the page cache, as the loaders read a container
+        of packed samples (no O_DIRECT, no fadvise): cold (the site's command run, the files
+        evicted), samples back to back, each once in a random order. `bs_bytes` is what the
+        client fetched per read (the files' resident bytes afterwards over the reads: the
+        pages neighbouring samples share and any read-ahead), the request the tier serves;
+        the page-rounded sample where the kernel cannot tell residency."""
         _site_evict(self.cfg)
-        cache.evict([self.path(i) for i in range(n)])
-        block = -(-sample // ALIGN) * ALIGN
-        b, o, s = self._random_reads(n, block, sample, advise_random=False, direct=False)
-        return _result(f"bufread_{tag}_{n}", BUFREAD, block, n, b, o, s, "python", False,
-                       f"{sample}-byte reads through the page cache, one per {block}-byte "
-                       "block, each block once, cold; the kernel's own read-ahead, if any, "
-                       "counts as it does for a loader")
+        paths = [self.path(i) for i in range(n)]
+        cache.evict(paths)
+        b, o, s = self._random_reads(n, sample, sample, advise_random=False, direct=False)
+        fetched = cache.residency(paths)
+        if fetched.fraction is not None and o > 0:
+            request, how = max(sample, round(fetched.resident_bytes / o)), "measured"
+        else:
+            request, how = -(-sample // ALIGN) * ALIGN, "assumed: the sample in whole pages"
+        r = _result(f"bufread_{tag}_{n}", BUFREAD, request, n, b, o, s, "python", False,
+                    f"{sample}-byte samples back to back, each read once in a random order "
+                    f"through the page cache, cold; bs_bytes: bytes fetched per read ({how})")
+        r.extra = {"sample_bytes": sample, "resident_bytes": fetched.resident_bytes,
+                   "request_bytes_from": how}
+        return r
 
     def _random_reads(self, n: int, block: int, nbytes: int, advise_random: bool,
                       direct: bool | None = None) -> tuple[int, int, float]:
