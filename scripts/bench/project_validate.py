@@ -346,28 +346,31 @@ def _cores(v: float) -> str:
 
 
 SATURATED = 0.95  # of the box's cores busy: the box's CPU, not the tier, may set the pace
+TIER_BOUND = 0.75  # of the tier's probed bandwidth: a copy this fast is the tier's to limit
 
 
-def cpu_warnings(meas: dict[int, dict[str, float]]) -> list[str]:
-    """Per N and phase, where the box's cores were all busy while it ran: the measured time
-    is then (also) the CPU the N clients, the tier's daemons and other work shared, which the
-    model gives each node for itself; the CPU seconds the run and the tier used say how much."""
-    out, cores = [], os.cpu_count() or 1
+def cpu_warnings(meas: dict[int, dict[str, float]], proj: dict[str, Any]) -> list[str]:
+    """Per N and staging mode, where the copies moved the data well below the tier's probed
+    bandwidth while the box's cores were all busy: the box's CPU, shared by the N clients,
+    the tier's daemons and other work, set the pace, which the model (each node its own CPU)
+    does not charge; with the CPU seconds the copies and the tier's daemons used."""
+    figs = {f["name"]: f["value"] for f in proj["figures"]}
+    dataset = figs["bytes per sample"] * max(p["steps_per_epoch"] for p in proj["points"]) \
+        * figs["batch per rank"] * figs["ranks per node"] / 1e6  # MB (N = 1's epoch)
+    bandwidth, out, cores = figs["tier read bandwidth"], [], os.cpu_count() or 1
     for n, m in sorted(meas.items()):
-        for phase, key, secs in (("training", "", None), ("staging replicate", "repl_",
-                                                          m["replicate_s"]),
-                                 ("staging shard", "shard_", m["shard_s"])):
-            box = m[f"{key}box_cores"]
-            if math.isnan(box) or box < SATURATED * cores:
+        for mode, key, copies in (("replicate", "repl_", n), ("shard", "shard_", 1)):
+            secs, box = m[f"{mode}_s"], m[f"{key}box_cores"]
+            rate = copies * dataset / secs
+            if math.isnan(box) or box < SATURATED * cores or rate > TIER_BOUND * bandwidth:
                 continue
-            run_c, tier_c = m[f"{key}run_cores"], m[f"{key}daemon_cores"]
-            used = f"{run_c + tier_c:.2f} of them the run's and the tier's"
-            if secs is not None:
-                used += (f" ({(run_c + tier_c) * secs:.2f} CPU s over its {secs:.2f} s: "
-                         f"{(run_c + tier_c) * secs / cores:.2f} s at least on {cores} free cores)")
-            out.append(f"N={n} {phase}: the box's {cores} cores were {box:.2f} busy, {used}; "
-                       "the box's CPU, shared by N clients on one machine, bounds this "
-                       "measurement, which the model (each node its own CPU) does not hold")
+            used = m[f"{key}run_cores"] + m[f"{key}daemon_cores"]
+            out.append(f"N={n} staging {mode}: {copies * dataset:.0f} MB in {secs:.2f} s, "
+                       f"{rate:.0f} MB/s, under {TIER_BOUND:.0%} of the tier's {bandwidth:.0f} "
+                       f"MB/s, while the box's {cores} cores were {box:.2f} busy ({used:.2f} "
+                       f"of them the copies and the tier's daemons, {used * secs:.2f} CPU s): "
+                       "the box's CPU, shared by N clients on one machine, set the pace; the "
+                       "model gives each node its own")
     return out
 
 
@@ -486,7 +489,7 @@ def print_report(a: argparse.Namespace, proj: dict[str, Any], meas: dict[int, di
                                  "tier read bandwidth")):
             print(f"{f['name']} = {f['value']:.4g} {f['unit']} ({f['source']})")
     print("\n".join(cpu_table(meas, a.gluster)))
-    for w in cpu_warnings(meas):
+    for w in cpu_warnings(meas, proj):
         print(f"validation warning: {w}")
     for w in proj["warnings"]:
         print(f"projection warning: {w}")
