@@ -445,6 +445,18 @@ def test_the_buffered_random_reads_set_the_request_rate_as_the_loaders_read(
         pytest.approx(1 / demand)
     assert not any("no figure of buffered random reads" in w for w in doc["warnings"])
     assert "no figure of buffered" not in err
+    assert not any("alone make the measured node" in w for w in doc["warnings"])
+
+
+def test_a_probe_that_met_a_slower_tier_than_the_node_is_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """50 requests/s of 4 KiB: a batch's 24 requests alone take 0.48 s where the node stepped
+    in 0.02 s; nothing to fit, and the projection says it is pessimistic."""
+    doc = _project_rates(tmp_path, _probe_with_rates(tmp_path, {
+        "buffered_read_iops": 50.0, "buffered_bs_bytes": 4096, "buffered_readers": 2}))
+    (w,) = [w for w in doc["warnings"] if "alone make the measured node" in w]
+    assert "it ran 0.02 s" in w and "pessimistic" in w
+    assert doc["model"]["latency_s"] == 0.0
 
 
 def test_an_older_probe_without_buffered_reads_falls_back_to_o_direct_and_says_so(

@@ -4,7 +4,10 @@
 sequential write and read bandwidth, random read bandwidth and IOPS at
 4 KiB and at the dataset's sample size, each with 1 and several concurrent
 readers (synchronous reads, one file per reader: the same model as loader
-workers), metadata rates (create, stat, open+stat+close, open+read+close,
+workers), the sample sizes again read through the page cache as loaders read
+them (buffered, samples back to back, at the loaders' reader counts: the
+rate and the bytes the client fetched per read, which `iobench project`
+takes as the tier's request rate), metadata rates (create, stat, open+stat+close, open+read+close,
 unlink of small files) and first-byte latency (open to the first byte of a
 cold small file). It uses `fio` (JSON output) when installed, and its own
 measurement otherwise; the result says which. Reads bypass the page cache with

@@ -734,7 +734,7 @@ def project(cfg: ProjectConfig,
         points=tuple(points), saturation=_saturation(read, cfg.threshold),
         warnings=tuple(_warnings(node, tier, len(probes),
                                  request_rate(probes, cfg, node.sample_bytes).read)
-                       + _curve_warnings(read, curve)))
+                       + _curve_warnings(read, curve) + _fit_warnings(read, curve)))
 
 
 def _read_models(node: NodeFigures, tier: TierLimits, curve: DeliveryCurve | None
@@ -774,6 +774,19 @@ def _curve_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
             f"is {model:.4g} s, the training result measured {n.step_s:.4g} s: the diagnose "
             "and the training runs saw the tier differently (another load, another tier); "
             "project from the training result alone to fit its step"]
+
+
+def _fit_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
+    """Without a delivery curve: whether the tier's figures alone make the measured node
+    slower than it ran (more than 10 %), so that no latency could be fitted."""
+    n = read.node
+    model = read.at(n.nodes).step_s
+    if curve is not None or model <= 1.1 * n.step_s:
+        return []
+    return [f"the tier's figures alone make the measured node's step {model:.4g} s, it ran "
+            f"{n.step_s:.4g} s: the probe met a slower tier than the run did (another load, "
+            "a short test), so the projection is pessimistic; probe again (a longer "
+            "--runtime) or give the site's figures (--pfs-iops, --pfs-read-gbs)"]
 
 
 def _simulation_words(cfg: ProjectConfig, ran: bool) -> str:

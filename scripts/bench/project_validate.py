@@ -390,6 +390,8 @@ def arguments() -> argparse.Namespace:
     ap.add_argument("--probe-sample", default="3072",
                     help="bytes of the probe's random reads: the samples' size, for the "
                          "request-rate limit (default 3072, cifar10's)")
+    ap.add_argument("--probe-runtime", default="1",
+                    help="seconds per probe test (default 1)")
     ap.add_argument("--gluster", action="store_true",
                     help="the one-box GlusterFS as the tier instead of the emulator (root)")
     ap.add_argument("--gluster-dir", default="iobench-projval",
@@ -417,7 +419,7 @@ def measure(a: argparse.Namespace, nodes: list[int], work: Path
         log("probe of the tier")
         # buffered random reads at the loaders' concurrency: workers on 1 and on max N ranks
         run([*IOBENCH, "probe", *where, "--size", "16M",
-             "--readers", "1,4", "--runtime", "1", "--metadata-files", "100",
+             "--readers", "1,4", "--runtime", a.probe_runtime, "--metadata-files", "100",
              "--sample-size", a.probe_sample, "--buffered-readers",
              f"{a.workers},{int(a.workers) * max(nodes)}",
              "--engine", "python", "--results", res / "probe"])
