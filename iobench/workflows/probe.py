@@ -56,6 +56,9 @@ KiB, MiB = 2**10, 2**20
 SEQ_BS = 4 * MiB
 ALIGN = 4 * KiB  # O_DIRECT needs block-aligned sizes and offsets
 BUFREAD = "bufread"  # the op of the buffered random reads (`buffered_tests`)
+# the buffered reads stop after this share of a file's samples: the opening of a cold pass,
+# where a read's pages are rarely fetched yet (later reads find them so: the model's k)
+BUFREAD_SHARE = 0.1
 IMAGENET_MEAN_JPEG = 110_000  # bytes: ILSVRC-2012 train mean, when no dataset is at hand
 # FUSE clients keep names and attributes 1 s by default (GlusterFS's entry-timeout): the cold
 # opens wait that out after creating the files, as an epoch opens each file once
@@ -339,39 +342,44 @@ class _PyEngine:
     def bufread(self, n: int, sample: int, tag: str) -> TestResult:
         """Random `sample`-byte reads through the page cache, as the loaders read a container
         of packed samples (no O_DIRECT, no fadvise): cold (the site's command run, the files
-        evicted), samples back to back, each once in a random order. `bs_bytes` is what the
+        evicted), samples back to back, each once in a random order, the first
+        `BUFREAD_SHARE` of them (the opening of a cold pass). `bs_bytes` is what the
         client fetched per read (the files' resident bytes afterwards over the reads: the
         pages neighbouring samples share and any read-ahead), the request the tier serves;
         the page-rounded sample where the kernel cannot tell residency."""
         _site_evict(self.cfg)
         paths = [self.path(i) for i in range(n)]
         cache.evict(paths)
-        b, o, s = self._random_reads(n, sample, sample, advise_random=False, direct=False)
+        b, o, s = self._random_reads(n, sample, sample, advise_random=False, direct=False,
+                                     share=BUFREAD_SHARE)
         fetched = cache.residency(paths)
         if fetched.fraction is not None and o > 0:
             request, how = max(sample, round(fetched.resident_bytes / o)), "measured"
         else:
             request, how = -(-sample // ALIGN) * ALIGN, "assumed: the sample in whole pages"
         r = _result(f"bufread_{tag}_{n}", BUFREAD, request, n, b, o, s, "python", False,
-                    f"{sample}-byte samples back to back, each read once in a random order "
-                    f"through the page cache, cold; bs_bytes: bytes fetched per read ({how})")
+                    f"{sample}-byte samples back to back, at most {BUFREAD_SHARE:.0%} of them, "
+                    "each read once in a random order through the page cache, cold; "
+                    f"bs_bytes: bytes fetched per read ({how})")
         r.extra = {"sample_bytes": sample, "resident_bytes": fetched.resident_bytes,
                    "request_bytes_from": how}
         return r
 
     def _random_reads(self, n: int, block: int, nbytes: int, advise_random: bool,
-                      direct: bool | None = None) -> tuple[int, int, float]:
+                      direct: bool | None = None, share: float = 1.0
+                      ) -> tuple[int, int, float]:
         """`n` threads reading `nbytes` at the start of each `block` of their file in a
         random order, each block once (a buffered re-read would hit the page cache), for at
-        most the runtime: (bytes, reads, wall seconds)."""
+        most the runtime and `share` of the blocks: (bytes, reads, wall seconds)."""
         cfg = self.cfg
         slots = cfg.file_bytes // block
+        last = max(1, int(slots * share))
         flags = os.O_RDONLY | (os.O_DIRECT if (self.direct if direct is None else direct)
                                else 0)
         deadline = [0]
 
         def one(i: int) -> tuple[int, int]:
-            order = np.random.default_rng([cfg.seed, i, block]).permutation(slots) * block
+            order = np.random.default_rng([cfg.seed, i, block]).permutation(slots)[:last] * block
             buf = mmap.mmap(-1, max(block, ALIGN))
             view = memoryview(buf)[:nbytes]
             fd = os.open(self.path(i), flags)
