@@ -7,8 +7,9 @@ train`, synchronous steps, each reading 1/N of the epoch, as N one-rank
 nodes would). The script:
 
 1. generates a small dataset on local disk and serves it through the tier;
-2. probes the tier (`iobench probe`, its limits) and measures one client
-   (`train`, and `stage` of one node);
+2. probes the tier (`iobench probe`, its limits; its buffered random reads
+   at the loaders' reader counts, W and W x max N, give the request rate) and
+   measures one client (`train`, and `stage` of one node);
 3. projects N = 1, 2, 4 from those alone (`iobench project`);
 4. measures N = 2 and 4: training (`mpiexec -n N`), staging replicated (N
    `iobench stage` processes at once, each a full copy, through a
@@ -21,7 +22,10 @@ nodes would). The script:
    the training's processes, the tier's daemon and the whole box used while
    the tier served (from /proc every 0.5 s), and the share of rank 0's steady
    stall in the first half of each epoch (from its `--trace`: the client
-   cache's front-loading of a shuffled epoch, docs/projection.md).
+   cache's front-loading of a shuffled epoch, docs/projection.md); the same
+   cores while the copies ran, and a warning where a copy moved the data
+   well under the tier's probed bandwidth with every core busy (the box's
+   CPU, shared by the N clients, set its pace).
 
     .venv/bin/python scripts/bench/project_validate.py [--work /tmp/iobench-project-validate] \
         [--nodes 1,2,4] [--bandwidth 12] [--compute 0.1] [--samples 16384] [--batch 256]
