@@ -122,6 +122,74 @@ def test_several_sample_sizes(tmp_path, monkeypatch):
     assert doc["summary"]["sample_bytes"] == 3072  # the first is the headline
 
 
+def test_buffered_random_reads_as_the_loaders_read(tmp_path, monkeypatch):
+    """Besides the O_DIRECT random reads, the sample size read through the page cache at the
+    loaders' reader counts (more than --readers: their files are written too): a test per
+    count in `buffered_tests`, whole samples, the bytes fetched per read as its request size,
+    and the best in the summary and in the sample size's entry."""
+    monkeypatch.setenv("IOBENCH_PROBE_ENGINE", "python")
+    cfg = ProbeConfig(storage=tmp_path, file_bytes=4 * 2**20, readers=(1,), runtime_s=0.2,
+                      sample_bytes=3000, metadata_files=5, buffered_readers="3,1")
+    assert cfg.buffered_readers == (1, 3)
+    doc = probe_storage(cfg)
+    assert doc["config"]["buffered_readers"] == [1, 3]
+    assert "bufread" not in {t["op"] for t in doc["tests"]}  # the O_DIRECT tests stay apart
+    tests = {t["name"]: t for t in doc["buffered_tests"]}
+    assert set(tests) == {"bufread_3000B_1", "bufread_3000B_3"}
+    for t in tests.values():
+        assert t["op"] == "bufread" and t["direct"] is False and t["engine"] == "python"
+        reads = round(t["iops"] * t["seconds"])
+        assert reads > 0 and t["bytes"] == reads * 3000  # whole samples, one read each
+        assert t["extra"]["sample_bytes"] == 3000
+        if t["extra"]["request_bytes_from"] == "measured":  # the pages fetched per read
+            assert t["bs_bytes"] == max(3000, round(t["extra"]["resident_bytes"] / reads))
+        else:
+            assert t["bs_bytes"] == 4096
+    best = max(tests.values(), key=lambda t: t["iops"])
+    s = doc["summary"]
+    assert s["buffered_read_iops"] == best["iops"] and s["buffered_read_MBps"] == best["MBps"]
+    assert s["buffered_bs_bytes"] == best["bs_bytes"] and s["buffered_readers"] == best["readers"]
+    (entry,) = s["sample_reads"]
+    assert entry["buffered_iops"] == best["iops"]
+    assert entry["buffered_bs_bytes"] == best["bs_bytes"]
+    assert cfg.files == 3 and ProbeConfig(storage=tmp_path).buffered_readers == (1, 4)
+
+
+def test_buffered_random_reads_are_cold_and_count_the_bytes_fetched(tmp_path):
+    """Given all the time it needs, each reader reads the opening tenth of its file's samples
+    in its seeded order, each once; the files were evicted first, so the device reads at
+    least every page those samples span, and the bytes fetched per read cover them."""
+    import numpy as np
+
+    from iobench.workflows.probe import BUFREAD_SHARE, _PyEngine
+
+    if procio.read_bytes_unavailable(tmp_path) is not None:
+        pytest.skip("the kernel does not count read_bytes on this filesystem")
+    cfg = ProbeConfig(storage=tmp_path, file_bytes=4 * 2**20, readers=(2,), runtime_s=600,
+                      sample_bytes=1000, metadata_files=5)
+    for i in range(2):
+        with open(tmp_path / f"probe.{i}", "wb") as f:
+            f.write(os.urandom(cfg.file_bytes))
+            os.fsync(f.fileno())
+    eng = _PyEngine(cfg, tmp_path, tmp_path, direct=False)
+    before = procio.tree_io()
+    t = eng.bufread(2, 1000, "1000B")
+    delta = procio.tree_io() - before
+    slots = 4 * 2**20 // 1000
+    per_reader = int(slots * BUFREAD_SHARE)
+    reads = round(t.iops * t.seconds)
+    assert reads == 2 * per_reader and t.bytes == reads * 1000  # each sample once
+    pages = 0
+    for i in range(2):  # the pages the samples span, in the order the probe drew
+        offs = np.random.default_rng([cfg.seed, i, 1000]).permutation(slots)[:per_reader] * 1000
+        pages += len(set((offs // 4096).tolist()) | set(((offs + 999) // 4096).tolist()))
+    assert delta.read_bytes >= 0.9 * pages * 4096
+    if t.extra["request_bytes_from"] != "measured":
+        pytest.skip("the kernel does not report page-cache residency here")
+    assert t.extra["resident_bytes"] >= pages * 4096
+    assert t.bs_bytes == max(1000, round(t.extra["resident_bytes"] / reads))
+
+
 def test_sample_size_from_dataset(tmp_path):
     make_dataset(tmp_path / "cifar10-files", [4000, 4000])
     assert sample_size_for("cifar10", tmp_path) == 1000  # 4 samples per 4000-byte file
@@ -141,6 +209,8 @@ def test_parse_size():
     (["--storage", "/does/not/exist"], "is not a directory"),
     (["--storage", "{tmp}", "--size", "12X"], "not a size"),
     (["--storage", "{tmp}", "--readers", "0,2"], "must be in [1, 256]"),
+    (["--storage", "{tmp}", "--buffered-readers", "2,0"], "must be in [1, 256]"),
+    (["--storage", "{tmp}", "--buffered-readers", "two"], "give counts separated by commas"),
     (["--storage", "{tmp}", "--size", "1M"], "below"),
     (["--storage", "{tmp}", "--size", "1000T"], "not enough space"),
 ])
@@ -197,7 +267,8 @@ def test_probe_writes_a_profile_the_emulator_replays(tmp_path, capsys):
     assert cli("probe", "--storage", storage, *TINY, "--engine", "python", "--results", res,
                "--evict-cmd", f"echo x >> {log}") == 0
     doc = _only_result(res)
-    reads = [t for t in doc["tests"] if t["op"] != "write"]
+    # every read test, the buffered ones (as loaders read) included
+    reads = [t for t in doc["tests"] + doc["buffered_tests"] if t["op"] != "write"]
     assert len(log.read_text().split()) == len(reads) + len(doc["metadata"])
     assert doc["evict_cmd"] == f"echo x >> {log}" and doc["cache_status"] == "cold"
     (pfile,) = res.glob("pfs-profile-*.json")

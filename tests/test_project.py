@@ -397,6 +397,98 @@ def test_the_probes_sample_size_random_reads_become_a_request_rate_limit(
     assert figs["tier request rate"]["given"] and figs["tier request rate"]["value"] == 64000
 
 
+def _probe_with_rates(tmp_path: Path, buffered: dict[str, Any] | None) -> Path:
+    """A probe of 4 KiB requests: O_DIRECT 2,000/s, 110 kB requests 450/s; with `buffered`, the
+    summary's buffered figures (as the loaders read) besides."""
+    probe = json.loads(_probe(tmp_path).read_text())
+    probe["direct"] = True
+    probe["summary"].update(sample_read_iops=2000.0, sample_bs_bytes=4096, sample_bytes=3072,
+                            sample_reads=[{"sample_bytes": 110_000, "bs_bytes": 110_592,
+                                           "MBps": 50.0, "iops": 450.0}])
+    if buffered is not None:
+        probe["summary"].update(buffered)
+        probe["summary"]["sample_reads"][0].update(buffered_iops=900.0,
+                                                   buffered_bs_bytes=110_592)
+    path = tmp_path / "probe-rates.json"
+    path.write_text(json.dumps(probe))
+    return path
+
+
+def _project_rates(tmp_path: Path, probe: Path, *extra: str) -> dict[str, Any]:
+    res = tmp_path / "res"
+    assert main(["project", "--train", str(_train(tmp_path, step_s=0.02, compute_s=0.01)),
+                 "--probe", str(probe), "--nodes", "1,4,64", "--pfs-mds-ops", "1e9",
+                 "--pfs-read-gbs", "1000", "--client-gbs", "1000", "--simulate-max-nodes",
+                 "0", "--no-plot", "--results", str(res), *extra]) == 0
+    newest = max(res.glob("projection-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    return json.loads(newest.read_text())
+
+
+def test_the_buffered_random_reads_set_the_request_rate_as_the_loaders_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe with buffered random reads (as the loaders read, through the page cache): the
+    request station takes their rate, not the O_DIRECT one, at the size nearest the run's
+    samples, and says so in its inputs; no warning of a stand-in."""
+    doc = _project_rates(tmp_path, _probe_with_rates(tmp_path, {
+        "buffered_read_iops": 8000.0, "buffered_read_MBps": 32.8, "buffered_bs_bytes": 4096,
+        "buffered_readers": 8}))
+    out, err = capsys.readouterr()
+    figs = {f["name"]: f for f in doc["figures"]}
+    rate = figs["tier request rate"]
+    assert rate["value"] == 8000.0 and not rate["given"]  # not 2,000 (O_DIRECT), not 900
+    assert "through the page cache, as the loaders read" in rate["source"]
+    assert "8 readers" in rate["source"] and "through the page cache" in out
+    assert figs["request size"]["value"] == 4096
+    batch_bytes = 32 * figs["bytes per sample"]["value"]
+    demand = 100 * batch_bytes / 4096 * (1 / 8000 - 4096 / 1e12)
+    assert doc["saturation"]["bounds"]["request rate (random reads, requests/s)"] == \
+        pytest.approx(1 / demand)
+    assert not any("no figure of buffered random reads" in w for w in doc["warnings"])
+    assert "no figure of buffered" not in err
+    assert not any("alone make the measured node" in w for w in doc["warnings"])
+
+
+def test_a_probe_that_met_a_slower_tier_than_the_node_is_said(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """50 requests/s of 4 KiB: a batch's 24 requests alone take 0.48 s where the node stepped
+    in 0.02 s; nothing to fit, and the projection says it is pessimistic."""
+    doc = _project_rates(tmp_path, _probe_with_rates(tmp_path, {
+        "buffered_read_iops": 50.0, "buffered_bs_bytes": 4096, "buffered_readers": 2}))
+    (w,) = [w for w in doc["warnings"] if "alone make the measured node" in w]
+    assert "it ran 0.02 s" in w and "pessimistic" in w
+    assert doc["model"]["latency_s"] == 0.0
+
+
+def test_an_older_probe_without_buffered_reads_falls_back_to_o_direct_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe made before the buffered figure still loads and projects: the O_DIRECT rate
+    stands in, its source says so, and a warning is printed."""
+    doc = _project_rates(tmp_path, _probe_with_rates(tmp_path, None))
+    err = capsys.readouterr().err
+    figs = {f["name"]: f for f in doc["figures"]}
+    assert figs["tier request rate"]["value"] == 2000.0
+    assert "with O_DIRECT" in figs["tier request rate"]["source"]
+    assert "holds no buffered figure" in figs["tier request rate"]["source"]
+    batch_bytes = 32 * figs["bytes per sample"]["value"]
+    demand = 100 * batch_bytes / 4096 * (1 / 2000 - 4096 / 1e12)
+    assert doc["saturation"]["bounds"]["request rate (random reads, requests/s)"] == \
+        pytest.approx(1 / demand)
+    assert any("no figure of buffered random reads" in w for w in doc["warnings"])
+    assert "WARNING: the probe holds no figure of buffered random reads" in err
+    # given, the site's rate wins over either, with no stand-in warning
+    doc = _project_rates(tmp_path, _probe_with_rates(tmp_path, None), "--pfs-iops", "64000")
+    assert {f["name"]: f["value"] for f in doc["figures"]}["tier request rate"] == 64000
+    assert not any("no figure of buffered random reads" in w for w in doc["warnings"])
+
+
+def test_a_bad_buffered_figure_in_a_probe_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    probe = _probe_with_rates(tmp_path, {"buffered_read_iops": -5.0, "buffered_bs_bytes": 4096})
+    _one_line_exit_2(["project", "--train", str(_train(tmp_path)), "--probe", str(probe),
+                      "--no-plot", "--simulate-max-nodes", "0", "--results",
+                      str(tmp_path / "r")], capsys, "buffered_read_iops")
+
+
 def test_report_and_compare_show_a_projection_apart_and_labelled(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     res = tmp_path / "res"

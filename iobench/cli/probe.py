@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the storage's cache for honest parallel-filesystem figures")
     p.add_argument("--readers", default="1,4",
                    help="concurrent reader (and writer) counts, e.g. 1,4,16 (default 1,4)")
+    p.add_argument("--buffered-readers", default=None, metavar="COUNTS",
+                   help="reader counts of the buffered random reads at the sample size (as "
+                        "loaders read: through the page cache), e.g. 2,8 for 2 loader workers "
+                        "on 1 and 4 ranks; give the loaders' concurrency (default: --readers)")
     p.add_argument("--runtime", type=float, default=2.0, metavar="SECONDS",
                    help="upper bound per test in seconds (default 2)")
     group = p.add_mutually_exclusive_group()
@@ -76,7 +80,8 @@ def config_from_args(args: argparse.Namespace) -> ProbeConfig:
                        runtime_s=args.runtime, sample_bytes=sample,
                        metadata_files=args.metadata_files, engine=args.engine,
                        direct=False if args.buffered else None, label=args.label,
-                       write_via=args.write_via, evict_cmd=args.evict_cmd)
+                       write_via=args.write_via, evict_cmd=args.evict_cmd,
+                       buffered_readers=args.buffered_readers)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,7 +102,8 @@ def main(args: argparse.Namespace) -> int:
           f"{doc['engine']}, {'O_DIRECT' if doc['direct'] else 'buffered, evicted'}): "
           f"seq read {s['seq_read_MBps']:.1f} MB/s, seq write {s['seq_write_MBps']:.1f} MB/s, "
           f"4 KiB random {s['rand4k_read_iops']:.0f} IOPS, {_sample_words(s)} "
-          f"{s['sample_read_MBps']:.1f} MB/s, {s['create_per_s']:.0f} creates/s, "
+          f"{s['sample_read_MBps']:.1f} MB/s ({s['sample_read_iops']:.0f}/s), "
+          f"buffered as loaders read {_buffered_words(s)}, {s['create_per_s']:.0f} creates/s, "
           f"{s['stat_per_s']:.0f} stats/s, {s['open_stat_close_per_s']:.0f} open+stat+close/s, "
           f"{s['open_read_close_per_s']:.0f} open+read+close/s, first byte "
           f"{_ms(s['first_byte_ms_p50'])} ms (p50), {_ms(s['first_byte_ms_p99'])} ms (p99); "
@@ -114,6 +120,12 @@ def _sample_words(s: dict[str, Any]) -> str:
     if bs == s["sample_bytes"]:
         return f"{s['sample_bytes']}-byte random"
     return f"{s['sample_bytes']}-byte samples as {bs}-byte random reads"
+
+
+def _buffered_words(s: dict[str, Any]) -> str:
+    """The buffered sample-size random reads: `2110 reads/s (4096-byte requests, 8 readers)`."""
+    return (f"{s['buffered_read_iops']:.0f} reads/s ({s['buffered_bs_bytes']}-byte requests, "
+            f"{s['buffered_readers']} reader(s))")
 
 
 def _ms(v: float | None) -> str:

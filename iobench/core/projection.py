@@ -38,7 +38,9 @@ ASSUMPTIONS = (
     "bandwidth (bytes per batch / its bytes/s), the node's own client link (one per node), "
     "and a fixed latency (a delay, fitted so the model reproduces the measured node).",
     "Where the tier's random-read rate at the run's request size is known (the probe's "
-    "sample-size random reads, or given), a cycle also visits a request-rate queue: requests "
+    "sample-size random reads through the page cache, as the loaders read; from a probe "
+    "without them, its O_DIRECT reads, with a warning; or given), a cycle also visits a "
+    "request-rate queue: requests "
     "per batch (batch bytes / request bytes: the client's page cache lets neighbouring small "
     "samples share a request) x (1 / that rate - request bytes / bandwidth: a request's time "
     "net of its transfer, which the bandwidth queue charges). Staging (large sequential "

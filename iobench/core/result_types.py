@@ -832,6 +832,11 @@ class ProbeSummary(Record):
     open_read_close_per_s: float | None
     readers_max: int
     sample_reads: tuple[SampleRead, ...] = key(default=(), optional=True)
+    # random sample-size reads through the page cache, as loaders read (absent before them)
+    buffered_read_iops: float | None = key(default=None, optional=True)
+    buffered_read_MBps: float | None = key(default=None, optional=True)
+    buffered_bs_bytes: int | None = key(default=None, optional=True)
+    buffered_readers: int | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

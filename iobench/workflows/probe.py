@@ -4,7 +4,10 @@
 sequential write and read bandwidth, random read bandwidth and IOPS at
 4 KiB and at the dataset's sample size, each with 1 and several concurrent
 readers (synchronous reads, one file per reader: the same model as loader
-workers), metadata rates (create, stat, open+stat+close, open+read+close,
+workers), the sample sizes again read through the page cache as loaders read
+them (buffered, samples back to back, at the loaders' reader counts: the
+rate and the bytes the client fetched per read, which `iobench project`
+takes as the tier's request rate), metadata rates (create, stat, open+stat+close, open+read+close,
 unlink of small files) and first-byte latency (open to the first byte of a
 cold small file). It uses `fio` (JSON output) when installed, and its own
 measurement otherwise; the result says which. Reads bypass the page cache with
@@ -52,6 +55,10 @@ ENGINE_ENV = "IOBENCH_PROBE_ENGINE"  # "python" forces iobench's own measurement
 KiB, MiB = 2**10, 2**20
 SEQ_BS = 4 * MiB
 ALIGN = 4 * KiB  # O_DIRECT needs block-aligned sizes and offsets
+BUFREAD = "bufread"  # the op of the buffered random reads (`buffered_tests`)
+# the buffered reads stop after this share of a file's samples: the opening of a cold pass,
+# where a read's pages are rarely fetched yet (later reads find them so: the model's k)
+BUFREAD_SHARE = 0.1
 IMAGENET_MEAN_JPEG = 110_000  # bytes: ILSVRC-2012 train mean, when no dataset is at hand
 # FUSE clients keep names and attributes 1 s by default (GlusterFS's entry-timeout): the cold
 # opens wait that out after creating the files, as an epoch opens each file once
@@ -101,6 +108,18 @@ class ProbeConfig:
     # mount such as `iobench emulate-pfs`): files are written there and read through `storage`
     write_via: Path | None = None
     evict_cmd: str | None = None  # the site's command emptying server caches, before reads
+    # reader counts of the buffered random reads (the loaders' concurrency); None: `readers`
+    buffered_readers: tuple[int, ...] | None = None
+
+    @property
+    def buffered_counts(self) -> tuple[int, ...]:
+        """`buffered_readers` as a tuple (which `__post_init__` makes it)."""
+        return self.buffered_readers or self.readers
+
+    @property
+    def files(self) -> int:
+        """Readers' files the probe writes: one per reader of its largest count."""
+        return max(self.readers + self.buffered_counts)
 
     @property
     def sample_sizes(self) -> tuple[int, ...]:
@@ -114,6 +133,8 @@ class ProbeConfig:
         if self.write_via is not None:
             object.__setattr__(self, "write_via", Path(self.write_via))
         object.__setattr__(self, "readers", parse_readers(self.readers))
+        object.__setattr__(self, "buffered_readers", parse_readers(
+            self.readers if self.buffered_readers is None else self.buffered_readers))
         if self.engine not in ENGINES:
             raise ConfigError(f"engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
         if self.file_bytes < SEQ_BS:
@@ -314,20 +335,57 @@ class _PyEngine:
         return _result(f"seq_read_{n}", "read", SEQ_BS, n, b, o, s, "python", self.direct)
 
     def randread(self, n: int, bs: int, tag: str) -> TestResult:
-        cfg = self.cfg
         self._prepare_read(n)
-        slots = cfg.file_bytes // bs
+        b, o, s = self._random_reads(n, bs, bs, advise_random=not self.direct)
+        return _result(f"randread_{tag}_{n}", "randread", bs, n, b, o, s, "python", self.direct)
+
+    def bufread(self, n: int, sample: int, tag: str) -> TestResult:
+        """Random `sample`-byte reads through the page cache, as the loaders read a container
+        of packed samples (no O_DIRECT, no fadvise): cold (the site's command run, the files
+        evicted), samples back to back, each once in a random order, the first
+        `BUFREAD_SHARE` of them (the opening of a cold pass). `bs_bytes` is what the
+        client fetched per read (the files' resident bytes afterwards over the reads: the
+        pages neighbouring samples share and any read-ahead), the request the tier serves;
+        the page-rounded sample where the kernel cannot tell residency."""
+        _site_evict(self.cfg)
+        paths = [self.path(i) for i in range(n)]
+        cache.evict(paths)
+        b, o, s = self._random_reads(n, sample, sample, advise_random=False, direct=False,
+                                     share=BUFREAD_SHARE)
+        fetched = cache.residency(paths)
+        if fetched.fraction is not None and o > 0:
+            request, how = max(sample, round(fetched.resident_bytes / o)), "measured"
+        else:
+            request, how = -(-sample // ALIGN) * ALIGN, "assumed: the sample in whole pages"
+        r = _result(f"bufread_{tag}_{n}", BUFREAD, request, n, b, o, s, "python", False,
+                    f"{sample}-byte samples back to back, at most {BUFREAD_SHARE:.0%} of them, "
+                    "each read once in a random order through the page cache, cold; "
+                    f"bs_bytes: bytes fetched per read ({how})")
+        r.extra = {"sample_bytes": sample, "resident_bytes": fetched.resident_bytes,
+                   "request_bytes_from": how}
+        return r
+
+    def _random_reads(self, n: int, block: int, nbytes: int, advise_random: bool,
+                      direct: bool | None = None, share: float = 1.0
+                      ) -> tuple[int, int, float]:
+        """`n` threads reading `nbytes` at the start of each `block` of their file in a
+        random order, each block once (a buffered re-read would hit the page cache), for at
+        most the runtime and `share` of the blocks: (bytes, reads, wall seconds)."""
+        cfg = self.cfg
+        slots = cfg.file_bytes // block
+        last = max(1, int(slots * share))
+        flags = os.O_RDONLY | (os.O_DIRECT if (self.direct if direct is None else direct)
+                               else 0)
         deadline = [0]
 
         def one(i: int) -> tuple[int, int]:
-            # each block once (a permutation): a buffered re-read would hit the page cache
-            order = np.random.default_rng([cfg.seed, i, bs]).permutation(slots) * bs
-            buf = mmap.mmap(-1, max(bs, ALIGN))
-            view = memoryview(buf)[:bs]
-            fd = self._open(i, os.O_RDONLY)
+            order = np.random.default_rng([cfg.seed, i, block]).permutation(slots)[:last] * block
+            buf = mmap.mmap(-1, max(block, ALIGN))
+            view = memoryview(buf)[:nbytes]
+            fd = os.open(self.path(i), flags)
             done = ops = 0
             try:
-                if not self.direct:
+                if advise_random:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 for off in order.tolist():
                     if ops & 31 == 0 and time.perf_counter_ns() >= deadline[0]:
@@ -341,8 +399,7 @@ class _PyEngine:
             return done, ops
 
         deadline[0] = time.perf_counter_ns() + int(cfg.runtime_s * 1e9)
-        b, o, s = _parallel(n, one)
-        return _result(f"randread_{tag}_{n}", "randread", bs, n, b, o, s, "python", self.direct)
+        return _parallel(n, one)
 
 
 # ----------------------------------------------------------------------------- fio engine
@@ -578,7 +635,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         raise StorageError(f"--storage {cfg.storage} is not a directory; give an existing "
                            "directory on the tier to measure")
     writable = cfg.write_via or cfg.storage
-    _check_storage(writable, max(cfg.readers) * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
+    _check_storage(writable, cfg.files * cfg.file_bytes + cfg.metadata_files * 8 * KiB)
     engine = choose_engine(cfg.engine)
     mount = mount_of(cfg.storage)
     work = Path(tempfile.mkdtemp(prefix=f".iobench-probe-{socket.gethostname()}-",
@@ -588,6 +645,7 @@ def probe_storage(cfg: ProbeConfig, log: Callable[[str], None] | None = None) ->
         run = _setup(cfg, mount, work, read_work)
         eng = (_FioEngine if engine == "fio" else _PyEngine)(cfg, work, read_work, run.direct)
         run.tests = _bandwidth_tests(cfg, eng, work, run.block, log)
+        run.buffered = _buffered_tests(cfg, _PyEngine(cfg, work, read_work, False), log)
         for n in cfg.readers:
             log(f"metadata: {cfg.metadata_files} small files, {n} thread(s)")
             run.meta.append(metadata_rates(work, cfg.metadata_files, n, read_work=read_work,
@@ -613,6 +671,7 @@ class _ProbeRun:
     warnings: list[str]
     notes: list[str]
     tests: list[TestResult] = field(default_factory=list)
+    buffered: list[TestResult] = field(default_factory=list)  # through the page cache
     meta: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -650,7 +709,7 @@ def _bandwidth_tests(cfg: ProbeConfig, eng: _PyEngine | _FioEngine, work: Path,
     for n in cfg.readers:
         measure(f"sequential write, {n} writer(s)", functools.partial(eng.write, n))
     # a time-capped fio write leaves them short
-    _complete_files(work, max(cfg.readers), cfg.file_bytes)
+    _complete_files(work, cfg.files, cfg.file_bytes)
     for n in cfg.readers:
         measure(f"sequential read, {n} reader(s)", functools.partial(eng.read, n))
     for n in cfg.readers:
@@ -661,6 +720,31 @@ def _bandwidth_tests(cfg: ProbeConfig, eng: _PyEngine | _FioEngine, work: Path,
             measure(f"random {bs}-byte reads, {n} reader(s)",
                     functools.partial(eng.randread, n, bs, f"{s}B"))
     return tests
+
+
+def _buffered_tests(cfg: ProbeConfig, eng: _PyEngine, log: Callable[[str], None]
+                    ) -> list[TestResult]:
+    """Random sample-size reads through the page cache at each of the loaders' reader counts
+    (iobench's own engine whatever `cfg.engine`: fio reads with its own fadvise hints)."""
+    tests = []
+    for s in cfg.sample_sizes:
+        for n in cfg.buffered_counts:
+            log(f"buffered random {s}-byte reads (as loaders read), {n} reader(s)")
+            tests.append(eng.bufread(n, s, f"{s}B"))
+            log(f"  {tests[-1].MBps:.1f} MB/s, {tests[-1].iops:.0f} reads/s")
+    return tests
+
+
+def _buffered_figures(tests: list[TestResult], sample: int) -> dict[str, Any]:
+    """The best buffered random-read rate at one sample size: reads/s, MB/s, the request
+    (block) bytes and the reader count that reached it."""
+    mine = [t for t in tests if t.name.startswith(f"{BUFREAD}_{sample}B_")]
+    if not mine:
+        return {"buffered_iops": None, "buffered_MBps": None, "buffered_bs_bytes": None,
+                "buffered_readers": None}
+    top = max(mine, key=lambda t: t.iops)
+    return {"buffered_iops": top.iops, "buffered_MBps": top.MBps,
+            "buffered_bs_bytes": top.bs_bytes, "buffered_readers": top.readers}
 
 
 def _best(tests: list[TestResult], op: str, bs: int | None = None,
@@ -678,6 +762,7 @@ def _summary(cfg: ProbeConfig, run: _ProbeRun) -> dict[str, Any]:
     tests, meta, block = run.tests, run.meta, run.block
     first_sample = cfg.sample_sizes[0]
     first = meta[0]  # one thread: the latency one loader worker sees (more queue at servers)
+    head = _buffered_figures(run.buffered, first_sample)
     return {
         "seq_write_MBps": _best(tests, "write"),
         "seq_read_MBps": _best(tests, "read"),
@@ -689,8 +774,14 @@ def _summary(cfg: ProbeConfig, run: _ProbeRun) -> dict[str, Any]:
         "sample_bs_bytes": block[first_sample],
         "sample_reads": [{"sample_bytes": s, "bs_bytes": bs,
                           "MBps": _best(tests, "randread", tag=f"{s}B"),
-                          "iops": _best(tests, "randread", key="iops", tag=f"{s}B")}
+                          "iops": _best(tests, "randread", key="iops", tag=f"{s}B"),
+                          **_buffered_figures(run.buffered, s)}
                          for s, bs in block.items()],
+        # the headline sample size read through the page cache, as loaders read it
+        "buffered_read_iops": head["buffered_iops"],
+        "buffered_read_MBps": head["buffered_MBps"],
+        "buffered_bs_bytes": head["buffered_bs_bytes"],
+        "buffered_readers": head["buffered_readers"],
         **{k: max(m[k] for m in meta) for k in ("create_per_s", "stat_per_s",
                                                 "open_stat_close_per_s",
                                                 "open_read_close_per_s")},
@@ -733,7 +824,7 @@ def _document(cfg: ProbeConfig, engine: str, mount: MountInfo, run: _ProbeRun) -
         "created": now_iso(),
         "label": cfg.label or f"{mount.kind} ({mount.fstype})",
         "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-                   "readers": list(cfg.readers)},
+                   "readers": list(cfg.readers), "buffered_readers": list(cfg.buffered_counts)},
         "engine": engine,
         "engine_version": fio_version() if engine == "fio" else "iobench (threads, pread)",
         "metadata_engine": "iobench",
@@ -745,12 +836,18 @@ def _document(cfg: ProbeConfig, engine: str, mount: MountInfo, run: _ProbeRun) -
         "cache_status": cache_status, "cache_reason": cache_reason, "evict_cmd": cfg.evict_cmd,
         "summary": _summary(cfg, run),
         "tests": [asdict(t) for t in run.tests],
+        "buffered_tests": [asdict(t) for t in run.buffered],
         "metadata": run.meta,
         "write_via": str(cfg.write_via) if cfg.write_via else None,
         "warnings": warnings,
         "notes": run.notes + via + ["random reads are synchronous (psync), one file per "
                                     "reader, like loader workers; metadata: inodes and "
-                                    "dentries stay cached"],
+                                    "dentries stay cached",
+                                    "buffered_tests: the sample-size random reads again "
+                                    "through the page cache (no O_DIRECT, no fadvise), as "
+                                    "the loaders read, cold, one request per page-aligned "
+                                    "block (summary buffered_read_iops); a projection takes "
+                                    "its request rate from these"],
         "provenance": provenance(),
     }
     doc["emulator_profile"] = profile_from_probe(doc).to_dict()

@@ -57,7 +57,7 @@ from iobench.core.results import (
     load_typed,
     now_iso,
 )
-from iobench.core.schema import Enum, Num, Opt
+from iobench.core.schema import Enum, NonNeg, Num, Opt
 from iobench.core.simulation import EXPONENTIAL, TRACE, Service, TrainingShape, simulate_training
 
 if TYPE_CHECKING:
@@ -144,6 +144,9 @@ class _SampleReadFigures(Record):
     sample_bytes: float = key(Num)
     bs_bytes: int | None = key(default=None, optional=True)
     iops: float | None = key(default=None, optional=True)
+    # the same reads through the page cache, as loaders read (absent in older probes)
+    buffered_iops: float | None = key(Opt(NonNeg), default=None, optional=True)
+    buffered_bs_bytes: int | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,14 +161,27 @@ class _ProbeFigures(Record):
     sample_bs_bytes: int | None = key(default=None, optional=True)
     sample_read_iops: float | None = key(default=None, optional=True)
     sample_reads: tuple[_SampleReadFigures, ...] = key(default=(), optional=True)
+    buffered_read_iops: float | None = key(Opt(NonNeg), default=None, optional=True)
+    buffered_bs_bytes: int | None = key(default=None, optional=True)
+    buffered_readers: int | None = key(default=None, optional=True)
 
     def request_rates(self) -> list[tuple[float, float]]:
-        """(request bytes, random reads/s) of each sample-size random-read test it holds."""
+        """(request bytes, random reads/s) of each sample-size random-read test it holds
+        (O_DIRECT where the probe could, else buffered with POSIX_FADV_RANDOM)."""
         out = [(float(r.bs_bytes or r.sample_bytes), r.iops) for r in self.sample_reads
                if r.iops]
         if self.sample_read_iops and self.sample_bytes:
             out.append((float(self.sample_bs_bytes or self.sample_bytes),
                         self.sample_read_iops))
+        return out
+
+    def buffered_rates(self) -> list[tuple[float, float]]:
+        """(request bytes, random reads/s) of each buffered sample-size random-read test (as
+        the loaders read: through the page cache); none in a probe made before them."""
+        out = [(float(r.buffered_bs_bytes), r.buffered_iops) for r in self.sample_reads
+               if r.buffered_iops and r.buffered_bs_bytes]
+        if self.buffered_read_iops and self.buffered_bs_bytes:
+            out.append((float(self.buffered_bs_bytes), self.buffered_read_iops))
         return out
 
 
@@ -174,6 +190,7 @@ class _Probe(Record):
     """An `iobench.probe` document, the parts a projection reads."""
 
     label: str
+    direct: bool = key(default=True, optional=True)
     storage: ProbeStorage
     summary: _ProbeFigures
 
@@ -353,30 +370,64 @@ def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
                                    "--pfs-mds-ops", "probe")
     client = (Figure(cfg.client_Bps, "given: --client-gbs", given=True) if cfg.client_Bps
               else bw if cfg.pfs_read_Bps and bw is not None else None)
-    rate, request_bytes = request_rate(probes, cfg, sample_bytes)
+    req = request_rate(probes, cfg, sample_bytes)
     return TierLimits(bandwidth_Bps=bandwidth, metadata_ops=metadata, client_Bps=client,
-                      requests_per_s=rate, request_bytes=request_bytes)
+                      requests_per_s=req.rate, request_bytes=req.request_bytes)
+
+
+BUFFERED, DIRECT = "buffered", "direct"  # how a request rate was read (`RequestRate.read`)
+
+
+@dataclass(frozen=True)
+class RequestRate:
+    """The tier's random-read rate for the request station: the figure (None: no station),
+    its request size in bytes, and how the probe read it: `BUFFERED` (through the page
+    cache, as the loaders read), `DIRECT` (the probe's O_DIRECT reads: an older probe without
+    buffered figures) or None (given, or no probe figure)."""
+
+    rate: Figure | None
+    request_bytes: float
+    read: str | None = None
 
 
 def request_rate(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
-                 sample_bytes: float) -> tuple[Figure | None, float]:
-    """(the tier's random reads/s, the request size in bytes): `--pfs-iops` (requests of the
-    probe's nearest size, else of the run's sample size), else the probe's sample-size random
-    read whose request size is nearest the run's sample (the best rate at that size); none
-    when no probe measured one (no request-rate queue)."""
-    found = [(bs, iops, p, d) for p, d in probes for bs, iops in d.summary.request_rates()]
+                 sample_bytes: float) -> RequestRate:
+    """The request station's rate: `--pfs-iops` (requests of the probe's nearest size, else of
+    the run's sample size), else the probe's random reads whose request size is nearest the
+    run's sample (the best rate at that size): its buffered reads, which match how the
+    loaders read, and only in probes without them its O_DIRECT ones; none when no probe
+    measured one (no request-rate queue)."""
+    found = [(bs, iops, p, d) for p, d in probes for bs, iops in d.summary.buffered_rates()]
+    read = BUFFERED
+    if not found:
+        found = [(bs, iops, p, d) for p, d in probes for bs, iops in d.summary.request_rates()]
+        read = DIRECT
     if not found:
         if cfg.pfs_iops:
-            return Figure(cfg.pfs_iops, "given: --pfs-iops", given=True), max(sample_bytes, 1.0)
-        return None, 4096.0
+            return RequestRate(Figure(cfg.pfs_iops, "given: --pfs-iops", given=True),
+                               max(sample_bytes, 1.0))
+        return RequestRate(None, 4096.0)
     near = min(abs(math.log(bs / max(sample_bytes, 1.0))) for bs, _, _, _ in found)
     bs, iops, p, d = max((f for f in found
                           if abs(math.log(f[0] / max(sample_bytes, 1.0))) == near),
                          key=lambda f: f[1])
     if cfg.pfs_iops:
-        return Figure(cfg.pfs_iops, "given: --pfs-iops", given=True), bs
-    return Figure(iops, f"measured: probe {p.name} ({d.label}), random {bs:.0f}-byte reads, "
-                        f"best of 1-{d.summary.readers_max} readers of one client"), bs
+        return RequestRate(Figure(cfg.pfs_iops, "given: --pfs-iops", given=True), bs)
+    return RequestRate(Figure(iops, f"measured: probe {p.name} ({d.label}), "
+                                    f"{_read_words(read, d, bs)}"), bs, read)
+
+
+def _read_words(read: str, d: _Probe, bs: float) -> str:
+    """How the probe read the chosen request rate, for the figure's source."""
+    s = d.summary
+    if read == BUFFERED:
+        readers = f"{s.buffered_readers} readers" if s.buffered_readers else "its readers"
+        return (f"random {bs:.0f}-byte reads through the page cache, as the loaders read "
+                f"(best at {readers} of one client)")
+    how = "with O_DIRECT" if d.direct else "buffered with POSIX_FADV_RANDOM"
+    return (f"random {bs:.0f}-byte reads {how}, best of 1-{s.readers_max} readers of one "
+            "client; this probe holds no buffered figure (made before probe measured one), "
+            "so the O_DIRECT rate stands in for the loaders' buffered reads")
 
 
 def staging_figures(stage: _Stage | None, run: TrainResult) -> StagingFigures:
@@ -598,8 +649,15 @@ def _saturation(read: ReadModel, threshold: float) -> Saturation:
                       bounds=bounds)
 
 
-def _warnings(node: NodeFigures, tier: TierLimits, n_probes: int) -> list[str]:
+def _warnings(node: NodeFigures, tier: TierLimits, n_probes: int, read: str | None
+              ) -> list[str]:
     out = []
+    if read == DIRECT:
+        out.append("the probe holds no figure of buffered random reads, as the loaders read "
+                   "(made before `iobench probe` measured them): the request rate is that of "
+                   "its O_DIRECT (or fadvise-random) reads, which loaders reading through the "
+                   "page cache can exceed several times (the one-box GlusterFS: 4x, "
+                   "docs/results.md section 14); probe the tier again or give --pfs-iops")
     if not tier.bandwidth_Bps.given and n_probes:
         out.append("the tier's bandwidth is what one client measured: the aggregate of a real "
                    "parallel filesystem is usually higher (give --pfs-read-gbs), so the "
@@ -651,7 +709,9 @@ def project(cfg: ProjectConfig,
                         assumptions=ASSUMPTIONS,
                         spread_note=SPREAD_STEP if curve is None else SPREAD_CURVE),
         points=tuple(points), saturation=_saturation(read, cfg.threshold),
-        warnings=tuple(_warnings(node, tier, len(probes)) + _curve_warnings(read, curve)))
+        warnings=tuple(_warnings(node, tier, len(probes),
+                                 request_rate(probes, cfg, node.sample_bytes).read)
+                       + _curve_warnings(read, curve) + _fit_warnings(read, curve)))
 
 
 def _read_models(node: NodeFigures, tier: TierLimits, curve: DeliveryCurve | None
@@ -691,6 +751,19 @@ def _curve_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
             f"is {model:.4g} s, the training result measured {n.step_s:.4g} s: the diagnose "
             "and the training runs saw the tier differently (another load, another tier); "
             "project from the training result alone to fit its step"]
+
+
+def _fit_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
+    """Without a delivery curve: whether the tier's figures alone make the measured node
+    slower than it ran (more than 10 %), so that no latency could be fitted."""
+    n = read.node
+    model = read.at(n.nodes).step_s
+    if curve is not None or model <= 1.1 * n.step_s:
+        return []
+    return [f"the tier's figures alone make the measured node's step {model:.4g} s, it ran "
+            f"{n.step_s:.4g} s: the probe met a slower tier than the run did (another load, "
+            "a short test), so the projection is pessimistic; probe again (a longer "
+            "--runtime) or give the site's figures (--pfs-iops, --pfs-read-gbs)"]
 
 
 def _simulation_words(cfg: ProjectConfig, ran: bool) -> str:

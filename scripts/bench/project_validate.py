@@ -7,8 +7,9 @@ train`, synchronous steps, each reading 1/N of the epoch, as N one-rank
 nodes would). The script:
 
 1. generates a small dataset on local disk and serves it through the tier;
-2. probes the tier (`iobench probe`, its limits) and measures one client
-   (`train`, and `stage` of one node);
+2. probes the tier (`iobench probe`, its limits; its buffered random reads
+   at the loaders' reader counts, W and W x max N, give the request rate) and
+   measures one client (`train`, and `stage` of one node);
 3. projects N = 1, 2, 4 from those alone (`iobench project`);
 4. measures N = 2 and 4: training (`mpiexec -n N`), staging replicated (N
    `iobench stage` processes at once, each a full copy, through a
@@ -21,7 +22,10 @@ nodes would). The script:
    the training's processes, the tier's daemon and the whole box used while
    the tier served (from /proc every 0.5 s), and the share of rank 0's steady
    stall in the first half of each epoch (from its `--trace`: the client
-   cache's front-loading of a shuffled epoch, docs/projection.md).
+   cache's front-loading of a shuffled epoch, docs/projection.md); the same
+   cores while the copies ran, and a warning where a copy moved the data
+   well under the tier's probed bandwidth with every core busy (the box's
+   CPU, shared by the N clients, set its pace).
 
     .venv/bin/python scripts/bench/project_validate.py [--work /tmp/iobench-project-validate] \
         [--nodes 1,2,4] [--bandwidth 12] [--compute 0.1] [--samples 16384] [--batch 256]
@@ -30,7 +34,7 @@ Needs FUSE and MPICH (the venv's mpiexec). About 5-10 minutes on 2 cores.
 
 With `--gluster` the tier is the one-box GlusterFS instead (root;
 scripts/pfs/local-gluster.sh, brought up if it is not): the dataset is copied
-to MNT/s10-project, the probe writes its scratch files to MNT/s10-probe, every
+to MNT/DIR/data (DIR: --gluster-dir), the probe writes its scratch files to MNT/DIR/probe, every
 probe, train and stage run empties the bricks' caches (`--evict-cmd
 'local-gluster.sh evict'`), and the replicated staging reads through a second
 GlusterFS client mounted with `direct-io-mode=enable` (WORK/gluster-direct)
@@ -89,7 +93,8 @@ def mount(a: argparse.Namespace, backing: Path, mnt: Path, direct: bool) -> None
 
 
 def _proc_cpu() -> tuple[dict[int, list[int]], dict[int, float]]:
-    """Every process's children and CPU seconds (user + system), from /proc."""
+    """Every process's children and CPU seconds (user + system, its own and its reaped
+    children's), from /proc."""
     kids: dict[int, list[int]] = {}
     cpu: dict[int, float] = {}
     tick = os.sysconf("SC_CLK_TCK")
@@ -102,7 +107,8 @@ def _proc_cpu() -> tuple[dict[int, list[int]], dict[int, float]]:
             continue
         f = text[text.rindex(")") + 2:].split()
         kids.setdefault(int(f[1]), []).append(int(name))
-        cpu[int(name)] = (int(f[11]) + int(f[12])) / tick
+        # its own and its reaped children's (a loader worker or rank that ended still counts)
+        cpu[int(name)] = sum(int(x) for x in f[11:15]) / tick
     return kids, cpu
 
 
@@ -124,6 +130,7 @@ def _box_busy() -> tuple[int, int]:
 
 
 def _tier_now(mnt: Path) -> tuple[float, float]:
+    """The emulated tier's (bytes served, daemon CPU seconds) so far."""
     try:
         c = json.loads((mnt / ".iobench-pfs-stats").read_text())["counters"]
         return float(c["bytes_served"]), float(c["daemon_cpu_s"])
@@ -131,33 +138,69 @@ def _tier_now(mnt: Path) -> tuple[float, float]:
         return 0.0, 0.0
 
 
-def sampled(cmd: list[Any], mnt: Path, every: float = 0.5) -> dict[str, float]:
-    """Run `cmd`, sampling every `every` s while the tier serves (> 1 MB/s, i.e. in the
-    epochs, start-up left out): cores used by the command's processes, by the tier's daemon
-    and by the whole box (CPU seconds per wall second, means over those samples)."""
-    proc = subprocess.Popen([str(c) for c in cmd], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def _gluster_now() -> tuple[float, float]:
+    """GlusterFS's (CPU seconds, CPU seconds) so far: its FUSE clients and brick daemons
+    (every user's: the volume is shared), as both the serving signal and the daemon's use."""
+    _, cpu = _proc_cpu()
+    total = 0.0
+    for pid, secs in cpu.items():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() in ("glusterfs", "glusterfsd"):
+                total += secs
+        except OSError:
+            continue
+    return total, total
+
+
+class Tier:
+    """What says the tier serves: `now()` -> (signal, daemon CPU s) and the signal's rate
+    above which it counts as serving (emulator: 1 MB/s; GlusterFS: 0.1 core of its own)."""
+
+    def __init__(self, mnt: Path, gluster: bool) -> None:
+        self.mnt, self.gluster = mnt, gluster
+        self.busy = 0.1 if gluster else 1e6
+
+    def now(self) -> tuple[float, float]:
+        return _gluster_now() if self.gluster else _tier_now(self.mnt)
+
+
+def watch(procs: list[subprocess.Popen[str]], tier: Tier, every: float = 0.5
+          ) -> dict[str, float]:
+    """Sample every `every` s while `procs` run and the tier serves (the start-up left out):
+    cores used by the processes' trees, by the tier's daemons and by the whole box (CPU
+    seconds per wall second, means over those samples; NaN when it never served)."""
     rows: list[tuple[float, float, float]] = []
-    (b0, t0), (s0, d0), c0 = _box_busy(), _tier_now(mnt), 0.0
-    while proc.poll() is None:
+    (b0, t0), (s0, d0), c0, w0 = _box_busy(), tier.now(), 0.0, time.monotonic()
+    while any(p.poll() is None for p in procs):
         time.sleep(every)
-        (b1, t1), (s1, d1), c1 = _box_busy(), _tier_now(mnt), _tree_cpu(proc.pid)
-        if (s1 - s0) / every > 1e6:
-            rows.append(((c1 - c0) / every, (d1 - d0) / every,
+        (b1, t1), (s1, d1), w1 = _box_busy(), tier.now(), time.monotonic()
+        c1 = sum(_tree_cpu(p.pid) for p in procs if p.poll() is None)
+        dt = max(w1 - w0, 1e-3)
+        if (s1 - s0) / dt > tier.busy and c1 >= c0:  # (c1 < c0: a process ended unreaped)
+            rows.append(((c1 - c0) / dt, (d1 - d0) / dt,
                          (b1 - b0) / max(t1 - t0, 1) * (os.cpu_count() or 1)))
-        (b0, t0), (s0, d0), c0 = (b1, t1), (s1, d1), max(c0, c1)
-    out = proc.communicate()[0]
-    if proc.returncode != 0:
-        tail = "\n".join(out.strip().splitlines()[-15:])
-        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{tail}")
-    if not rows:  # a tier without the emulator's counters: nothing says when it served
+        (b0, t0), (s0, d0), c0, w0 = (b1, t1), (s1, d1), c1, w1
+    if not rows:
         return dict.fromkeys(("run_cores", "daemon_cores", "box_cores"), float("nan"))
     n = len(rows)
     return {"run_cores": sum(r[0] for r in rows) / n, "daemon_cores": sum(r[1] for r in rows) / n,
             "box_cores": sum(r[2] for r in rows) / n}
 
 
-def train(a: argparse.Namespace, mnt: Path, out: Path, n: int) -> tuple[Path, dict[str, float]]:
+def sampled(cmd: list[Any], tier: Tier) -> dict[str, float]:
+    """Run `cmd` (exit on failure), with `watch`'s CPU figures."""
+    proc = subprocess.Popen([str(c) for c in cmd], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    cpu = watch([proc], tier)
+    out = proc.communicate()[0]
+    if proc.returncode != 0:
+        tail = "\n".join(out.strip().splitlines()[-15:])
+        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{tail}")
+    return cpu
+
+
+def train(a: argparse.Namespace, mnt: Path, out: Path, n: int, tier: Tier
+          ) -> tuple[Path, dict[str, float]]:
     """`mpiexec -n N iobench train` on the tier, with a trace; its result and CPU use."""
     log(f"train, {n} rank(s) at once")
     shutil.rmtree(out, ignore_errors=True)
@@ -165,7 +208,7 @@ def train(a: argparse.Namespace, mnt: Path, out: Path, n: int) -> tuple[Path, di
     cpu = sampled([MPIEXEC, "-n", n, *IOBENCH, "train", "--loader", "hdf5", "--storage", mnt,
                    "--compute-time", a.compute, "--epochs", a.epochs, "--batch-size", a.batch,
                    "--workers", a.workers, "--shuffle", a.shuffle, "--results", out,
-                   "--trace", out / "trace.trace", *(GLUSTER_EVICT if a.gluster else [])], mnt)
+                   "--trace", out / "trace.trace", *(GLUSTER_EVICT if a.gluster else [])], tier)
     (path,) = out.glob("*.json")
     return path, cpu
 
@@ -187,8 +230,10 @@ def first_half(trace: Path) -> float:
     return statistics.median(shares) if shares else float("nan")
 
 
-def stage_replicate(mnt: Path, work: Path, n: int, extra: tuple[str, ...] = ()) -> float:
-    """N full copies at once (N processes): the slowest one's stage_s."""
+def stage_replicate(mnt: Path, work: Path, n: int, tier: Tier, extra: tuple[str, ...] = ()
+                    ) -> tuple[float, dict[str, float]]:
+    """N full copies at once (N processes): the slowest one's stage_s, and `watch`'s CPU
+    figures of the N copying processes."""
     log(f"stage, replicate: {n} process(es) at once")
     procs, outs = [], []
     for i in range(n):
@@ -200,40 +245,43 @@ def stage_replicate(mnt: Path, work: Path, n: int, extra: tuple[str, ...] = ()) 
             [*IOBENCH, "stage", "--from", str(mnt), "--to", str(dest), "--no-progress",
              "--results", str(res), *extra], env=ENV, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True))
+    cpu = watch(procs, tier)
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:
             sys.exit(f"stage failed: {err[-800:]}")
-    return max(float(one(r)["stage_s"]) for r in outs)
+    return max(float(one(r)["stage_s"]) for r in outs), cpu
 
 
-def stage_shard(mnt: Path, work: Path, n: int, extra: tuple[str, ...] = ()) -> float:
-    """One copy spread over N ranks (`mpiexec -n N iobench stage`)."""
+def stage_shard(mnt: Path, work: Path, n: int, tier: Tier, extra: tuple[str, ...] = ()
+                ) -> tuple[float, dict[str, float]]:
+    """One copy spread over N ranks (`mpiexec -n N iobench stage`), and `watch`'s CPU."""
     log(f"stage, one copy over {n} rank(s)")
     dest, res = work / f"shard-{n}", work / f"stage-shard-{n}"
     shutil.rmtree(dest, ignore_errors=True)
     shutil.rmtree(res, ignore_errors=True)
-    run([MPIEXEC, "-n", n, *IOBENCH, "stage", "--from", mnt, "--to", dest, "--no-progress",
-         "--results", res, *extra])
-    return float(one(res)["stage_s"])
+    cpu = sampled([MPIEXEC, "-n", n, *IOBENCH, "stage", "--from", mnt, "--to", dest,
+                   "--no-progress", "--results", res, *extra], tier)
+    return float(one(res)["stage_s"]), cpu
 
 
-def gluster_tier(backing: Path, work: Path, direct: bool) -> Path:
-    """--gluster: the dataset's copy on the one-box GlusterFS, through a second client
-    mounted with direct-io-mode=enable when `direct` (no page cache shared by the copies)."""
+def gluster_tier(backing: Path, work: Path, subdir: str, direct: bool) -> Path:
+    """--gluster: the dataset's copy on the one-box GlusterFS (in MNT/`subdir`/data), through
+    a second client mounted with direct-io-mode=enable when `direct` (no page cache shared
+    by the copies)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _tiers
 
     root = _tiers.gluster_up()
-    _tiers.ensure_copy(backing / "cifar10-hdf5", root / "s10-project")
+    _tiers.ensure_copy(backing / "cifar10-hdf5", root / subdir / "data")
     if not direct:
-        return root / "s10-project"
+        return root / subdir / "data"
     dmnt = work / "gluster-direct"
     dmnt.mkdir(parents=True, exist_ok=True)
     if subprocess.run(["mountpoint", "-q", str(dmnt)]).returncode != 0:
         run(["mount", "-t", "glusterfs", "-o", "direct-io-mode=enable",
              f"{os.uname().nodename}:/iobench", dmnt])
-    return dmnt / "s10-project"
+    return dmnt / subdir / "data"
 
 
 def measured(path: Path, cpu: dict[str, float]) -> dict[str, float]:
@@ -278,15 +326,21 @@ def table(proj: dict[str, Any], meas: dict[int, dict[str, float]]) -> list[str]:
     return out
 
 
-def cpu_table(meas: dict[int, dict[str, float]]) -> list[str]:
+def cpu_table(meas: dict[int, dict[str, float]], gluster: bool) -> list[str]:
     """Per N, while the tier served: cores the training used (ranks and loader workers), the
-    tier's daemon, and the whole box (other sessions' work included), of os.cpu_count(); and
-    the share of the steady stall in the first half of the epoch (the client cache's
-    front-loading: 0.5 would be even)."""
-    out = [f"| N | training cores | daemon cores | box busy cores (of {os.cpu_count()}) "
-           "| steady stall in the epoch's first half |", "|---|---|---|---|---|"]
+    tier's daemons, and the whole box (other sessions' work included), of os.cpu_count(); the
+    share of the steady stall in the first half of the epoch (the client cache's
+    front-loading: 0.5 would be even); and the same cores while the copies ran (replicate:
+    the N stage processes; shard: the N ranks)."""
+    daemon = "gluster clients + bricks cores" if gluster else "daemon cores"
+    out = [f"| N | training cores | {daemon} | box busy cores (of {os.cpu_count()}) "
+           "| steady stall in the epoch's first half | stage repl: copies' cores | "
+           f"{daemon} | box | stage shard: ranks' cores | {daemon} | box |",
+           "|---|" + "---|" * 10]
     out += [f"| {n} | {_cores(m['run_cores'])} | {_cores(m['daemon_cores'])} "
-            f"| {_cores(m['box_cores'])} | {m['first_half']:.0%} |"
+            f"| {_cores(m['box_cores'])} | {m['first_half']:.0%} "
+            + "".join(f"| {_cores(m[f'{w}_{k}'])} " for w in ("repl", "shard")
+                      for k in ("run_cores", "daemon_cores", "box_cores")) + "|"
             for n, m in sorted(meas.items())]
     return out
 
@@ -295,7 +349,36 @@ def _cores(v: float) -> str:
     return "n/a (no tier counters)" if math.isnan(v) else f"{v:.2f}"
 
 
-def main() -> int:
+SATURATED = 0.95  # of the box's cores busy: the box's CPU, not the tier, may set the pace
+TIER_BOUND = 0.75  # of the tier's probed bandwidth: a copy this fast is the tier's to limit
+
+
+def cpu_warnings(meas: dict[int, dict[str, float]], proj: dict[str, Any]) -> list[str]:
+    """Per N and staging mode, where the copies moved the data well below the tier's probed
+    bandwidth while the box's cores were all busy: the box's CPU, shared by the N clients,
+    the tier's daemons and other work, set the pace, which the model (each node its own CPU)
+    does not charge; with the CPU seconds the copies and the tier's daemons used."""
+    figs = {f["name"]: f["value"] for f in proj["figures"]}
+    dataset = figs["bytes per sample"] * max(p["steps_per_epoch"] for p in proj["points"]) \
+        * figs["batch per rank"] * figs["ranks per node"] / 1e6  # MB (N = 1's epoch)
+    bandwidth, out, cores = figs["tier read bandwidth"], [], os.cpu_count() or 1
+    for n, m in sorted(meas.items()):
+        for mode, key, copies in (("replicate", "repl_", n), ("shard", "shard_", 1)):
+            secs, box = m[f"{mode}_s"], m[f"{key}box_cores"]
+            rate = copies * dataset / secs
+            if math.isnan(box) or box < SATURATED * cores or rate > TIER_BOUND * bandwidth:
+                continue
+            used = m[f"{key}run_cores"] + m[f"{key}daemon_cores"]
+            out.append(f"N={n} staging {mode}: {copies * dataset:.0f} MB in {secs:.2f} s, "
+                       f"{rate:.0f} MB/s, under {TIER_BOUND:.0%} of the tier's {bandwidth:.0f} "
+                       f"MB/s, while the box's {cores} cores were {box:.2f} busy ({used:.2f} "
+                       f"of them the copies and the tier's daemons, {used * secs:.2f} CPU s): "
+                       "the box's CPU, shared by N clients on one machine, set the pace; the "
+                       "model gives each node its own")
+    return out
+
+
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/iobench-project-validate"))
     ap.add_argument("--nodes", default="1,2,4")
@@ -311,49 +394,72 @@ def main() -> int:
     ap.add_argument("--probe-sample", default="3072",
                     help="bytes of the probe's random reads: the samples' size, for the "
                          "request-rate limit (default 3072, cifar10's)")
+    ap.add_argument("--probe-runtime", default="1",
+                    help="seconds per probe test (default 1)")
     ap.add_argument("--gluster", action="store_true",
                     help="the one-box GlusterFS as the tier instead of the emulator (root)")
-    a = ap.parse_args()
-    nodes = [int(x) for x in a.nodes.split(",")]
-    work = a.work
+    ap.add_argument("--gluster-dir", default="iobench-projval",
+                    help="--gluster: this run's folder on the shared volume (default "
+                         "iobench-projval; data and probe scratch files go under it)")
+    return ap.parse_args()
+
+
+def measure(a: argparse.Namespace, nodes: list[int], work: Path
+            ) -> tuple[dict[int, Path], dict[int, dict[str, float]]]:
+    """Probe the tier, train at each N, stage at each N: the training results per N and
+    the measured figures per N."""
     backing, mnt, res = work / "backing", work / "mnt", work / "res"
-    work.mkdir(parents=True, exist_ok=True)
-    load_before = os.getloadavg()
-    if not (backing / "cifar10-hdf5" / "iobench.json").is_file():
-        log("generating cifar10/hdf5")
-        run([*IOBENCH, "generate", "--dataset", "cifar10", "--format", "hdf5", "--samples",
-             a.samples, "--samples-per-file", "1024", "--storage", backing, "--force"])
     meas: dict[int, dict[str, float]] = {}
     try:
         if a.gluster:
-            mnt = gluster_tier(backing, work, direct=False)
-            (mnt.parent / "s10-probe").mkdir(exist_ok=True)
-            where = ["--storage", mnt.parent / "s10-probe", *GLUSTER_EVICT]
+            mnt = gluster_tier(backing, work, a.gluster_dir, direct=False)
+            (mnt.parent / "probe").mkdir(exist_ok=True)
+            where = ["--storage", mnt.parent / "probe", *GLUSTER_EVICT]
         else:
             mount(a, backing, mnt, direct=False)
             where = ["--storage", mnt, "--write-via", backing]
+        tier = Tier(mnt, a.gluster)
         shutil.rmtree(res, ignore_errors=True)
         log("probe of the tier")
+        # buffered random reads at the loaders' concurrency: workers on 1 and on max N ranks
         run([*IOBENCH, "probe", *where, "--size", "16M",
-             "--readers", "1,4", "--runtime", "1", "--metadata-files", "100",
-             "--sample-size", a.probe_sample,
+             "--readers", "1,4", "--runtime", a.probe_runtime, "--metadata-files", "100",
+             "--sample-size", a.probe_sample, "--buffered-readers",
+             f"{a.workers},{int(a.workers) * max(nodes)}",
              "--engine", "python", "--results", res / "probe"])
-        trained = {n: train(a, mnt, res / f"train-{n}", n) for n in nodes}
-        runs = {n: t[0] for n, t in trained.items()}
+        trained = {n: train(a, mnt, res / f"train-{n}", n, tier) for n in nodes}
         extra = tuple(GLUSTER_EVICT) if a.gluster else ()
-        direct = gluster_tier(backing, work, direct=True) if a.gluster else mnt
+        direct = gluster_tier(backing, work, a.gluster_dir, direct=True) if a.gluster else mnt
         if not a.gluster:
             mount(a, backing, mnt, direct=True)
         for n in nodes:
-            meas[n] = {**measured(*trained[n]),
-                       "replicate_s": stage_replicate(direct, work, n, extra),
-                       "shard_s": stage_shard(mnt, work, n, extra)}
+            # both through the client the fitted N = 1 copy read (GlusterFS: the direct-io one)
+            (rep, rep_cpu), (shard, shard_cpu) = (stage_replicate(direct, work, n, tier, extra),
+                                                  stage_shard(direct, work, n, tier, extra))
+            meas[n] = {**measured(*trained[n]), "replicate_s": rep, "shard_s": shard,
+                       **{f"repl_{k}": v for k, v in rep_cpu.items()},
+                       **{f"shard_{k}": v for k, v in shard_cpu.items()}}
     finally:
         if a.gluster:
             subprocess.run(["umount", str(work / "gluster-direct")], capture_output=True)
         else:
             subprocess.run([*IOBENCH, "emulate-pfs", "--unmount", str(mnt), "--lazy"],
                            env=ENV, capture_output=True)
+    return {n: t[0] for n, t in trained.items()}, meas
+
+
+def main() -> int:
+    a = arguments()
+    nodes = [int(x) for x in a.nodes.split(",")]
+    work = a.work
+    backing, res = work / "backing", work / "res"
+    work.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    if not (backing / "cifar10-hdf5" / "iobench.json").is_file():
+        log("generating cifar10/hdf5")
+        run([*IOBENCH, "generate", "--dataset", "cifar10", "--format", "hdf5", "--samples",
+             a.samples, "--samples-per-file", "1024", "--storage", backing, "--force"])
+    runs, meas = measure(a, nodes, work)
     (probe,) = (res / "probe").glob("probe-*.json")
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
     log("project from N = 1")
@@ -361,7 +467,15 @@ def main() -> int:
            "--nodes", a.nodes, "--simulate-max-nodes", max(nodes), "--results", res / "proj"]
     projection_text = run(cmd)
     proj = one(res / "proj", "projection-*.json")
-    load_after = os.getloadavg()
+    print_report(a, proj, meas, (load_before, os.getloadavg()))
+    print("\n" + " ".join(map(str, cmd[2:])))
+    print(projection_text.split("\n\n", 1)[0])
+    return 0
+
+
+def print_report(a: argparse.Namespace, proj: dict[str, Any], meas: dict[int, dict[str, float]],
+                 load: tuple[Any, Any]) -> None:
+    """The validation's tables and what the projection took as its inputs."""
     print(f"# iobench project validation, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     tier = ("one-box GlusterFS (2 bricks, cold: --evict-cmd)" if a.gluster else
             f"emulated, {a.bandwidth} MB/s cap, {a.open_latency} ms open, "
@@ -369,19 +483,22 @@ def main() -> int:
     print(f"tier: {tier}; cifar10/hdf5 {a.samples} samples, batch {a.batch}, "
           f"{a.workers} workers, compute {a.compute} s/step, shuffle {a.shuffle}, "
           f"{a.epochs} epochs (medians over epochs)")
-    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}, "
+    print(f"load average (1, 5, 15 min) before {load[0]}, after {load[1]}, "
           f"on {os.cpu_count()} CPUs")
     print(f"fitted latency per batch {proj['model']['latency_s']:.4f} s; "
           f"local write per chunk {proj['model']['local_write_s']:.4f} s")
     print("\n".join(table(proj, meas)))
     print("measured stall spread over epochs (max - min, s): "
           + ", ".join(f"N={n}: {m['spread_stall']:.2f}" for n, m in sorted(meas.items())))
-    k = next(f for f in proj["figures"] if f["name"].startswith("samples per tier request"))
-    print(f"samples per tier request k = {k['value']:.2f} ({k['source']})")
-    print("\n".join(cpu_table(meas)))
-    print("\n" + " ".join(map(str, cmd[2:])))
-    print(projection_text.split("\n\n", 1)[0])
-    return 0
+    for f in proj["figures"]:
+        if f["name"].startswith(("samples per tier request", "tier request rate",
+                                 "tier read bandwidth")):
+            print(f"{f['name']} = {f['value']:.4g} {f['unit']} ({f['source']})")
+    print("\n".join(cpu_table(meas, a.gluster)))
+    for w in cpu_warnings(meas, proj):
+        print(f"validation warning: {w}")
+    for w in proj["warnings"]:
+        print(f"projection warning: {w}")
 
 
 if __name__ == "__main__":
