@@ -65,10 +65,16 @@ class WriteBehindFile(io.BufferedWriter):
         self._pos += n
         if self._pos - self._started >= WRITE_BEHIND and _sync_file_range is not None:
             self.flush()
-            _sync_file_range(self.fileno(), self._started, self._pos - self._started,
-                             _SFR_WRITE)
+            start_write_back(self.fileno(), self._started, self._pos - self._started)
             self._started = self._pos
         return n
+
+
+def start_write_back(fd: int, start: int, length: int) -> None:
+    """Start writing bytes [start, start + length) of `fd` back to storage, without waiting
+    (`sync_file_range`; a hint: nothing where this libc has none or the filesystem refuses)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, start, length, _SFR_WRITE)
 
 
 class _NoClose(io.IOBase):
@@ -403,7 +409,7 @@ def _tensor_span(view: memoryview, dtype: Any, size: tuple[int, ...]) -> tuple[i
     """(start, length) in `view` of the bytes of the tensor `torch.save` wrote there (see
     `tensor_bytes`), decoded from its zip directory and its `data.pkl`; None if not plain."""
     try:
-        spans = _spans(view)
+        spans = record_spans(view)
         order = spans.get("byteorder")
         if order is not None and bytes(view[order[0]:order[0] + order[1]]) != b"little":
             return None
@@ -439,7 +445,7 @@ _LOCAL = struct.Struct("<4s2B4HL2L2H")  # a local file header (30 bytes)
 _FULL = 0xFFFFFFFF  # a 32-bit field whose value is in the zip64 extra field
 
 
-def _spans(view: memoryview) -> dict[str, tuple[int, int]]:
+def record_spans(view: memoryview) -> dict[str, tuple[int, int]]:
     """(start, size) of each record of a `torch.save` archive (uncompressed zip members) in
     `view`, by name without the archive's folder, from its central directory; a ValueError
     for anything else (compressed, truncated, a comment after the directory)."""
