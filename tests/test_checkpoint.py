@@ -463,19 +463,36 @@ def test_lean_dcp_leaves_the_logger_and_collector_as_they_were(monkeypatch) -> N
     import gc
     import logging
 
+    import torch
+    from torch.distributed.checkpoint import state_dict_saver
     from torch.distributed.checkpoint.logger import _dcp_logger
+    from torch.distributed.checkpoint.stateful import Stateful
 
     from iobench.core.checkpoint_io import lean_dcp
 
+    class _Holder(Stateful):
+        def state_dict(self) -> dict:
+            return {"x": 1}
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            pass
+
+    stock = state_dict_saver._stateful_to_state_dict
     monkeypatch.setattr(_dcp_logger, "handlers", [logging.NullHandler()])
     level, frozen = _dcp_logger.level, gc.get_freeze_count()
     with lean_dcp():  # DCP's debug records go nowhere: not built
         assert not _dcp_logger.isEnabledFor(logging.DEBUG)
         assert gc.get_freeze_count() >= frozen
+        lean = state_dict_saver._stateful_to_state_dict
+        assert lean is not stock
+        t = torch.zeros(2)
+        assert lean({"t": t, "h": _Holder(), "n": 3}) == {"t": t, "h": {"x": 1}, "n": 3}
     assert (_dcp_logger.level, gc.get_freeze_count()) == (level, frozen)
+    assert state_dict_saver._stateful_to_state_dict is stock
     monkeypatch.setattr(_dcp_logger, "handlers", [logging.StreamHandler()])
     with lean_dcp():  # someone reads them: kept
         assert _dcp_logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)
+        assert state_dict_saver._stateful_to_state_dict is stock
 
 
 def _mixed_state() -> dict:

@@ -8,29 +8,34 @@ tensor's record is a head, the tensor's own bytes and a tail, and the head and t
 same for every tensor of one dtype and shape. `write_shard` therefore `torch.save`s the
 first tensor of each dtype and shape, keeps its head and tail, and writes every tensor as
 head, memory, tail: the same bytes at the same offsets as DCP's writer (a test compares the
-two files), read by DCP's own `FileSystemReader`. The bytes move as DCP's do: a large
-tensor's memory in one `writev` with the head before it (no copy in Python), small records
-gathered into writes of about GATHER bytes, and the write-back of every WRITE_BEHIND bytes
-started as soon as they are written (`sync_file_range`, as `checkpoint_io.WriteBehindFile`),
-so the final fsync waits only for the tail. Anything else (another dtype layout, a view
-of a larger storage that cannot be cloned cheaply, a non-CPU tensor) is `torch.save`d.
+two files), read by DCP's own `FileSystemReader`. The bytes move as DCP's do, minus its
+copies: a large tensor's memory in one `writev` with the head before it, small records
+gathered into writes of about GATHER bytes, the write-back of every WRITE_BEHIND bytes
+started as soon as they are written (`sync_file_range`, as `checkpoint_io.WriteBehindFile`,
+so the final fsync waits only for the tail); the writes run in one writer thread while the
+next records are prepared. A tensor that is not plain (not contiguous, a subclass, one that
+requires grad, empty) is `torch.save`d, as DCP does.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from iobench.core.checkpoint_io import WRITE_BEHIND, record_spans, start_write_back
 
 GATHER = 1 << 20  # bytes: records smaller than this are gathered into one write
 _IOV_MAX = 1024  # pieces per writev (Linux's limit)
+INFLIGHT = 2  # batches handed to the writer thread and not yet written
 
 
 class ShardWriter:
     """One shard file written sequentially from pieces (bytes-like objects, each written
-    from its own memory), fsync'ed at the end."""
+    from its own memory) by one writer thread, so that the next records are prepared while
+    the kernel copies the last ones into the page cache; fsync'ed at the end."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
@@ -39,24 +44,32 @@ class ShardWriter:
         self._pending_n = 0
         self._written = 0
         self._started = 0  # bytes whose write-back was started
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="iobench-shard-writer")
+        self._inflight: collections.deque[Future[None]] = collections.deque()
 
     def add(self, *pieces: Any) -> None:
-        """Queue `pieces` (kept alive by their views until written) at `pos`; written once
-        GATHER bytes are queued."""
+        """Queue `pieces` (kept alive by their views until written) at `pos`; handed to the
+        writer once GATHER bytes are queued."""
         for p in pieces:
             view = memoryview(p).cast("B")
             self._pending.append(view)
             self._pending_n += len(view)
             self.pos += len(view)
-            if len(self._pending) >= _IOV_MAX:
-                self.flush()
         if self._pending_n >= GATHER:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is queued (a short write is resumed where it stopped), then start the
-        write-back of every WRITE_BEHIND bytes written."""
-        pending = self._pending
+        """Hand what is queued to the writer (at most INFLIGHT batches wait: a failed write
+        is raised here, at the latest by `sync_close`)."""
+        if self._pending:
+            self._inflight.append(self._thread.submit(self._write, self._pending))
+            self._pending, self._pending_n = [], 0
+        while len(self._inflight) > INFLIGHT:
+            self._inflight.popleft().result()
+
+    def _write(self, pending: list[memoryview]) -> None:
+        """The writer's part: write `pending` (a short write is resumed where it stopped),
+        then start the write-back of every WRITE_BEHIND bytes written."""
         while pending:
             n = os.writev(self.fd, pending[:_IOV_MAX])
             self._written += n
@@ -64,7 +77,6 @@ class ShardWriter:
                 n -= len(pending.pop(0))
             if n:
                 pending[0] = pending[0][n:]
-        self._pending_n = 0
         if self._written - self._started >= WRITE_BEHIND:
             start_write_back(self.fd, self._started, self._written - self._started)
             self._started = self._written
@@ -73,12 +85,15 @@ class ShardWriter:
         """Write the rest, fsync, close."""
         try:
             self.flush()
+            while self._inflight:
+                self._inflight.popleft().result()
             os.fsync(self.fd)
         finally:
-            os.close(self.fd)
+            self.abandon()
 
     def abandon(self) -> None:
-        """Close without writing the rest (the save failed; the file is the partial one)."""
+        """Stop writing (what is in flight ends first) and close the file."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
         os.close(self.fd)
 
 
@@ -166,7 +181,7 @@ def write_shard(writer: Any, plan: Any, planner: Any) -> Any:
     except BaseException:
         out.abandon()
         raise
-    out.sync_close()
+    out.sync_close()  # (a failed write or fsync: raised here, the file closed)
     fut: Any = Future()
     fut.set_result(results)
     return fut
