@@ -463,16 +463,136 @@ def test_lean_dcp_leaves_the_logger_and_collector_as_they_were(monkeypatch) -> N
     import gc
     import logging
 
+    import torch
+    from torch.distributed.checkpoint import state_dict_saver
     from torch.distributed.checkpoint.logger import _dcp_logger
+    from torch.distributed.checkpoint.stateful import Stateful
 
     from iobench.core.checkpoint_io import lean_dcp
 
+    class _Holder(Stateful):
+        def state_dict(self) -> dict:
+            return {"x": 1}
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            pass
+
+    stock = state_dict_saver._stateful_to_state_dict
     monkeypatch.setattr(_dcp_logger, "handlers", [logging.NullHandler()])
     level, frozen = _dcp_logger.level, gc.get_freeze_count()
     with lean_dcp():  # DCP's debug records go nowhere: not built
         assert not _dcp_logger.isEnabledFor(logging.DEBUG)
         assert gc.get_freeze_count() >= frozen
+        lean = state_dict_saver._stateful_to_state_dict
+        assert lean is not stock
+        t = torch.zeros(2)
+        assert lean({"t": t, "h": _Holder(), "n": 3}) == {"t": t, "h": {"x": 1}, "n": 3}
     assert (_dcp_logger.level, gc.get_freeze_count()) == (level, frozen)
+    assert state_dict_saver._stateful_to_state_dict is stock
     monkeypatch.setattr(_dcp_logger, "handlers", [logging.StreamHandler()])
     with lean_dcp():  # someone reads them: kept
         assert _dcp_logger.isEnabledFor(logging.DEBUG) == (level <= logging.DEBUG)
+        assert state_dict_saver._stateful_to_state_dict is stock
+
+
+def _mixed_state() -> dict:
+    """Tensors of every path of the benchmark's writer: plain ones of several dtypes, ones
+    larger than a gathered write, more small records than one writev takes, and ones it
+    hands to torch.save (transposed, a view of a larger storage, a scalar, an empty one)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    state = {f"t{i}": torch.randn(5 + 3 * (i % 4), generator=gen).to(dtype)
+             for i, dtype in enumerate([torch.float32, torch.bfloat16, torch.float16,
+                                        torch.float64] * 3)}
+    state.update({f"tiny{i}": torch.full((3,), float(i)) for i in range(400)})
+    state["large"] = torch.randn(700_000, generator=gen)  # 2.8 MB: one writev of its own
+    state["large_bf16"] = torch.randn(1100, 1000, generator=gen).to(torch.bfloat16)
+    state["ints"] = torch.arange(24, dtype=torch.int64).reshape(2, 3, 4)
+    state["view"] = torch.arange(100, dtype=torch.int32)[10:20]  # storage larger: cloned
+    state["transposed"] = torch.randn(8, 4, generator=gen).t()  # torch.save itself
+    state["scalar"] = torch.tensor(3.5)
+    state["empty"] = torch.zeros(0)
+    return state
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_benchmark_shard_is_dcps_own_file_byte_for_byte(tmp_path: Path, monkeypatch) -> None:
+    """The benchmark's shard writer (torch.save's records from templates, each tensor written
+    from its own memory; here every writev cut short, to resume) writes the very file DCP's
+    own FileSystemWriter writes (CRC-32 off in both), and DCP's stock reader and iobench's
+    load it."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_loader import load
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core import checkpoint_io, checkpoint_write
+    from iobench.core.checkpoint_store import load_metadata, reader, writer
+
+    state = _mixed_state()
+    ours, stock = tmp_path / "ours", tmp_path / "stock"
+    w = writer(ours, lambda: None, records=True)
+    assert checkpoint_write.fast_path(w)
+    writev = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: writev(fd, bufs) if sum(
+        len(b) for b in bufs) < 5000 else os.write(fd, bytes(memoryview(bufs[0])[:4999])))
+    save(state, storage_writer=w, no_dist=True)
+    monkeypatch.setattr(os, "writev", writev)
+    assert w.files == ("__0_0.distcp",)
+    with checkpoint_io.no_zip_crc():
+        save(state, storage_writer=FileSystemWriter(stock, thread_count=1), no_dist=True)
+    shard = "__0_0.distcp"
+    assert (ours / shard).read_bytes() == (stock / shard).read_bytes()
+    for r in (FileSystemReader(ours), reader(ours, load_metadata(ours))):
+        back = {k: torch.zeros_like(v) for k, v in state.items()}
+        load(back, storage_reader=r, no_dist=True)
+        for k, v in state.items():
+            assert torch.equal(back[k], v), k
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_only_the_benchmark_writes_from_records(tmp_path: Path, monkeypatch) -> None:
+    """`train --checkpoint-every` saves with DCP's own writer (a user's DCP save pays its
+    costs); only a writer asked for `records` uses the benchmark's."""
+    import torch
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core import checkpoint_store
+
+    plain = checkpoint_store.write_shard
+    used = []
+    monkeypatch.setattr(checkpoint_store, "write_shard",
+                        lambda *a: used.append(1) or plain(*a))
+    state = {"t": torch.arange(10.0)}
+    save(state, storage_writer=checkpoint_store.writer(tmp_path / "a", lambda: None),
+         no_dist=True)
+    assert used == []
+    save(state, storage_writer=checkpoint_store.writer(tmp_path / "b", lambda: None,
+                                                       records=True), no_dist=True)
+    assert used == [1]
+    assert (tmp_path / "a" / "__0_0.distcp").read_bytes() == \
+        (tmp_path / "b" / "__0_0.distcp").read_bytes()
+
+
+def test_record_parts_are_torch_saves_bytes_or_none() -> None:
+    import io
+
+    import torch
+
+    from iobench.core.checkpoint_io import no_zip_crc
+    from iobench.core.checkpoint_write import record_parts
+
+    with no_zip_crc():
+        for t in (torch.arange(7, dtype=torch.float32), torch.ones(3, 5, dtype=torch.bfloat16),
+                  torch.arange(7, dtype=torch.float32) * 2, torch.tensor([True, False])):
+            parts = record_parts(t)
+            assert parts is not None
+            buf = io.BytesIO()
+            torch.save(t, buf)
+            assert b"".join(bytes(p) for p in parts) == buf.getvalue()
+        assert record_parts(torch.randn(4, 3).t()) is None  # not contiguous
+        assert record_parts(torch.arange(10)[2:5]) is None  # a view of a larger storage
+        assert record_parts(torch.zeros(3, requires_grad=True)) is None
+        assert record_parts(torch.nn.Parameter(torch.zeros(3))) is None  # a subclass
+    assert record_parts(torch.arange(7, dtype=torch.float32), crc_is_off=False) is None

@@ -37,6 +37,7 @@ from iobench.core.checkpoint_io import (
     read_ranges,
     write_behind_fs,
 )
+from iobench.core.checkpoint_write import fast_path, write_shard
 from iobench.core.errors import DatasetError
 from iobench.core.jsonio import read_json, write_json_atomic
 from iobench.core.schema import Count, Dict, Map, Num, Str, check
@@ -282,10 +283,11 @@ def check_tensors(metadata: Any, state: dict[str, Any], path: Path) -> None:
                                     "marker names makes it (shape, dtype): refusing to read it")
 
 
-def writer(path: Path, after_shard: Any) -> Any:
+def writer(path: Path, after_shard: Any, records: bool = False) -> Any:
     """A DCP writer of one fsync'ed file per rank into `path` (written behind:
     `checkpoint_io.WriteBehindFile`), which records when this rank's shard is on storage
-    (`shard_end_ns`) and its files, then calls `after_shard()`."""
+    (`shard_end_ns`) and its files, then calls `after_shard()`. `records`: the same file
+    written by `checkpoint_write.write_shard` (no torch.save per tensor), not DCP's code."""
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
     class _Writer(FileSystemWriter):
@@ -294,7 +296,8 @@ def writer(path: Path, after_shard: Any) -> Any:
 
         def write_data(self, plan: Any, planner: Any) -> Any:
             with no_zip_crc():
-                fut = super().write_data(plan, planner)
+                fut = (write_shard(self, plan, planner) if records and fast_path(self)
+                       else super().write_data(plan, planner))
             self.files = tuple(sorted({r.storage_data.relative_path for r in fut.value()}))
             self.shard_end_ns = time.perf_counter_ns()
             after_shard()

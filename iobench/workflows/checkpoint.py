@@ -371,7 +371,7 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
     # step 0 is after this rank's shard is on storage and before DCP writes the metadata
     fault = faults.planned()
     _fill_disk_fault(fault, world.rank, k, tmp.parent)
-    w = writer(tmp, lambda: faults.at_step(fault, world.rank, k, 0))
+    w = writer(tmp, lambda: faults.at_step(fault, world.rank, k, 0), records=True)
 
     def step() -> None:
         with lean_dcp():
