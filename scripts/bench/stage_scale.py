@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench/stage_scale.py [--data /var/tmp/iobench-stage-scale]
         [--counts 1000,10000,100000] [--tiers local,gluster] [--repeat 3]
-        [--once-above 10000] [--fpsync-jobs 2] [--dest DIR] [--json OUT]
+        [--once-above 10000] [--fpsync-jobs 2] [--dest DIR] [--gluster-sub NAME]
+        [--json OUT]
 
 For each file count: a files-format cifar10 dataset of that many PNGs (one sample
 a file, `iobench generate`) on the local disk under DATA/local, and a copy of it
@@ -83,13 +84,15 @@ def gluster_cold(data: Path) -> None:
     private_mount(data, remount=True)
 
 
-def sources(tiers: list[str], data: Path, count: int) -> dict[str, Path]:
-    """The dataset of `count` files on each tier (generated, or copied to GlusterFS, once)."""
+def sources(tiers: list[str], data: Path, count: int, sub: str = "stage-scale"
+            ) -> dict[str, Path]:
+    """The dataset of `count` files on each tier (generated, or copied to GlusterFS under
+    the volume's folder `sub`, once)."""
     local = generate(data / "local" / f"n{count}", "cifar10", count, 1)
     out = {"local": local}
     if "gluster" in tiers:
-        copy = _tiers.ensure_copy(local, _tiers.gluster_up() / "s10" / f"n{count}")
-        out["gluster"] = private_mount(data) / "s10" / f"n{count}" / copy.name
+        copy = _tiers.ensure_copy(local, _tiers.gluster_up() / sub / f"n{count}")
+        out["gluster"] = private_mount(data) / sub / f"n{count}" / copy.name
     return {t: out[t] for t in tiers}
 
 
@@ -182,6 +185,9 @@ def main() -> int:
     ap.add_argument("--dest", type=Path, default=None,
                     help="where the copies go (default DATA/dst/copy); e.g. on a loop-mounted "
                          "ext4 of its own, so that the syncs do not wait for other jobs' data")
+    ap.add_argument("--gluster-sub", default="stage-scale",
+                    help="the folder of the GlusterFS volume the copies go to (one's own when "
+                         "the volume is shared; default stage-scale)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     a.data = a.data.resolve()
@@ -192,7 +198,7 @@ def main() -> int:
         sys.exit("fpsync is missing: apt-get install fpart")
     doc: dict[str, Any] = {"info": header(a.data), "cells": []}
     for count in (int(c) for c in a.counts.split(",")):
-        for tier, src in sources(tiers, a.data, count).items():
+        for tier, src in sources(tiers, a.data, count, a.gluster_sub).items():
             _tiers.log(f"{tier}: {count} files from {src}")
             doc["cells"].append(bench(tier, src, count, a))
             save(a.json, doc)  # a cell at a time: the large counts take long
