@@ -18,10 +18,13 @@ the destination was staged completely. Once a batch is durable its files' pages
 cache through the descriptors the copy still holds (`evict_s`), no file opened
 again for it.
 
-The copy is timed from a cold source (docs/metrics.md, "Staging"): before it,
-the ranks of every node evict the source files that node reads (each rank its
-share, the split the copy uses), measure the residency left, and count what
-the copy read from storage (`os_read_bytes`, the OS's own count). With
+The copy is timed from a cold source (docs/metrics.md, "Staging"): it evicts
+each source file through the descriptor it opened it with, right before the
+first read, and measures the residency left there (no other open of the file:
+on a parallel or FUSE filesystem each open is a round trip); the node-wide steps
+(`--evict-cmd`) run before the copy, and where virtual nodes share a host's page
+cache a pass over every file does (`_Cold`). What the copy read from storage is
+counted too (`os_read_bytes`, the OS's own count). With
 `repeat` > 1 the whole copy runs that many times, each from a cold source
 into a destination emptied of the previous repetition's files.
 """

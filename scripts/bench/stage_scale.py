@@ -15,9 +15,11 @@ order turned round every other repetition):
 - `fpsync -n JOBS SRC/ DST/ && sync -f DST` (fpart's parallel rsync, as HPC sites stage),
 - `iobench stage --from SRC --to DATA` (default options; on GlusterFS with
   `--evict-cmd 'local-gluster.sh evict'`): its own copy figure (stage_s) and the
-  whole command's wall time (start-up, manifest, eviction, result included), and of
-  that wall time the seconds stage spent evicting (the source before the copy, with
-  the evict command, and both trees' pages after it: `source_cache.seconds + evict_s`).
+  whole command's wall time (start-up, manifest, eviction, result included), and the
+  seconds stage spent evicting: the evict command before the copy, and inside the
+  copy each source file's eviction through its descriptor and both sides' pages
+  dropped after each batch, those two summed over the copy workers
+  (`source_cache.seconds + evict_s`).
 
 Before every run the destination is removed and synced, and the source is made cold
 the same way for every contender. Local disk: each file's pages written back and
@@ -30,7 +32,7 @@ opens through the mount runs at ~70 files/s on this loaded box); the translators
 that cache in the FUSE client are off. The bricks' disk reads during each run
 (`/proc/<pid>/io` of glusterfsd) are printed as a fraction of the dataset's bytes:
 the proof it was cold. `iobench stage` evicts the source once more itself, as a
-user's run would (its wall time includes that).
+user's run would (the evict command, and each file as the copy opens it).
 
 Counts above `--once-above` run once (the 100,000-file copies take minutes each).
 Prints seconds median [min-max] per contender and its rate relative to cp's
