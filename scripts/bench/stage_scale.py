@@ -128,6 +128,7 @@ def bench(tier: str, src: Path, count: int, a: argparse.Namespace) -> dict[str, 
     for r in range(repeat):
         for name in (CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]):
             runs[name].append(one_run(name, tier, src, a))
+            _tiers.log(f"{tier} {count} files: {name} {runs[name][-1]}")  # kept if a later run fails
         print(f"  {tier} {count} files, repeat {r + 1}: "
               + ", ".join(f"{k} {v[-1]['seconds']:.2f} s" for k, v in runs.items())
               + f" (stage wall {runs['stage'][-1]['wall_s']:.2f} s, load {loadavg():.2f})",
