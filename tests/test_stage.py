@@ -192,6 +192,28 @@ def test_shard_puts_on_each_node_only_its_ranks_files(tmp_path):
     assert docs[0]["shuffle_scope"] == "local" and docs[0]["config"]["num_nodes"] == 2
 
 
+def test_nodes_sharing_a_host_evict_in_a_pass_before_the_copy(tmp_path):
+    """Virtual nodes on one host share its page cache: there every file is evicted and
+    measured in a pass before any node copies (one node's copy must not refill what
+    another measures), where a node of its own evicts each file as its copy opens it."""
+    m = _dataset(tmp_path)
+    _warm(m)
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",
+                      threads=2)
+    docs = stage_on_thread_nodes(cfg)  # two nodes, one host
+    for doc in docs.values():
+        sc = doc["source_cache"]
+        assert sc["per_file"] == "pass" and sc["status"] == "cold", sc
+        assert [n["files"] for n in sc["per_node"]] == [len(m.files)] * 2
+    _warm(m)
+    one = stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "one"))
+    sc = one["source_cache"]
+    assert sc["per_file"] == "copy" and sc["status"] == "cold", sc
+    assert sc["per_node"][0]["files"] == len(m.files)
+    assert sc["per_node"][0]["total_bytes"] == m.total_bytes
+    _check_cold_source(one, m, tmp_path)
+
+
 def test_stage_in_process_without_verify_uses_kernel_copy(tmp_path):
     m = _dataset(tmp_path)
     assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from",

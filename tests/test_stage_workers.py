@@ -304,3 +304,52 @@ def test_a_link_inside_the_source_tree_is_staged_and_one_out_of_it_refused(tmp_p
     with pytest.raises(DatasetError, match="outside the dataset: refused"):
         stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst2"))
     assert not (tmp_path / "dst2").exists()
+
+
+def test_the_source_is_evicted_through_the_copys_own_open(tmp_path, monkeypatch):
+    """Each source file is opened once, by the copy, and evicted through that descriptor
+    before its first read (no pass of opens before the copy: on a FUSE or parallel
+    filesystem each open is a round trip, and that pass cost more than the copy); the
+    residency the result reports is the one measured there: none, from a warm source."""
+    from iobench.core import cache
+    from iobench.workflows import stage
+
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [*SMALL[:70], 5 * 2**20])
+    if tmp_path.stat().st_dev == os.stat("/dev/shm").st_dev:
+        pytest.skip("tmpfs holds its files in the page cache")
+    for f in m.files:  # warm: an eviction that did not happen would show
+        m.path_of(f).read_bytes()
+    src = str(tmp_path / "src")
+    opens: dict[str, int] = {}
+    real_open = os.open
+
+    def counting_open(path, *a, **kw):
+        if os.fspath(path).startswith(src):
+            opens[os.fspath(path)] = opens.get(os.fspath(path), 0) + 1
+        return real_open(path, *a, **kw)
+
+    at_read: list[int | None] = []
+    real_hashed = stage._copy_hashed
+
+    def measured(fin, *a, **kw):  # what is resident as the copy starts reading
+        at_read.append(cache.evict_fd(fin, f"/proc/self/fd/{fin}", os.fstat(fin),
+                                      evict_pages=False))
+        return real_hashed(fin, *a, **kw)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(stage, "_copy_hashed", measured)
+    doc = stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
+                                    threads=1, sync="fs"))
+    monkeypatch.undo()
+    data = {os.fspath(m.path_of(f)) for f in m.files}
+    assert {p: n for p, n in opens.items() if p in data} == dict.fromkeys(data, 1)
+    if None in at_read:
+        pytest.skip("this process may not learn the page-cache residency here")
+    assert len(at_read) == len(m.files) and set(at_read) == {0}, at_read
+    sc = doc["source_cache"]
+    assert sc["per_file"] == "copy" and sc["status"] == "cold" and sc["method"] == "fadvise"
+    assert sc["resident_fraction_at_start"] == 0.0
+    (node,) = sc["per_node"]
+    assert node["files"] == len(m.files) and node["total_bytes"] == m.total_bytes
+    _assert_exact(m, tmp_path / "dst" / "cifar10-files")
+

@@ -167,12 +167,14 @@ def _source(doc: dict[str, Any]) -> str:
     sc = doc["source_cache"]
     frac = sc["resident_fraction_at_start"]
     res = "residency unknown" if frac is None else f"{frac:.0%} resident"
+    # measured as the copy opened each file, right before its read; else by a pass before
+    at = " as each file was read" if sc.get("per_file") == "copy" else " at start"
     if sc["mode"] == "warm":
-        return f"source WARM (--warm-source: not evicted, {res} at start)"
+        return f"source WARM (--warm-source: not evicted, {res}{at})"
     if sc["status"] == "warm":
-        return f"source NOT COLD: eviction failed, {res} at start"
+        return f"source NOT COLD: eviction failed, {res}{at}"
     if sc["status"] == "unverified":
         return (f"source cache UNVERIFIED ({sc['fstype']}: server caches not emptied, give "
-                f"--evict-cmd; {res} on the client at start)")
+                f"--evict-cmd; {res} on the client{at})")
     how = " with --evict-cmd" if sc.get("evict_cmd") else ""
-    return f"source cold (evicted{how}, {res} at start)"
+    return f"source cold (evicted{how}, {res}{at})"

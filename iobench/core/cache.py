@@ -672,20 +672,54 @@ def evict_for_node(manifest: Manifest, world: World,
     t0 = time.perf_counter_ns()
     ranks = node_ranks(world)
     local_index = ranks.index(world.rank)
-    leader = local_index == 0
     paths = share_paths(manifest, rank_share(manifest, ranks, local_index, world.size,
                                              opts.scope))
+    node = evict_node_wide(manifest, world, opts)
+    ev, res = _evict_share(paths, world, opts)
+    return eviction_report(node, ev, res, (time.perf_counter_ns() - t0) / 1e9, world, opts)
+
+
+@dataclass(frozen=True)
+class NodeEviction:
+    """What `evict_node_wide` ran on the node, for `eviction_report`."""
+
+    plan: EvictionPlan | None
+    cmd_run: dict[str, Any] | None
+    client_notes: list[str]
+
+
+def evict_node_wide(manifest: Manifest, world: World, opts: EvictOptions) -> NodeEviction:
+    """The node-wide steps of `evict_for_node` (a collective): the site's command, then
+    drop_caches, then the filesystem's client commands. A caller that evicts each file
+    through the descriptor it reads it with (`evict_fd`) runs this, then `eviction_report`."""
+    leader = node_ranks(world).index(world.rank) == 0
     plan = _plan_of(manifest)
     cmd_run = _run_site_cmd(opts, manifest, world, leader)
     _drop_caches(opts, world, leader)
     client_notes = (_run_client_commands(plan)
                     if opts.evict_pages and plan is not None and leader else [])
-    ev, res = _evict_share(paths, world, opts)
-    seconds = (time.perf_counter_ns() - t0) / 1e9
+    return NodeEviction(plan, cmd_run, client_notes)
+
+
+def evict_fd(fd: int, path: str | Path, st: os.stat_result, evict_pages: bool = True
+             ) -> int | None:
+    """Evict one open file's pages (write-back, then `POSIX_FADV_DONTNEED`; only measure with
+    `evict_pages` False) and return its bytes still resident (None: the OS will not say)."""
+    if evict_pages:
+        _write_back(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return _resident_fd(fd, path, st)
+
+
+def eviction_report(node: NodeEviction, ev: EvictResult, res: Residency, seconds: float,
+                    world: World, opts: EvictOptions) -> EvictReport:
+    """The report every rank returns (a collective): each rank's files evicted `ev` and their
+    residency `res` gathered per node and classified; `seconds` this rank's."""
+    plan, notes0 = node.plan, node.client_notes
     everyone = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
                                 "name": world.node_name, "files": ev.files, "bytes": ev.bytes,
                                 "errors": list(ev.errors), "res": asdict(res),
-                                "client_notes": client_notes})
+                                "client_notes": notes0})
     nodes = _per_node(everyone, opts.measure)
     errors = tuple(e for m in everyone for e in m["errors"])
     notes = [n for m in everyone for n in m["client_notes"]]
@@ -711,7 +745,7 @@ def evict_for_node(manifest: Manifest, world: World,
                        nodes_unknown=tuple(n["node"] for n in nodes
                                            if n["resident_fraction"] is None),
                        fstype=plan.fstype if plan is not None else None, reason=reason,
-                       evict_cmd=cmd_run, plan=plan.to_dict() if plan is not None else None)
+                       evict_cmd=node.cmd_run, plan=plan.to_dict() if plan is not None else None)
 
 
 def _plan_of(manifest: Manifest) -> EvictionPlan | None:

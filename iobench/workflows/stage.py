@@ -18,10 +18,13 @@ the destination was staged completely. Once a batch is durable its files' pages
 cache through the descriptors the copy still holds (`evict_s`), no file opened
 again for it.
 
-The copy is timed from a cold source (docs/metrics.md, "Staging"): before it,
-the ranks of every node evict the source files that node reads (each rank its
-share, the split the copy uses), measure the residency left, and count what
-the copy read from storage (`os_read_bytes`, the OS's own count). With
+The copy is timed from a cold source (docs/metrics.md, "Staging"): it evicts
+each source file through the descriptor it opened it with, right before the
+first read, and measures the residency left there (no other open of the file:
+on a parallel or FUSE filesystem each open is a round trip); the node-wide steps
+(`--evict-cmd`) run before the copy, and where virtual nodes share a host's page
+cache a pass over every file does (`_Cold`). What the copy read from storage is
+counted too (`os_read_bytes`, the OS's own count). With
 `repeat` > 1 the whole copy runs that many times, each from a cold source
 into a destination emptied of the previous repetition's files.
 """
@@ -148,6 +151,13 @@ class _Counters:
     # dropping the copied files' pages (copy and source): inside copy_s after each synced
     # batch, and with --no-fsync a pass after the timed copy for the copies' dirty pages
     evict_s: float = 0.0
+    # the source's eviction through the copy's own descriptor, before its first read
+    # (`_Local.source`): files and bytes, bytes resident then, files the OS would not tell
+    source_files: int = 0
+    source_bytes: int = 0
+    source_resident_bytes: int = 0
+    source_unknown_files: int = 0
+    source_evict_s: float = 0.0  # inside copy_s
 
     def add(self, **kw: float) -> None:
         for k, v in kw.items():
@@ -186,9 +196,10 @@ def _sha256_file(path: str | Path, buf: memoryview) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def _open_source(src: str, entry: FileEntry) -> int:
+def _open_source(src: str, entry: FileEntry) -> tuple[int, os.stat_result]:
     """The source file open for reading, checked to be a regular file of the manifest's size
-    (one fstat: the copy then reads exactly that many bytes, no read to find the end)."""
+    (one fstat: the copy then reads exactly that many bytes, no read to find the end), and
+    that fstat."""
     fin = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO is not waited on
     try:
         st = os.fstat(fin)
@@ -201,19 +212,41 @@ def _open_source(src: str, entry: FileEntry) -> int:
     except BaseException:
         os.close(fin)
         raise
-    return fin
+    return fin, st
+
+
+def _evict_source(fin: int, src: str, st: os.stat_result, how: str,
+                  counters: _Counters) -> None:
+    """Evict an open source file's pages (`how` "evict"; "measure" only measures them) and
+    count the bytes still resident, before its first read: its data comes from storage,
+    and no file is opened for it but by the copy (on a parallel filesystem each open is a
+    round trip to its servers). A file the OS will not tell about counts as unknown."""
+    t0 = time.perf_counter()
+    try:
+        resident = cache.evict_fd(fin, src, st, evict_pages=how == "evict")
+    except OSError:
+        resident = None
+    counters.add(source_files=1, source_bytes=st.st_size,
+                 source_resident_bytes=resident or 0,
+                 source_unknown_files=resident is None and st.st_size > 0,
+                 source_evict_s=time.perf_counter() - t0)
 
 
 def _copy_verified(src: str, tmp: str, entry: FileEntry, cfg: StageConfig, buf: memoryview,
                    on_bytes: Callable[[int], None], counters: _Counters,
-                   defer_sync: bool = False) -> tuple[int, int] | None:
+                   defer_sync: bool = False, source: str | None = None
+                   ) -> tuple[int, int] | None:
     """Copy src to tmp with large sequential I/O, hashing while copying (`cfg.verify`; the
     hashing's seconds go to `counters.checksum_s`). With `defer_sync` the copy is left
     open, unsynced, and its descriptor and the source's returned: the caller syncs it
     together with others (`_finish`), drops their pages (`_drop_batch`), then closes them.
-    Else the copy is synced here and its pages and the source's dropped (one advice each)."""
-    fin = _open_source(src, entry)
+    Else the copy is synced here and its pages and the source's dropped (one advice each).
+    With `source` ("evict" or "measure") the source is first evicted through `fin`
+    (`_evict_source`)."""
+    fin, st = _open_source(src, entry)
     try:
+        if source is not None:
+            _evict_source(fin, src, st, source, counters)
         fout = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except BaseException:
         os.close(fin)
@@ -458,6 +491,10 @@ class _Local:
     tag: str = ""  # its temporary names' suffix: .<name><tag>
     dirs: set[str] = field(default_factory=set)  # destination folders made already
     sync: ThreadPoolExecutor | None = None  # its fsync threads (`_sync_batch`)
+    # "evict": each source file is evicted through the copy's descriptor before its first
+    # read, and its residency measured then; "measure": measured only (--warm-source);
+    # None: a pass before the copy did both (`cache.evict_for_node`)
+    source: str | None = None
 
 
 def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: StageConfig,
@@ -552,7 +589,7 @@ def _copy_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: St
         assert local.buf is not None  # allocated by `_stage_batch`
         try:
             fds = _copy_verified(src, tmp, entry, cfg, local.buf, progress.advance, counters,
-                                 defer_sync=len(batch) > 1)
+                                 defer_sync=len(batch) > 1, source=local.source)
         except FileNotFoundError as e:
             if e.filename is not None and os.fspath(e.filename) == src:
                 raise DatasetError(f"source file {src} (in the manifest) is missing: the "
@@ -895,9 +932,7 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     are handed to the copy threads a window at a time (never a task per file up front).
     """
     cfg, mine = plan.cfg, plan.mine
-    evicted = cache.evict_for_node(plan.manifest, world, cache.EvictOptions(
-        scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source, loud=False,
-        evict_cmd=cfg.evict_cmd))
+    cold = _evict_before(plan, world)
     counters, lock = _Counters(), threading.Lock()
     label = "staging" + (f" {repeat + 1}/{cfg.repeat}" if cfg.repeat > 1 else "")
     progress = _Progress(cfg.progress and world.rank == 0, plan.my_bytes,
@@ -912,7 +947,7 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     io = None
     try:
         if error is None:
-            error, io_end = _copy_share(plan, counters, lock, progress, fresh)
+            error, io_end = _copy_share(plan, counters, lock, progress, fresh, cold.in_copy)
             io = io_end - io0 if io0 is not None and io_end is not None else None
     except Exception as e:
         error = error or e
@@ -923,7 +958,7 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     world.barrier()
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
     counters.evict_s += _drop_pages(plan)  # untimed
-
+    evicted = _evict_report(cold, counters, world)
     per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
                                 "node_name": world.node_name,
                                 "files": len(mine), "seconds": rank_s, **asdict(counters),
@@ -941,22 +976,24 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
             "checksum_share": (total["checksum_s"] / total["copy_s"]
                                if cfg.verify and total["copy_s"] > 0 else None),
             "evict_s": max(r["evict_s"] for r in per_rank),  # the rank's workers', summed
-            "source_cache": _source_cache(evicted, cfg.warm_source),
+            "source_cache": _source_cache(evicted, cfg.warm_source, cold.in_copy is not None),
             "per_rank": [{k: r[k] for k in ("rank", "node", "node_name", "seconds", "copied_bytes",
                                             "os_read_bytes")} for r in per_rank],
             "per_rank_full": per_rank, "counters": total}
 
 
 def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress: _Progress,
-                fresh: bool) -> tuple[BaseException | None, procio.IoCounters | None]:
+                fresh: bool, source: str | None
+                ) -> tuple[BaseException | None, procio.IoCounters | None]:
     """Copy this rank's files: in one thread of this process (`threads` 1), else in that many
-    worker processes (`_stage_pool`). The first error (None when all went well), and the
-    OS's I/O counters of this process and its workers at the end (None: not counted)."""
+    worker processes (`_stage_pool`); `source` as `_Local.source`. The first error (None
+    when all went well), and the OS's I/O counters of this process and its workers at the
+    end (None: not counted)."""
     cfg = plan.cfg
     batches = _batches(plan.mine, batch_files(cfg.threads))
     src, dst = plan.source.root, plan.dest_root
     if cfg.threads == 1:
-        local = _Local(fresh)
+        local = _Local(fresh, source=source)
         try:
             error = _copy_all(batches, lambda b: _stage_batch(b, src, dst, cfg, counters, lock,
                                                               progress, local),
@@ -967,7 +1004,7 @@ def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress
     from iobench.workflows import _stage_pool
 
     shared = _stage_pool.Shared(cfg.threads)
-    worker_local = _Local(fresh)  # each worker's own copy, from the fork
+    worker_local = _Local(fresh, source=source)  # each worker's own copy, from the fork
 
     def work(batch: list[FileEntry], slot: int) -> dict[str, float]:
         mine = _Counters()
@@ -1089,8 +1126,52 @@ def _remove_files(paths: Iterable[str | Path]) -> BaseException | None:
     return None
 
 
-def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
-    """The `source_cache` record of one repetition, from its eviction report."""
+@dataclass(frozen=True)
+class _Cold:
+    """How a repetition makes its source cold: the node-wide steps before the copy, and each
+    file through the copy's own descriptor (`in_copy`, as `_Local.source`); or, where
+    virtual nodes share a host's page cache, a pass over every file before the copy
+    (`report`), so that no node copies while another evicts."""
+
+    opts: cache.EvictOptions
+    in_copy: str | None
+    node: cache.NodeEviction | None = None
+    report: cache.EvictReport | None = None
+    seconds: float = 0.0  # the node-wide steps'
+
+
+def _evict_before(plan: _Plan, world: World) -> _Cold:
+    """The eviction before a repetition's copy (a collective; `_Cold`)."""
+    cfg = plan.cfg
+    opts = cache.EvictOptions(scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source,
+                              loud=False, evict_cmd=cfg.evict_cmd)
+    if world.num_hosts < world.num_nodes:
+        return _Cold(opts, None, report=cache.evict_for_node(plan.manifest, world, opts))
+    t0 = time.perf_counter()
+    node = cache.evict_node_wide(plan.manifest, world, opts)
+    return _Cold(opts, "measure" if cfg.warm_source else "evict", node=node,
+                 seconds=time.perf_counter() - t0)
+
+
+def _evict_report(cold: _Cold, counters: _Counters, world: World) -> cache.EvictReport:
+    """The repetition's eviction report (a collective): the pass's, or the node-wide steps'
+    with what the copy counted of each source file at its open (`_evict_source`); its
+    seconds are the node-wide steps' and the per-file eviction's, summed over the
+    rank's copy workers."""
+    if cold.report is not None:
+        return cold.report
+    assert cold.node is not None
+    c = counters
+    ev = cache.EvictResult(c.source_files, c.source_bytes, ()) if cold.in_copy == "evict" \
+        else cache.EvictResult(0, 0, ())
+    res = cache.Residency(c.source_resident_bytes, c.source_bytes, c.source_unknown_files)
+    return cache.eviction_report(cold.node, ev, res, cold.seconds + c.source_evict_s, world,
+                                 cold.opts)
+
+
+def _source_cache(rep: cache.EvictReport, warm: bool, in_copy: bool = False) -> dict[str, Any]:
+    """The `source_cache` record of one repetition, from its eviction report; `in_copy`: each
+    file was evicted and measured by the copy, through its descriptor, before its read."""
     worst = rep.resident_fraction
     over = [n["name"] for n in rep.per_node
             if n["resident_fraction"] is not None and n["resident_fraction"] > rep.warn_above]
@@ -1126,6 +1207,9 @@ def _source_cache(rep: cache.EvictReport, warm: bool) -> dict[str, Any]:
                      for n in rep.per_node],
         "warning": warning, "errors": list(rep.errors), "seconds": rep.seconds,
         "fstype": rep.fstype, "reason": rep.reason, "evict_cmd": rep.evict_cmd,
+        # "copy": each file evicted (or measured) through the copy's descriptor right before
+        # its first read; "pass": a pass over every file before the copy
+        "per_file": "copy" if in_copy else "pass",
     }
 
 

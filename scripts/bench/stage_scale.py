@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench/stage_scale.py [--data /var/tmp/iobench-stage-scale]
         [--counts 1000,10000,100000] [--tiers local,gluster] [--repeat 3]
-        [--once-above 10000] [--fpsync-jobs 2] [--dest DIR] [--json OUT]
+        [--once-above 10000] [--fpsync-jobs 2] [--dest DIR] [--gluster-sub NAME]
+        [--json OUT]
 
 For each file count: a files-format cifar10 dataset of that many PNGs (one sample
 a file, `iobench generate`) on the local disk under DATA/local, and a copy of it
@@ -14,9 +15,11 @@ order turned round every other repetition):
 - `fpsync -n JOBS SRC/ DST/ && sync -f DST` (fpart's parallel rsync, as HPC sites stage),
 - `iobench stage --from SRC --to DATA` (default options; on GlusterFS with
   `--evict-cmd 'local-gluster.sh evict'`): its own copy figure (stage_s) and the
-  whole command's wall time (start-up, manifest, eviction, result included), and of
-  that wall time the seconds stage spent evicting (the source before the copy, with
-  the evict command, and both trees' pages after it: `source_cache.seconds + evict_s`).
+  whole command's wall time (start-up, manifest, eviction, result included), and the
+  seconds stage spent evicting: the evict command before the copy, and inside the
+  copy each source file's eviction through its descriptor and both sides' pages
+  dropped after each batch, those two summed over the copy workers
+  (`source_cache.seconds + evict_s`).
 
 Before every run the destination is removed and synced, and the source is made cold
 the same way for every contender. Local disk: each file's pages written back and
@@ -29,7 +32,7 @@ opens through the mount runs at ~70 files/s on this loaded box); the translators
 that cache in the FUSE client are off. The bricks' disk reads during each run
 (`/proc/<pid>/io` of glusterfsd) are printed as a fraction of the dataset's bytes:
 the proof it was cold. `iobench stage` evicts the source once more itself, as a
-user's run would (its wall time includes that).
+user's run would (the evict command, and each file as the copy opens it).
 
 Counts above `--once-above` run once (the 100,000-file copies take minutes each).
 Prints seconds median [min-max] per contender and its rate relative to cp's
@@ -83,13 +86,15 @@ def gluster_cold(data: Path) -> None:
     private_mount(data, remount=True)
 
 
-def sources(tiers: list[str], data: Path, count: int) -> dict[str, Path]:
-    """The dataset of `count` files on each tier (generated, or copied to GlusterFS, once)."""
+def sources(tiers: list[str], data: Path, count: int, sub: str = "stage-scale"
+            ) -> dict[str, Path]:
+    """The dataset of `count` files on each tier (generated, or copied to GlusterFS under
+    the volume's folder `sub`, once)."""
     local = generate(data / "local" / f"n{count}", "cifar10", count, 1)
     out = {"local": local}
     if "gluster" in tiers:
-        copy = _tiers.ensure_copy(local, _tiers.gluster_up() / "s10" / f"n{count}")
-        out["gluster"] = private_mount(data) / "s10" / f"n{count}" / copy.name
+        copy = _tiers.ensure_copy(local, _tiers.gluster_up() / sub / f"n{count}")
+        out["gluster"] = private_mount(data) / sub / f"n{count}" / copy.name
     return {t: out[t] for t in tiers}
 
 
@@ -123,6 +128,7 @@ def bench(tier: str, src: Path, count: int, a: argparse.Namespace) -> dict[str, 
     for r in range(repeat):
         for name in (CONTENDERS if r % 2 == 0 else CONTENDERS[::-1]):
             runs[name].append(one_run(name, tier, src, a))
+            _tiers.log(f"{tier} {count} files: {name} {runs[name][-1]}")  # kept if a later run fails
         print(f"  {tier} {count} files, repeat {r + 1}: "
               + ", ".join(f"{k} {v[-1]['seconds']:.2f} s" for k, v in runs.items())
               + f" (stage wall {runs['stage'][-1]['wall_s']:.2f} s, load {loadavg():.2f})",
@@ -182,6 +188,9 @@ def main() -> int:
     ap.add_argument("--dest", type=Path, default=None,
                     help="where the copies go (default DATA/dst/copy); e.g. on a loop-mounted "
                          "ext4 of its own, so that the syncs do not wait for other jobs' data")
+    ap.add_argument("--gluster-sub", default="stage-scale",
+                    help="the folder of the GlusterFS volume the copies go to (one's own when "
+                         "the volume is shared; default stage-scale)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     a.data = a.data.resolve()
@@ -192,7 +201,7 @@ def main() -> int:
         sys.exit("fpsync is missing: apt-get install fpart")
     doc: dict[str, Any] = {"info": header(a.data), "cells": []}
     for count in (int(c) for c in a.counts.split(",")):
-        for tier, src in sources(tiers, a.data, count).items():
+        for tier, src in sources(tiers, a.data, count, a.gluster_sub).items():
             _tiers.log(f"{tier}: {count} files from {src}")
             doc["cells"].append(bench(tier, src, count, a))
             save(a.json, doc)  # a cell at a time: the large counts take long

@@ -163,6 +163,7 @@ def generate(storage: Path, dataset: str, samples: int, spf: int) -> Path:
     """The dataset, generated once (kept between runs of this script)."""
     root = storage / f"{dataset}-files"
     if not (root / "iobench.json").exists():
+        storage.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "iobench", "generate", "--dataset", dataset,
                         "--format", "files", "--samples", str(samples), "--samples-per-file",
                         str(spf), "--jobs", "2", "--storage", str(storage)],
