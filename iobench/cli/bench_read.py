@@ -93,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
 
     cfg, dataset = build_config(args)
     from iobench.core import faults
+    from iobench.core.interrupts import interrupts
 
     faults.at_start()  # tests only: a no-op unless IOBENCH_TEST_FAULT is set
     world = get_world()
@@ -102,7 +103,10 @@ def main(args: argparse.Namespace) -> int:
         if verbose:
             print(f"bench-read: {msg}", file=sys.stderr, flush=True)
 
-    out = bench.bench_read(cfg, world, args.results, progress, dataset)
+    # SIGINT/SIGTERM as `Interrupted`, and raised again at the next batch where Python
+    # dropped the first raise inside a weakref callback (no deadline: as before)
+    with interrupts(grace_s=None):
+        out = bench.bench_read(cfg, world, args.results, progress, dataset)
     if out is None:
         return 0
     print(bench.markdown_table(out.doc))

@@ -88,6 +88,15 @@ def act_now() -> None:
         raise _state.interrupt(_state.signum)
 
 
+def check() -> None:
+    """Raise the interrupt again where its first raise was lost: Python prints and drops an
+    exception raised inside a weakref callback or a `__del__` ("Exception ignored in"), and
+    a signal handler's raise lands wherever the main thread runs bytecode next, so a loop
+    that would otherwise go on calls this at each step (a no-op while none arrived)."""
+    if _state.raised and _state.signum is not None:
+        raise Interrupted(_state.signum)
+
+
 @contextlib.contextmanager
 def interrupts(on_signal: Callable[[int], None] | None = None,
                grace_s: float | None = GRACE_S, *, defer: bool = False) -> Iterator[None]:

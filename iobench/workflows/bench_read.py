@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from iobench.core import cache, procio, sampling
+from iobench.core import cache, interrupts, procio, sampling
 from iobench.core.dataref import DatasetRef, locate, user_data
 from iobench.core.datasets import parse_dataset
 from iobench.core.errors import ConfigError, IobenchError
@@ -162,6 +162,7 @@ def _epoch_run(loader: Any, epoch: int, max_batches: int | None) -> dict[str, An
             samples += len(b.labels)
             payload += b.payload_bytes
             steps += 1
+            interrupts.check()  # an interrupt whose raise a weakref callback swallowed
             last = time.perf_counter_ns()
             if max_batches is not None and steps >= max_batches:
                 break
