@@ -185,18 +185,18 @@ def _rows(ep: EpochSpans) -> list[tuple[str, list[tuple[str, float, float]]]]:
     """(label, spans) per drawn row: each rank, its copies, its checkpoints' async writes
     and drains (clipped to the epoch), its loader lanes."""
     rows: list[tuple[str, list[tuple[str, float, float]]]] = []
-    t0, dur = ep.window
+    t0 = ep.window[0]
     for rank, r in sorted(ep.ranks.items()):
         rows.append((f"rank {rank}", [("compute", *s) for s in r.compute]
                      + [("wait", *s) for s in r.wait]
                      + [("checkpoint", *s) for s in r.checkpoint]))
         if r.h2d:
             rows.append((f"rank {rank} host-to-device", [("h2d", *s) for s in r.h2d]))
-        for kind, label in (("checkpoint_write", "async write"), ("drain", "drain")):
+        for kind in BESIDE:
             spans = [(b.kind, max(b.start, t0), b.overlap(ep.window)) for b in r.beside
                      if b.kind == kind]
             if spans:
-                rows.append((f"rank {rank} {label}", spans))
+                rows.append((f"rank {rank} {LEGEND.get(kind, kind)}", spans))
         for lane, spans in sorted(r.lanes.items()):
             rows.append((f"rank {rank} {lane.split(':')[0]}", spans))
     return rows
