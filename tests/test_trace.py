@@ -229,3 +229,40 @@ def test_a_trace_iobench_did_not_write_is_one_line_in_the_report(tmp_path: Path)
     for path in (other, tmp_path / "missing.json"):
         with pytest.raises(DatasetError, match="trace .*"):
             load_timeline(path)
+
+
+def test_spans_beside_the_steps_get_lanes_of_their_own(tmp_path: Path) -> None:
+    """A checkpoint's async write and drain (`Background`) become events of category
+    "checkpoint" in named lanes on the rank's clock; a rank with no epoch in the file (no
+    clock origin) has none."""
+    from iobench.core.trace import LANES, Background
+
+    clock = _clock(1_000_000, [5_000, 2_000], [10_000, 10_000])
+    steps = StepClocks()
+    trace = Trace("hdf5", "cpu", "r1", checkpoints=True, checkpoint_mode="async", drain=True)
+    trace.add(0, 0, [epoch_part(0, "h", clock, steps, [(0, 4_000, 7)])])
+    trace.background += [
+        Background("checkpoint_write", 0, 0, 0, 7, 1_016_000, 1_030_000, 1_020_000, 500, "async"),
+        Background("drain", 0, 0, 0, 7, 1_031_000, 1_040_000, 1_030_500, 600, "async"),
+        Background("checkpoint_write", 3, 0, 0, 7, 1_016_000, 1_030_000, 0, 500, "async")]
+    doc = json.loads(write_trace(tmp_path / "t.json", trace).read_text())
+    events = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "checkpoint"]
+    by = {e["name"]: e for e in events}
+    assert len(events) == 3 and {e["pid"] for e in events} == {0}
+    assert by["checkpoint"]["args"]["checkpoint"] == 7
+    w, d = by["checkpoint_write"], by["drain"]
+    assert (w["ts"], w["dur"], w["tid"]) == (16.0, 14.0, LANES["checkpoint_write"])
+    assert w["args"] == {"repeat": 0, "epoch": 0, "checkpoint": 7, "bytes": 500,
+                         "mode": "async", "shard_durable_us": 20.0}
+    assert (d["ts"], d["dur"], d["tid"], d["args"]["queued_us"]) == (
+        31.0, 9.0, LANES["drain"], 30.5)
+    lanes = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert lanes[LANES["drain"]].startswith("checkpoint drain")
+    assert lanes[LANES["checkpoint_write"]].startswith("checkpoint write (async")
+    spans = doc["otherData"]["iobench"]["spans"]
+    assert spans["checkpoint_write"].startswith("measured") and spans["drain"].startswith(
+        "measured")
+    assert all(why.startswith("not measured: this run saved no checkpoints")
+               for k, why in Trace("hdf5", "cpu").spans().items()
+               if k in ("checkpoint", "checkpoint_write", "drain"))

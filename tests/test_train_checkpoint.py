@@ -160,10 +160,10 @@ def test_async_with_a_drain_commits_an_identical_copy(storage, tmp_path) -> None
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode, drain", [("sync", False), ("async", True)])
 def test_two_ranks_ddp_one_shard_each(storage, tmp_path, mode, drain) -> None:
-    ck, pfs = tmp_path / "ck", tmp_path / "pfs"
+    ck, pfs, trace = tmp_path / "ck", tmp_path / "pfs", tmp_path / "run.trace.json"
     out = run_mpi(2, "train", "--storage", storage, *BASE, "--results", tmp_path / "res",
                   "--checkpoint-every", "2", "--checkpoint-to", ck, "--checkpoint-mode", mode,
-                  *(["--drain-to", pfs] if drain else []), timeout=240)
+                  *(["--drain-to", pfs] if drain else []), "--trace", trace, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("checkpoints: 4 save(s)") == 1  # rank 0 prints
     doc = _result(tmp_path / "res")
@@ -175,6 +175,21 @@ def test_two_ranks_ddp_one_shard_each(storage, tmp_path, mode, drain) -> None:
         _load(Path(path), 2)
     for ep in doc["epochs"]:
         assert [r["checkpoint"]["saves"] for r in ep["ranks"]] == [2, 2]
+    _check_beside(json.loads(trace.read_text())["traceEvents"], mode, drain)
+
+
+def _check_beside(events: list[dict], mode: str, drain: bool) -> None:
+    """--trace: an async save's write on each rank, the drain on rank 0 only, each save once;
+    a sync run without a drain has neither."""
+    def which(name: str) -> list[tuple[int, int]]:
+        return sorted((e["pid"], e["args"]["checkpoint"]) for e in events
+                      if e.get("ph") == "X" and e["name"] == name)
+
+    saves = range(4)
+    assert which("checkpoint") == [(r, k) for r in (0, 1) for k in saves]
+    assert which("checkpoint_write") == ([(r, k) for r in (0, 1) for k in saves]
+                                         if mode == "async" else [])
+    assert which("drain") == ([(0, k) for k in saves] if drain else [])
 
 
 # ------------------------------------------------------------------------ refusals

@@ -13,7 +13,10 @@ step runs.
 The file: `{"traceEvents": [...], "displayTimeUnit": "ms", "otherData":
 {"iobench": ...}}`, events `{"name", "ph": "X", "ts", "dur", "pid", "tid",
 "args"}` in microseconds. `pid` is the rank; `tid` one lane per kind (epoch,
-wait, host-to-device, compute) and one per loader worker (fetch, decode).
+wait, host-to-device, compute, checkpoint) and one per loader worker (fetch,
+decode). With `--checkpoint-every`, what ran beside the steps has lanes of its
+own (`Background`, category "checkpoint"): an async save's write on each rank,
+rank 0's drain to `--drain-to`; they reach rank 0 with the repetition's saves.
 A kind nothing measured is absent, and `otherData.iobench.spans` says why.
 Times are `perf_counter_ns` reads, one clock per host (loader workers share
 it); each host's origin is the first epoch's start of its earliest rank,
@@ -39,11 +42,18 @@ from iobench.core.metrics import EpochClock
 TRACE_OPTION = "--trace"
 TRACE_FORMAT = "chrome-trace-event-json"
 # every kind a trace can hold, in lane order; checkpoint: the time a save blocked the steps
-# (train --checkpoint-every), in its own lane and category ("cat": "checkpoint")
-KINDS = ("epoch", "wait", "h2d", "compute", "fetch", "decode", "checkpoint")
-LANES = {"epoch": 1, "wait": 2, "h2d": 3, "compute": 4, "checkpoint": 5}
+# (train --checkpoint-every); checkpoint_write: an async save's write after the steps went
+# on; drain: rank 0's copy of a checkpoint to --drain-to. Each in its own lane, of category
+# "checkpoint". A new kind is a new event name a reader may skip: the file keeps its format
+KINDS = ("epoch", "wait", "h2d", "compute", "fetch", "decode", "checkpoint",
+         "checkpoint_write", "drain")
+LANES = {"epoch": 1, "wait": 2, "h2d": 3, "compute": 4, "checkpoint": 5,
+         "checkpoint_write": 6, "drain": 7}
 LANE_NAMES = {"epoch": "epoch", "wait": "wait (data stall)", "h2d": "host-to-device",
-              "compute": "compute", "checkpoint": "checkpoint (steps blocked)"}
+              "compute": "compute", "checkpoint": "checkpoint (steps blocked)",
+              "checkpoint_write": "checkpoint write (async, in the background)",
+              "drain": "checkpoint drain to --drain-to (in the background)"}
+CATEGORY = "checkpoint"  # the "cat" of every checkpoint kind
 WORKER_LANE = 100  # + worker id: a loader worker process (fetch, decode)
 IN_PROCESS_LANE = 1000  # + lane: batches made in the rank's own process (threads, workers=0)
 NO_TIMING = -1  # `read_ns` of a step whose batch carried no clock
@@ -80,14 +90,36 @@ class EpochPart(NamedTuple):
     start_ns: int  # the epoch's clock start (before the first `next()`)
     end_ns: int  # the end of its last step's compute
     steps: np.ndarray  # int64 [steps, len(COLUMNS)]
-    blocked: tuple[tuple[int, int], ...] = ()  # (step, ns): a checkpoint after that step
+    # (step, ns, checkpoint index): a checkpoint saved after that step blocked it ns
+    blocked: tuple[tuple[int, int, int], ...] = ()
+
+
+class Background(NamedTuple):
+    """A checkpoint's work beside the steps on one rank (ns on that rank's host clock):
+    `checkpoint_write`, an async save from its hand-off (the state copied to CPU memory,
+    the steps going on) to the save complete (rank 0: committed), `mark_ns` when this
+    rank's own shard was fsync'ed (0: unknown); `drain`, rank 0's copy to --drain-to from
+    its start to its commit there, `mark_ns` when it was queued. `bytes`: the rank's
+    shard, or the checkpoint copied."""
+
+    kind: str  # "checkpoint_write" or "drain"
+    rank: int
+    repeat: int
+    epoch: int  # the epoch whose step saved the checkpoint
+    checkpoint: int  # the checkpoint's index over the run (its folder ckpt-NNN)
+    start_ns: int
+    end_ns: int
+    mark_ns: int
+    bytes: int
+    mode: str  # the save's --checkpoint-mode
 
 
 def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks,
-               blocked: Sequence[tuple[int, int]] = ()) -> EpochPart:
+               blocked: Sequence[tuple[int, int, int]] = ()) -> EpochPart:
     """The epoch's spans from its clock (wait and compute, which tile it with the time
-    checkpoints blocked the steps: `blocked`, (step, ns) after that step's compute) and the
-    steps' own clocks; only steps whose compute ended count, as in the result's figures."""
+    checkpoints blocked the steps: `blocked`, (step, ns, index) after that step's compute)
+    and the steps' own clocks; only steps whose compute ended count, as in the result's
+    figures."""
     if clock.start_ns is None:
         raise RuntimeError("EpochClock.start() was never called")
     n = clock.steps
@@ -95,7 +127,7 @@ def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks,
     compute = np.asarray(clock.compute_ns[:n], dtype=np.int64)
     out = np.zeros((n, len(COLUMNS)), dtype=np.int64)
     shift = np.zeros(n, dtype=np.int64)  # the checkpoints' time before each step
-    for k, ns in blocked:
+    for k, ns, _ in blocked:
         shift[k + 1:] += ns
     out[:, 2] = clock.start_ns + np.cumsum(wait + compute) + shift
     out[:, 1] = out[:, 2] - compute
@@ -108,7 +140,7 @@ def epoch_part(rank: int, host: str, clock: EpochClock, steps: StepClocks,
         out[:m, 5:9] = np.array([t[:4] if t is not None else _UNTIMED for _, _, t in filled],
                                 dtype=np.int64)
     return EpochPart(rank, host, clock.start_ns, clock.end_ns, out,
-                     tuple((k, ns) for k, ns in blocked if k < n))
+                     tuple((k, ns, i) for k, ns, i in blocked if k < n))
 
 
 _UNTIMED = (NO_TIMING, 0, 0, 0)
@@ -122,7 +154,10 @@ class Trace:
     device: str  # "cpu" or "cuda": whether a host-to-device copy is timed
     run_id: str = ""
     checkpoints: bool = False  # the run saved checkpoints (train --checkpoint-every)
+    checkpoint_mode: str = "sync"  # --checkpoint-mode
+    drain: bool = False  # --drain-to: rank 0 copied each checkpoint to the shared tier
     parts: list[tuple[int, int, list[EpochPart]]] = field(default_factory=list)
+    background: list[Background] = field(default_factory=list)  # every rank's, in order
 
     def add(self, rep: int, epoch: int, parts: Sequence[EpochPart | None]) -> None:
         """One epoch's parts, one per rank (gathered with the epoch's figures)."""
@@ -141,10 +176,36 @@ class Trace:
             "compute": "measured",
             "fetch": "measured" if timed else loader_why,
             "decode": "measured" if timed else loader_why,
-            "checkpoint": "measured: the time each save blocked the steps (a background "
-                          "write's own time is not drawn)" if self.checkpoints else
-                          "not measured: this run saved no checkpoints (--checkpoint-every)",
+            "checkpoint": "measured: the time each save blocked the steps (an async "
+                          "save's write and the drain go on beside them: checkpoint_write, "
+                          "drain)" if self.checkpoints else _NO_CHECKPOINTS,
+            **self._background_spans(),
         }
+
+    def _background_spans(self) -> dict[str, str]:
+        done = ("; a repetition's spans reach the file once its saves are complete: an "
+                "interrupted repetition's are absent")
+        write = (("measured: on each rank, an async save's write from its hand-off (the "
+                  "state copied to CPU memory, the steps going on) to the save complete "
+                  "(every rank's shard fsync'ed and DCP's metadata written; rank 0: "
+                  "committed); args.shard_durable_us: when this rank's own shard was "
+                  "fsync'ed (on the trace's clock, us), args.bytes: its shard's bytes"
+                  + done)
+                 if self.checkpoint_mode == "async" else
+                 "not measured: sync saves write inside the steps' blocked time "
+                 "(checkpoint)")
+        drain = ("measured: on rank 0, each committed checkpoint's copy to --drain-to from "
+                 "its start to its commit there; args.queued_us: when it was queued (on "
+                 "the trace's clock, us; it waits behind an earlier copy), args.bytes: the "
+                 "bytes copied" + done
+                 if self.drain else "not measured: this run drained no checkpoints "
+                 "(--drain-to)")
+        if not self.checkpoints:
+            write = drain = _NO_CHECKPOINTS
+        return {"checkpoint_write": write, "drain": drain}
+
+
+_NO_CHECKPOINTS = "not measured: this run saved no checkpoints (--checkpoint-every)"
 
 
 def _origins(trace: Trace) -> dict[str, int]:
@@ -185,10 +246,21 @@ def _step_events(rep: int, epoch: int, p: EpochPart, origin: int,
             tid = lanes.lane(pid, worker, t0, done)
             yield _event("fetch", t0, done - decode, origin, pid, tid, args)
             yield _event("decode", done - decode, done, origin, pid, tid, args)
-    for k, ns in p.blocked:
+    for k, ns, index in p.blocked:
         end = int(p.steps[k, 2])
         yield _event("checkpoint", end, end + ns, origin, pid, LANES["checkpoint"],
-                     f'{tag},"step":{k}', cat="checkpoint")
+                     f'{tag},"step":{k},"checkpoint":{index}', cat=CATEGORY)
+
+
+def _background_event(b: Background, origin: int) -> str:
+    """A checkpoint's write or drain, its args saying which save and how many bytes."""
+    args = (f'"repeat":{b.repeat},"epoch":{b.epoch},"checkpoint":{b.checkpoint},'
+            f'"bytes":{b.bytes},"mode":"{b.mode}"')
+    if b.mark_ns:
+        key = "shard_durable_us" if b.kind == "checkpoint_write" else "queued_us"
+        args += f',"{key}":{(b.mark_ns - origin) / 1000:.3f}'
+    return _event(b.kind, b.start_ns, b.end_ns, origin, b.rank, LANES[b.kind], args,
+                  cat=CATEGORY)
 
 
 class _Lanes:
@@ -237,6 +309,10 @@ def trace_events(trace: Trace) -> Iterator[str]:
                 ["epoch", "wait", "compute"] + (["h2d"] if p.steps[:, 4].any() else [])
                 + (["checkpoint"] if p.blocked else []))
             yield from _step_events(rep, epoch, p, origins[p.host], lanes)
+    for b in trace.background:
+        if b.rank in ranks:  # a rank with no epoch in the file has no clock origin
+            used[b.rank].add(b.kind)
+            yield _background_event(b, origins[ranks[b.rank]])
     for rank, host in sorted(ranks.items()):
         yield from _meta("process_name", rank, None, f"rank {rank} ({host})", rank)
         for kind in LANES:

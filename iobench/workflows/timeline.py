@@ -2,13 +2,17 @@
 
 `load_timeline(path)` reads the Chrome trace-event JSON that
 `iobench.core.trace` writes into `EpochSpans` (per repetition and epoch,
-each rank's wait and compute spans and its loader lanes' fetch and decode).
-`epoch_svg` draws one epoch: a row per rank (compute green, wait red, the
-time a checkpoint save blocked the steps grey: `train --checkpoint-every`), a row
-for its host-to-device copies when timed, and a row per loader lane (fetch
-blue, decode orange); spans closer than half a pixel merge, so a drawing
-stays small whatever the step count. `epoch_line` says the same in words, the
-checkpoints' blocked time included.
+each rank's wait and compute spans and its loader lanes' fetch and decode);
+`load_trace(path)` also keeps what ran beside the steps (`Beside`: an async
+checkpoint's write, the drain to `--drain-to`), each span attached to every
+epoch it overlaps. `epoch_svg` draws one epoch: a row per rank (compute green,
+wait red, the time a checkpoint save blocked the steps grey: `train
+--checkpoint-every`), a row for its host-to-device copies when timed, a row for
+its async checkpoint writes and one for its drains (clipped to the epoch), and a
+row per loader lane (fetch blue, decode orange); spans closer than half a pixel
+merge, so a drawing stays small whatever the step count. `epoch_line` says the
+same in words: the checkpoints' blocked time, their writes and drains, and the
+result's split of the stall by drain (`epochs[i].checkpoint.drain`).
 `add_timelines(page, runs, markdown)` is the report's hook: it adds a
 section for every run whose result names a trace.
 """
@@ -23,16 +27,36 @@ from pathlib import Path
 from typing import Any
 
 from iobench.core.errors import DatasetError
-from iobench.core.result_types import TrainResult
+from iobench.core.result_types import DrainSplit, TrainResult
 
 WIDTH, LABEL, ROW, GAP, TOP = 760, 150, 12, 3, 30  # px
 COLOURS = {"compute": "#4caf50", "wait": "#d32f2f", "h2d": "#7b1fa2", "fetch": "#1976d2",
-           "decode": "#f57c00", "checkpoint": "#607d8b"}
+           "decode": "#f57c00", "checkpoint": "#607d8b", "checkpoint_write": "#b0bec5",
+           "drain": "#00897b"}
+LEGEND = {"checkpoint_write": "async write"}  # a kind's legend text, when not its name
+BESIDE = ("checkpoint_write", "drain")  # what ran beside the steps (iobench.core.trace)
 MAX_ROWS = 24  # lanes drawn per epoch; the rest are counted
 MAX_EPOCHS = 12  # epochs drawn per run; the rest are counted
 TITLE = "Stall timeline per epoch (train --trace)"
 
 Span = tuple[float, float]  # (start, duration), microseconds
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A checkpoint's work beside the steps on one rank: its async write or its drain."""
+
+    kind: str  # "checkpoint_write" or "drain"
+    rank: int
+    repeat: int
+    checkpoint: int  # the checkpoint's index over the run
+    start: float  # microseconds on the trace's clock
+    dur: float
+    bytes: int
+
+    def overlap(self, window: Span) -> float:
+        """Microseconds of this span inside `window` (start, duration)."""
+        return max(0.0, min(self.start + self.dur, sum(window)) - max(self.start, window[0]))
 
 
 @dataclass
@@ -43,6 +67,7 @@ class RankSpans:
     compute: list[Span] = field(default_factory=list)
     h2d: list[Span] = field(default_factory=list)
     checkpoint: list[Span] = field(default_factory=list)  # a save blocked the steps
+    beside: list[Beside] = field(default_factory=list)  # async writes, drains (overlapping)
     # loader lane name -> (kind, start, duration)
     lanes: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)
     window: Span | None = None  # the epoch span
@@ -65,8 +90,22 @@ class EpochSpans:
         return start, max(s + d for s, d in spans) - start
 
 
+@dataclass
+class Timeline:
+    """A trace's epochs, and every span that ran beside the steps."""
+
+    epochs: list[EpochSpans]
+    beside: list[Beside]
+
+
 def load_timeline(path: str | Path) -> list[EpochSpans]:
     """The epochs of a `train --trace` file, in order; a DatasetError when it cannot be read."""
+    return load_trace(path).epochs
+
+
+def load_trace(path: str | Path) -> Timeline:
+    """A `train --trace` file's epochs and the spans beside their steps (each also on every
+    epoch it overlaps); a DatasetError when it cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -75,29 +114,39 @@ def load_timeline(path: str | Path) -> list[EpochSpans]:
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise DatasetError(f"trace {path} holds no traceEvents list: not a trace iobench wrote")
     try:
-        epochs = _epochs(doc["traceEvents"])
+        epochs, beside = _epochs(doc["traceEvents"])
     except (KeyError, TypeError, ValueError) as err:
         raise DatasetError(f"trace {path} has an event iobench does not write ({err!r}): "
                            "not a trace of iobench train") from None
     if any(r.window is None for ep in epochs for r in ep.ranks.values()):
         raise DatasetError(f"trace {path} lacks a rank's epoch span: it was cut short or "
                            "not written by iobench train")
-    return epochs
+    for ep in epochs:
+        for b in beside:
+            if b.repeat == ep.repeat and b.rank in ep.ranks and b.overlap(ep.window) > 0:
+                ep.ranks[b.rank].beside.append(b)
+    return Timeline(epochs, beside)
 
 
-def _epochs(events: list[Any]) -> list[EpochSpans]:
+def _epochs(events: list[Any]) -> tuple[list[EpochSpans], list[Beside]]:
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     epochs: dict[tuple[int, int], EpochSpans] = {}
+    beside: list[Beside] = []
     for e in events:
         if e.get("ph") != "X":
             continue
         a = e["args"]
+        if e["name"] in BESIDE:  # drawn on the epochs it overlaps, not only its save's
+            beside.append(Beside(e["name"], int(e["pid"]), int(a["repeat"]),
+                                 int(a["checkpoint"]), float(e["ts"]), float(e["dur"]),
+                                 int(a.get("bytes", 0))))
+            continue
         ep = epochs.setdefault((int(a["repeat"]), int(a["epoch"])),
                                EpochSpans(int(a["repeat"]), int(a["epoch"])))
         _add(ep.ranks.setdefault(int(e["pid"]), RankSpans()), e,
              str(names.get((e["pid"], e["tid"]), f"lane {e['tid']}")))
-    return [epochs[k] for k in sorted(epochs)]
+    return [epochs[k] for k in sorted(epochs)], beside
 
 
 def _add(r: RankSpans, e: dict[str, Any], lane: str) -> None:
@@ -133,14 +182,21 @@ def _rects(spans: Sequence[tuple[str, float, float]], t0: float, scale: float
 
 
 def _rows(ep: EpochSpans) -> list[tuple[str, list[tuple[str, float, float]]]]:
-    """(label, spans) per drawn row: each rank, its copies, its loader lanes."""
+    """(label, spans) per drawn row: each rank, its copies, its checkpoints' async writes
+    and drains (clipped to the epoch), its loader lanes."""
     rows: list[tuple[str, list[tuple[str, float, float]]]] = []
+    t0 = ep.window[0]
     for rank, r in sorted(ep.ranks.items()):
         rows.append((f"rank {rank}", [("compute", *s) for s in r.compute]
                      + [("wait", *s) for s in r.wait]
                      + [("checkpoint", *s) for s in r.checkpoint]))
         if r.h2d:
             rows.append((f"rank {rank} host-to-device", [("h2d", *s) for s in r.h2d]))
+        for kind in BESIDE:
+            spans = [(b.kind, max(b.start, t0), b.overlap(ep.window)) for b in r.beside
+                     if b.kind == kind]
+            if spans:
+                rows.append((f"rank {rank} {LEGEND.get(kind, kind)}", spans))
         for lane, spans in sorted(r.lanes.items()):
             rows.append((f"rank {rank} {lane.split(':')[0]}", spans))
     return rows
@@ -156,14 +212,7 @@ def epoch_svg(ep: EpochSpans) -> str:
     e = html.escape
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{height}' "
            f"font-family='sans-serif' font-size='10'>"]
-    x = LABEL
-    drawn = {k for _, spans in shown for k, *_ in spans}
-    for kind, colour in COLOURS.items():
-        if kind not in drawn:
-            continue
-        out.append(f"<rect x='{x}' y='4' width='10' height='10' fill='{colour}'/>"
-                   f"<text x='{x + 13}' y='13'>{kind}</text>")
-        x += 75
+    out += _legend({k for _, spans in shown for k, *_ in spans})
     for i, (label, spans) in enumerate(shown):
         y = TOP + i * (ROW + GAP)
         out.append(f"<text x='4' y='{y + ROW - 2}'>{e(label)}</text>")
@@ -180,6 +229,22 @@ def epoch_svg(ep: EpochSpans) -> str:
     return "".join(out)
 
 
+def _legend(drawn: set[str]) -> list[str]:
+    """A colour box and a name for each kind drawn, on a second line when the first is full."""
+    out, x, y = [], LABEL, 4
+    for kind, colour in COLOURS.items():
+        if kind not in drawn:
+            continue
+        text = LEGEND.get(kind, kind)
+        step = max(75, 13 + 6 * len(text) + 12)
+        if x + step > WIDTH:
+            x, y = LABEL, y + 13
+        out.append(f"<rect x='{x}' y='{y}' width='10' height='10' fill='{colour}'/>"
+                   f"<text x='{x + 13}' y='{y + 9}'>{text}</text>")
+        x += step
+    return out
+
+
 def checkpoint_blocked(ep: EpochSpans) -> tuple[float, int, int] | None:
     """(microseconds, saves, rank) of the rank whose steps checkpoint saves blocked longest
     in this epoch; None when no save blocked them."""
@@ -191,9 +256,42 @@ def checkpoint_blocked(ep: EpochSpans) -> tuple[float, int, int] | None:
     return blocked[rank], len(ep.ranks[rank].checkpoint), rank
 
 
-def epoch_line(ep: EpochSpans) -> str:
+def beside_words(ep: EpochSpans, split: DrainSplit | None = None) -> list[str]:
+    """The epoch's checkpoint work beside the steps in words: each async write (its slowest
+    rank), each drain (its time in this epoch), and the result's split of the steps' wait
+    by drain (`epochs[i].checkpoint.drain`, every rank's steps), as given."""
+    writes: dict[int, Beside] = {}
+    drains: list[Beside] = []
+    for r in ep.ranks.values():
+        for b in r.beside:
+            if b.kind == "drain":
+                drains.append(b)
+            elif b.checkpoint not in writes or b.dur > writes[b.checkpoint].dur:
+                writes[b.checkpoint] = b
+    out = [f"the async write of checkpoint {k} ran {b.dur / 1e6:.3f} s beside the steps "
+           f"(slowest: rank {b.rank})" for k, b in sorted(writes.items())]
+    out += [f"the drain of checkpoint {b.checkpoint} ran {b.dur / 1e6:.3f} s "
+            f"({b.bytes / 1e6:,.1f} MB), {b.overlap(ep.window) / 1e6:.3f} s of it in this epoch"
+            for b in sorted(drains, key=lambda b: b.start)]
+    if split is not None:
+        out.append(_split_words(split))
+    return out
+
+
+def _split_words(d: DrainSplit) -> str:
+    def per_step(n: int, s: float | None) -> str:
+        return f"{n} step(s), {s * 1e3:.2f} ms each" if s is not None else "no step"
+
+    during = per_step(d.steps_in_flight, d.stall_per_step_in_flight_s)
+    outside = per_step(d.steps_idle, d.stall_per_step_idle_s)
+    return (f"the steps' wait with a drain in flight: {during}, against {outside} without "
+            "(every rank's steps after its first, the result's split)")
+
+
+def epoch_line(ep: EpochSpans, split: DrainSplit | None = None) -> str:
     """One epoch in words: the slowest rank's stall, the longest wait, the loaders' time, the
-    time checkpoint saves blocked the steps."""
+    time checkpoint saves blocked the steps, their writes and drains beside the steps, and
+    `split` (the result's stall by drain, `epochs[i].checkpoint.drain`) when given."""
     stall = {rank: sum(d for _, d in r.wait) for rank, r in ep.ranks.items()}
     worst = max(stall, key=lambda k: stall[k])
     wall = ep.ranks[worst].window
@@ -216,7 +314,7 @@ def epoch_line(ep: EpochSpans) -> str:
     if ck is not None:
         line += (f"; checkpoint saves blocked the steps for {ck[0] / 1e6:.3f} s ({ck[1]} "
                  f"save(s), rank {ck[2]})")
-    return line
+    return "; ".join([line, *beside_words(ep, split)])
 
 
 def _run_section(run: TrainResult, markdown: bool) -> list[str]:
@@ -225,23 +323,43 @@ def _run_section(run: TrainResult, markdown: bool) -> list[str]:
     assert path is not None
     head = f"run {run.run_id}: trace {path}"
     try:
-        epochs = load_timeline(path)
+        trace = load_trace(path)
     except DatasetError as err:
         return [f"- {head}: {err}" if markdown else f"<p>{html.escape(f'{head}: {err}')}</p>"]
+    epochs = trace.epochs
     blocked = [b for b in map(checkpoint_blocked, epochs) if b is not None]
     if blocked:  # the slowest rank's of each epoch: the steps waited for it
         head += (f"; checkpoint saves blocked the steps for {sum(b[0] for b in blocked) / 1e6:.3f}"
                  f" s in all ({sum(b[1] for b in blocked)} save(s))")
+    head += _beside_total(trace.beside)
+    splits = {(e.repeat, e.epoch): e.checkpoint.drain for e in run.epochs
+              if e.checkpoint is not None}
     more = len(epochs) - MAX_EPOCHS
     epochs = epochs[:MAX_EPOCHS]
+    lines = [epoch_line(ep, splits.get((ep.repeat, ep.epoch))) for ep in epochs]
     if markdown:
-        return [f"- {head}", *[f"  - {epoch_line(ep)}" for ep in epochs]] + (
+        return [f"- {head}", *[f"  - {line}" for line in lines]] + (
             [f"  - {more} more epoch(s) in the trace"] if more > 0 else [])
     out = [f"<h3>{html.escape(head)}</h3>"]
-    for ep in epochs:
-        out += [f"<p>{html.escape(epoch_line(ep))}</p>", epoch_svg(ep)]
+    for ep, line in zip(epochs, lines, strict=True):
+        out += [f"<p>{html.escape(line)}</p>", epoch_svg(ep)]
     if more > 0:
         out.append(f"<p>{more} more epoch(s) in the trace</p>")
+    return out
+
+
+def _beside_total(beside: Sequence[Beside]) -> str:
+    """The run's async writes and drains in all (each once, wherever it ran)."""
+    out = ""
+    writes = {b.checkpoint: b for b in sorted(beside, key=lambda b: b.dur)
+              if b.kind == "checkpoint_write"}  # each checkpoint's slowest rank's
+    if writes:
+        out += (f"; {len(writes)} async write(s) ran beside the steps, the slowest "
+                f"{max(b.dur for b in writes.values()) / 1e6:.3f} s")
+    drains = [b for b in beside if b.kind == "drain"]
+    if drains:
+        out += (f"; {len(drains)} drain(s) ran {sum(b.dur for b in drains) / 1e6:.3f} s in all "
+                f"({sum(b.bytes for b in drains) / 1e6:,.1f} MB)")
     return out
 
 

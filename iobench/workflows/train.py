@@ -662,8 +662,10 @@ class _Run:
         self.ceilings: dict[str, Any] | None = None  # a DALI run's (`workflows.ceilings`)
         # --trace: this epoch's step clocks (every rank), every rank's epochs (rank 0)
         self._clocks: StepClocks | None = None
-        self.trace = (Trace(config.loader, device.type,
-                            checkpoints=config.checkpoint is not None)
+        ck = config.checkpoint
+        self.trace = (Trace(config.loader, device.type, checkpoints=ck is not None,
+                            checkpoint_mode=ck.mode if ck is not None else "sync",
+                            drain=ck is not None and ck.drain_to is not None)
                       if config.trace is not None and world.is_root else None)
         self.ckpt: TrainCheckpoints | None = None  # --checkpoint-every
 
@@ -716,6 +718,8 @@ class _Run:
         if self.ckpt is not None:  # every save written, committed and drained
             self._at("waiting for the checkpoints in flight")
             self.ckpt.end_repetition(self.epochs if self.world.is_root else None)
+            if self.trace is not None:  # the writes and drains beside the steps
+                self.trace.background += self.ckpt.take_background()
         if rep == 0 and self._last_batch is not None:
             self.demand = self._measure_demand(self.compute, *self._last_batch)
         self._last_batch = None

@@ -49,6 +49,7 @@ from iobench.core.errors import ConfigError, IobenchError, StorageError
 from iobench.core.interrupts import Interrupted
 from iobench.core.metrics import EpochClock
 from iobench.core.resilience import parse_mtbf, young
+from iobench.core.trace import Background
 from iobench.core.world import World, agree
 from iobench.workflows.train_resume import (
     ResumePoint,
@@ -201,6 +202,7 @@ class _Drain:
         self.busy: list[tuple[int, int | None]] = []  # wall ns of each copy (end None: running)
         self.pending: set[str] = set()  # local checkpoints not copied yet: never pruned
         self.records: dict[int, dict[str, Any]] = {}
+        self.spans: dict[int, tuple[int, int, int, int]] = {}  # --trace: queued, start, end, bytes
         self.futures: list[Future[None]] = []
 
     def submit(self, src: Path, index: int, after: Callable[[], None]) -> None:
@@ -236,6 +238,7 @@ class _Drain:
                 self.pending.discard(src.name)
         self.records[index] = {"path": str(final), "bytes": copied, "drain_s": (t1 - t0) / 1e9,
                                "queued_s": (t0 - queued) / 1e9, "end_ns": t1}
+        self.spans[index] = (queued, t0, t1, copied)
         after()
 
     def _file(self, src: Path, dst: Path) -> int:
@@ -292,6 +295,7 @@ class TrainCheckpoints:
         self.mine: list[dict[str, Any]] = []  # this rank's saves of this repetition
         self.saves: list[dict[str, Any]] = []  # rank 0: every save's record
         self.end_waits: list[float] = []
+        self.background: list[Background] = []  # rank 0: every rank's, for --trace
         self.point: ResumePoint | None = None  # --resume: the checkpoint carried on from
         self.resumed: dict[str, Any] | None = None  # the result's `checkpoint.resumed`
         self.skip = 0  # --resume: steps of the first epoch done before (not run again)
@@ -418,7 +422,8 @@ class TrainCheckpoints:
 
     def _epoch_reset(self) -> None:
         self.epoch_steps = 0  # steps of this epoch done (a resumed one's before included)
-        self.blocked_log: list[tuple[int, int]] = []  # (this run's step of the epoch, ns)
+        # (this run's step of the epoch, ns, checkpoint index): --trace draws it
+        self.blocked_log: list[tuple[int, int, int]] = []
         self.blocked_ns = 0
         self.epoch_saves = 0
         self.steps_log: list[tuple[int, int]] = []
@@ -437,7 +442,7 @@ class TrainCheckpoints:
         rec = self._save(epoch)
         blocked = clock.exclude()
         rec["blocked_s"] = blocked / 1e9
-        self.blocked_log.append((clock.steps - 1, blocked))  # --trace draws it
+        self.blocked_log.append((clock.steps - 1, blocked, rec["index"]))
         self.blocked_ns += blocked
         self.epoch_saves += 1
 
@@ -461,7 +466,8 @@ class TrainCheckpoints:
                                "waited_s": waited, "stage_s": 0.0}
         self.mine.append(rec)
         _fill(self.fault, self.world.rank, k, Path(self.plan.to))  # tests only
-        w = writer(tmp, lambda: self._after_shard(tmp, k))
+        w: Any  # its files, once written, read by the callback
+        w = writer(tmp, lambda: self._after_shard(tmp, k, rec, w))
         state = model_state(self.model, self.opt)
         no_dist = self.world.size == 1
         t0 = time.perf_counter_ns()
@@ -487,8 +493,10 @@ class TrainCheckpoints:
         agree(self.world, failed, "the checkpoint save")
         return rec
 
-    def _after_shard(self, tmp: Path, k: int) -> None:
+    def _after_shard(self, tmp: Path, k: int, rec: dict[str, Any], w: Any) -> None:
         fsync_dir(tmp)  # this rank's file's entry, before rank 0 may commit
+        # --trace: this rank's shard bytes, read before rank 0 may rename the folder
+        rec["shard_bytes"] = sum((tmp / name).stat().st_size for name in w.files)
         f = self.fault
         if f is not None and f.action == KILL_SAVE and (f.rank, f.epoch) == (self.world.rank, k):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -502,6 +510,8 @@ class TrainCheckpoints:
         t1 = time.perf_counter_ns()
         rec["write_s"] = max((w.shard_end_ns or t1) - t0, 0) / 1e9
         rec["save_s"] = (t1 - t0) / 1e9
+        # --trace: the write's span on this rank's clock (rank 0's ends at its commit)
+        rec.update(handoff_ns=t0, complete_ns=t1, shard_ns=w.shard_end_ns or 0)
         if self.world.is_root:
             write_state(tmp, self._state(rec))  # what --resume carries on from
             files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
@@ -511,7 +521,7 @@ class TrainCheckpoints:
             commit(tmp, final, marker)
             t2 = time.perf_counter_ns()
             rec.update(path=str(final), bytes=sum(files.values()), commit_s=(t2 - t1) / 1e9,
-                       committed_ns=t2)
+                       committed_ns=t2, complete_ns=t2)
             self._prune()
             if self.drain is not None:
                 self.drain.submit(final, rec["index"], self._prune)
@@ -577,6 +587,7 @@ class TrainCheckpoints:
             return
         self.end_waits.append(waited or 0.0)
         saves = [_merge([ranks[i] for ranks in everyone]) for i in range(len(self.mine))]
+        self.background += self._background(everyone, saves)
         self._add_drains(saves)
         self.saves += saves
         for ep in epochs:
@@ -585,6 +596,29 @@ class TrainCheckpoints:
                 ep["checkpoint"]["bytes"] = sum(s["bytes"] for s in mine)
                 ep["checkpoint"]["write_s_max"] = max((s["write_s"] for s in mine),
                                                       default=None)
+
+    def _background(self, everyone: list[list[dict[str, Any]]], saves: list[dict[str, Any]]
+                    ) -> list[Background]:
+        """Rank 0: what ran beside the steps (--trace): each rank's async writes of this
+        repetition, then the drain's copy of each of its saves."""
+        mode = self.plan.mode
+        out = [Background("checkpoint_write", rank, r["repeat"], r["epoch"], r["index"],
+                          r["handoff_ns"], r["complete_ns"], r["shard_ns"],
+                          r.get("shard_bytes", 0), mode)
+               for rank, recs in enumerate(everyone) for r in recs
+               if mode == "async" and "complete_ns" in r]
+        spans = self.drain.spans if self.drain is not None else {}
+        for s in saves:
+            if s["index"] in spans:
+                queued, t0, t1, nbytes = spans[s["index"]]
+                out.append(Background("drain", self.world.rank, s["repeat"], s["epoch"],
+                                      s["index"], t0, t1, queued, nbytes, mode))
+        return out
+
+    def take_background(self) -> list[Background]:
+        """Rank 0: the spans beside the steps gathered since the last call (--trace)."""
+        out, self.background = self.background, []
+        return out
 
     def _add_drains(self, saves: list[dict[str, Any]]) -> None:
         """Each save's drain, and whether it kept up: done within one checkpoint interval
