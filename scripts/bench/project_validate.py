@@ -396,12 +396,30 @@ def arguments() -> argparse.Namespace:
                          "request-rate limit (default 3072, cifar10's)")
     ap.add_argument("--probe-runtime", default="1",
                     help="seconds per probe test (default 1)")
+    ap.add_argument("--probes", type=int, default=3,
+                    help="probes of the tier, one before each training run and the rest "
+                         "after; the projection takes their medians and spread (default 3)")
+    ap.add_argument("--reproject", action="store_true",
+                    help="measure nothing: project again from WORK's saved measurements "
+                         "(WORK/measured.json) and print the tables")
     ap.add_argument("--gluster", action="store_true",
                     help="the one-box GlusterFS as the tier instead of the emulator (root)")
     ap.add_argument("--gluster-dir", default="iobench-projval",
                     help="--gluster: this run's folder on the shared volume (default "
                          "iobench-projval; data and probe scratch files go under it)")
     return ap.parse_args()
+
+
+def probe(a: argparse.Namespace, nodes: list[int], where: list[Any], res: Path, i: int
+          ) -> None:
+    """The `i`-th probe of the tier (`--probes`): its limits, and buffered random reads at
+    the loaders' concurrency (the workers of 1 and of max N ranks)."""
+    log(f"probe {i + 1} of {a.probes} of the tier")
+    run([*IOBENCH, "probe", *where, "--size", "16M",
+         "--readers", "1,4", "--runtime", a.probe_runtime, "--metadata-files", "100",
+         "--sample-size", a.probe_sample, "--buffered-readers",
+         f"{a.workers},{int(a.workers) * max(nodes)}",
+         "--engine", "python", "--results", res / "probe"])
 
 
 def measure(a: argparse.Namespace, nodes: list[int], work: Path
@@ -420,14 +438,13 @@ def measure(a: argparse.Namespace, nodes: list[int], work: Path
             where = ["--storage", mnt, "--write-via", backing]
         tier = Tier(mnt, a.gluster)
         shutil.rmtree(res, ignore_errors=True)
-        log("probe of the tier")
-        # buffered random reads at the loaders' concurrency: workers on 1 and on max N ranks
-        run([*IOBENCH, "probe", *where, "--size", "16M",
-             "--readers", "1,4", "--runtime", a.probe_runtime, "--metadata-files", "100",
-             "--sample-size", a.probe_sample, "--buffered-readers",
-             f"{a.workers},{int(a.workers) * max(nodes)}",
-             "--engine", "python", "--results", res / "probe"])
-        trained = {n: train(a, mnt, res / f"train-{n}", n, tier) for n in nodes}
+        trained = {}
+        for i, n in enumerate(nodes):  # one probe before each training run, the rest after
+            if i < a.probes:
+                probe(a, nodes, where, res, i)
+            trained[n] = train(a, mnt, res / f"train-{n}", n, tier)
+        for i in range(len(nodes), a.probes):
+            probe(a, nodes, where, res, i)
         extra = tuple(GLUSTER_EVICT) if a.gluster else ()
         direct = gluster_tier(backing, work, a.gluster_dir, direct=True) if a.gluster else mnt
         if not a.gluster:
@@ -459,11 +476,22 @@ def main() -> int:
         log("generating cifar10/hdf5")
         run([*IOBENCH, "generate", "--dataset", "cifar10", "--format", "hdf5", "--samples",
              a.samples, "--samples-per-file", "1024", "--storage", backing, "--force"])
-    runs, meas = measure(a, nodes, work)
-    (probe,) = (res / "probe").glob("probe-*.json")
+    saved = work / "measured.json"
+    if a.reproject:
+        doc = json.loads(saved.read_text())
+        runs = {int(n): Path(p) for n, p in doc["runs"].items()}
+        meas = {int(n): m for n, m in doc["measured"].items()}
+        load_before = tuple(doc["load_before"])
+    else:
+        runs, meas = measure(a, nodes, work)
+        saved.write_text(json.dumps({"runs": {n: str(p) for n, p in runs.items()},
+                                     "measured": meas, "load_before": load_before}))
+    probes = sorted((res / "probe").glob("probe-*.json"))
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
-    log("project from N = 1")
-    cmd = [*IOBENCH, "project", "--train", runs[nodes[0]], "--probe", probe, "--stage", stage1,
+    log(f"project from N = 1 and {len(probes)} probe(s)")
+    shutil.rmtree(res / "proj", ignore_errors=True)
+    cmd = [*IOBENCH, "project", "--train", runs[nodes[0]],
+           *(x for p in probes for x in ("--probe", p)), "--stage", stage1,
            "--nodes", a.nodes, "--simulate-max-nodes", max(nodes), "--results", res / "proj"]
     projection_text = run(cmd)
     proj = one(res / "proj", "projection-*.json")
