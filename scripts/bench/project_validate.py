@@ -316,14 +316,27 @@ def table(proj: dict[str, Any], meas: dict[int, dict[str, float]]) -> list[str]:
         first = p["stall_s"] - (p["steps_per_epoch"] - 1) * (p["step_s"] - compute)
         sim = "-" if p.get("simulated_au") is None else f"{p['simulated_au']:.2f}"
         out.append(
-            f"| {n} | {p['stall_s']:.2f} | {m['stall_s']:.2f} | {err(p['stall_s'], m['stall_s'])} "
+            f"| {n} | {spanned(p, 'stall_s', 'stall_range_s', m['stall_s'])} | {m['stall_s']:.2f} "
+            f"| {err(p['stall_s'], m['stall_s'])} "
             f"| {first:.2f} | {m['first_s']:.2f} "
             f"| {p['au']:.2f} | {m['au']:.2f} | {err(p['au'], m['au'])} "
             f"| {p['step_s']:.3f} | {m['step_s']:.3f} | {err(p['step_s'], m['step_s'])} "
-            f"| {sim} | {p['stage_replicate_s']:.2f} | {m['replicate_s']:.2f} "
-            f"| {err(p['stage_replicate_s'], m['replicate_s'])} | {p['stage_shard_s']:.2f} "
+            f"| {sim} | {spanned(p, 'stage_replicate_s', 'stage_replicate_range_s', m['replicate_s'])} "
+            f"| {m['replicate_s']:.2f} "
+            f"| {err(p['stage_replicate_s'], m['replicate_s'])} "
+            f"| {spanned(p, 'stage_shard_s', 'stage_shard_range_s', m['shard_s'])} "
             f"| {m['shard_s']:.2f} | {err(p['stage_shard_s'], m['shard_s'])} |")
     return out
+
+
+def spanned(p: dict[str, Any], name: str, span: str, meas: float) -> str:
+    """A prediction with its [spread] (the probes' and the step's) and `*` where the
+    measurement lies inside it."""
+    r = p.get(span) or []
+    if not r:
+        return f"{p[name]:.2f}"
+    inside = "*" if r[0] <= meas <= r[-1] else ""
+    return f"{p[name]:.2f} [{r[0]:.2f}-{r[-1]:.2f}]{inside}"
 
 
 def cpu_table(meas: dict[int, dict[str, float]], gluster: bool) -> list[str]:
@@ -481,11 +494,13 @@ def main() -> int:
         doc = json.loads(saved.read_text())
         runs = {int(n): Path(p) for n, p in doc["runs"].items()}
         meas = {int(n): m for n, m in doc["measured"].items()}
-        load_before = tuple(doc["load_before"])
+        load_before, load_after = tuple(doc["load_before"]), tuple(doc["load_after"])
     else:
         runs, meas = measure(a, nodes, work)
+        load_after = os.getloadavg()
         saved.write_text(json.dumps({"runs": {n: str(p) for n, p in runs.items()},
-                                     "measured": meas, "load_before": load_before}))
+                                     "measured": meas, "load_before": load_before,
+                                     "load_after": load_after}))
     probes = sorted((res / "probe").glob("probe-*.json"))
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
     log(f"project from N = 1 and {len(probes)} probe(s)")
@@ -495,7 +510,7 @@ def main() -> int:
            "--nodes", a.nodes, "--simulate-max-nodes", max(nodes), "--results", res / "proj"]
     projection_text = run(cmd)
     proj = one(res / "proj", "projection-*.json")
-    print_report(a, proj, meas, (load_before, os.getloadavg()))
+    print_report(a, proj, meas, (load_before, load_after))
     print("\n" + " ".join(map(str, cmd[2:])))
     print(projection_text.split("\n\n", 1)[0])
     return 0
@@ -516,6 +531,7 @@ def print_report(a: argparse.Namespace, proj: dict[str, Any], meas: dict[int, di
     print(f"fitted latency per batch {proj['model']['latency_s']:.4f} s; "
           f"local write per chunk {proj['model']['local_write_s']:.4f} s")
     print("\n".join(table(proj, meas)))
+    print("[spread]: " + proj["model"]["spread_note"] + " *: the measurement lies inside it.")
     print("measured stall spread over epochs (max - min, s): "
           + ", ".join(f"N={n}: {m['spread_stall']:.2f}" for n, m in sorted(meas.items())))
     for f in proj["figures"]:
