@@ -7,10 +7,13 @@ train`, synchronous steps, each reading 1/N of the epoch, as N one-rank
 nodes would). The script:
 
 1. generates a small dataset on local disk and serves it through the tier;
-2. probes the tier (`iobench probe`, its limits; its buffered random reads
-   at the loaders' reader counts, W and W x max N, give the request rate) and
+2. probes the tier `--probes` times, one before each training run and the
+   rest after (`iobench probe`, its limits; its buffered random reads at the
+   loaders' reader counts, W and W x max N, give the request rate) and
    measures one client (`train`, and `stage` of one node);
-3. projects N = 1, 2, 4 from those alone (`iobench project`);
+3. projects N = 1, 2, 4 from those alone (`iobench project`: the probes'
+   medians, their least and greatest in the [spread]; `--reproject` again
+   from a finished run's WORK/measured.json);
 4. measures N = 2 and 4: training (`mpiexec -n N`), staging replicated (N
    `iobench stage` processes at once, each a full copy, through a
    `--direct-io` remount so that no process reads another's pages from the
