@@ -616,3 +616,122 @@ def test_a_trace_drives_the_simulation_with_its_compute_and_bursts(tmp_path: Pat
     assert "driven by the trace" in doc.model.simulation
     again = run_projection(cfg)  # seeded: the same answer
     assert [p.simulated_au for p in again.points] == [p.simulated_au for p in doc.points]
+
+
+# ------------------------------------------------------- several probes: medians and spread
+
+def _probes(tmp_path: Path, rates: tuple[float, ...], bandwidths: tuple[float, ...],
+            **storage: str) -> list[str]:
+    """Probes of one tier whose buffered 4 KiB reads ran at `rates` and whose sequential
+    reads at `bandwidths` MB/s (the tier's other load changing between them)."""
+    paths = []
+    for i, (rate, bw) in enumerate(zip(rates, bandwidths, strict=True)):
+        doc = json.loads(_probe_with_rates(tmp_path, {
+            "buffered_read_iops": rate, "buffered_bs_bytes": 4096,
+            "buffered_readers": 8}).read_text())
+        doc["summary"]["seq_read_MBps"] = bw
+        doc["storage"].update(storage)
+        path = tmp_path / f"probe-{i}.json"
+        path.write_text(json.dumps(doc))
+        paths.append(str(path))
+    return paths
+
+
+def _project_probes(tmp_path: Path, probes: list[str], *extra: str) -> dict[str, Any]:
+    res = tmp_path / "res"
+    argv = ["project", "--train", str(_train(tmp_path, step_s=0.02, compute_s=0.01)),
+            *(x for p in probes for x in ("--probe", p)), "--stage", str(_stage(tmp_path)),
+            "--nodes", "1,4,64", "--pfs-mds-ops", "1e9", "--simulate-max-nodes", "0",
+            "--no-plot", "--results", str(res), *extra]
+    assert main(argv) == 0
+    newest = max(res.glob("projection-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    return json.loads(newest.read_text())
+
+
+def test_several_probes_give_the_median_of_each_figure_and_carry_their_spread(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three probes of one tier, 1,000-3,000 buffered reads/s and 400-600 MB/s: the model
+    takes the medians (2,000/s, 500 MB/s; the old "best of" took 3,000 and 600), says so in
+    the inputs and the assumptions, and the [spread] of stall, AU and staging comes from
+    the tier at the least and the greatest figures."""
+    doc = _project_probes(tmp_path, _probes(tmp_path, (3000.0, 1000.0, 2000.0),
+                                            (600.0, 400.0, 500.0)))
+    out = capsys.readouterr().out
+    figs = {f["name"]: f for f in doc["figures"]}
+    rate, bw = figs["tier request rate"], figs["tier read bandwidth"]
+    assert rate["value"] == 2000.0 and rate["span"] == [1000.0, 3000.0]
+    assert bw["value"] == pytest.approx(500.0) and bw["span"] == pytest.approx([400.0, 600.0])
+    assert "median of 3 probes, 1,000-3,000 reads/s" in rate["source"]
+    assert "median of 3 probes, 400-600 MB/s" in bw["source"]
+    assert "tier request rate: 2000 [1000-3000] requests/s (measured: median of 3 probes" in out
+    assert any("median of 3 probes" in a and "not the best" in a
+               for a in doc["model"]["assumptions"])
+    assert "all at the greatest the probes measured" in doc["model"]["spread_note"]
+    assert "[spread]: " in out
+    for p in doc["points"]:  # the central value lies in its spread, which has width past N = 1
+        for value, span in ((p["stall_s"], p["stall_range_s"]), (p["au"], p["au_range"]),
+                            (p["stage_replicate_s"], p["stage_replicate_range_s"]),
+                            (p["stage_shard_s"], p["stage_shard_range_s"])):
+            assert span[0] <= value * (1 + 1e-9) and value <= span[1] * (1 + 1e-9), p["nodes"]
+    at64 = next(p for p in doc["points"] if p["nodes"] == 64)
+    assert at64["stall_range_s"][1] > at64["stall_range_s"][0] * 1.5
+    assert at64["stage_replicate_range_s"][1] > at64["stage_replicate_range_s"][0]
+
+
+def test_one_probe_keeps_its_figures_without_a_spread(tmp_path: Path) -> None:
+    doc = _project_probes(tmp_path, _probes(tmp_path, (1000.0,), (400.0,)))
+    figs = {f["name"]: f for f in doc["figures"]}
+    assert figs["tier request rate"]["value"] == 1000.0
+    assert figs["tier request rate"].get("span", []) == []
+    assert "probe probe-0.json" in figs["tier request rate"]["source"]
+    assert all(not p.get("stage_replicate_range_s") for p in doc["points"])
+
+
+def test_the_spread_of_a_request_rate_bounds_the_saturated_step_in_closed_form() -> None:
+    """Far past the request queue's bound a step is N batches of its service demand (the
+    bottleneck law; one rank, prefetching workers): a rate spread [lo, hi] gives the step
+    N x requests x (1/rate - bytes/bandwidth) at each end, the median's between."""
+    node = _node(step_s=0.01, compute_s=0.01, sample_bytes=3000)
+    requests = 32 * 3000 / 3000
+
+    def demand(rate: float) -> float:
+        return requests * (1 / rate - 3000 / 1e9)
+
+    tier = TierLimits(Figure(1e9, "bw"), Figure(1e6, "md"), None,
+                      Figure(16_000.0, "iops", span=(8_000.0, 32_000.0)), 3000.0)
+    ends = tier.ends()
+    assert ends is not None
+    slow, fast = ends
+    assert slow.requests_per_s is not None and slow.requests_per_s.value == 8_000.0
+    assert fast.requests_per_s is not None and fast.requests_per_s.value == 32_000.0
+    steps = [ReadModel(node, t).at(1000).step_s for t in (fast, tier, slow)]
+    assert steps == pytest.approx([1000 * demand(r) for r in (32_000, 16_000, 8_000)], rel=0.01)
+    assert TierLimits(Figure(1e9, "bw"), Figure(1e6, "md")).ends() is None
+    with pytest.raises(ConfigError, match="must lie in its span"):
+        Figure(5.0, "x", span=(6.0, 8.0))
+
+
+def test_probes_of_different_tiers_or_datasets_are_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train = str(_train(tmp_path))
+    lustre = _probes(tmp_path, (1000.0, 2000.0), (400.0, 500.0))
+    gluster = json.loads(Path(lustre[1]).read_text())
+    gluster["storage"].update(fstype="fuse.glusterfs", source="vm:/iobench")
+    (tmp_path / "gluster.json").write_text(json.dumps(gluster))
+    base = ["project", "--train", train, "--no-plot", "--simulate-max-nodes", "0",
+            "--results", str(tmp_path / "r"), "--probe", lustre[0]]
+    _one_line_exit_2([*base, "--probe", str(tmp_path / "gluster.json")], capsys,
+                     "the probes measured different tiers")
+    other = json.loads(Path(lustre[1]).read_text())
+    other["summary"]["sample_bytes"] = 110_000
+    (tmp_path / "imagenet.json").write_text(json.dumps(other))
+    _one_line_exit_2([*base, "--probe", str(tmp_path / "imagenet.json")], capsys,
+                     "the probes read samples of different datasets")
+    # two folders of one mount are one tier
+    same = json.loads(Path(lustre[1]).read_text())
+    same["storage"]["path"] = "/lustre/elsewhere"
+    for p, folder in ((lustre[0], "/lustre/a"), (lustre[1], "/lustre/b")):
+        d = json.loads(Path(p).read_text())
+        d["storage"].update(path=folder, mount_point="/lustre")
+        Path(p).write_text(json.dumps(d))
+    assert main([*base, "--probe", lustre[1]]) == 0

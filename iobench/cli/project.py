@@ -39,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", required=True, metavar="FILE",
                    help="one node's `iobench train` result (the demand and the measured step)")
     p.add_argument("--probe", action="append", default=None, metavar="FILE",
-                   help="an `iobench probe` result of the shared tier (repeatable: the best "
-                        "figure of each is taken)")
+                   help="an `iobench probe` result of the shared tier (repeatable, probes "
+                        "of one tier: the median of each figure is taken, their least and "
+                        "greatest bound the [spread])")
     p.add_argument("--stage", default=None, metavar="FILE",
                    help="an `iobench stage` result of the same dataset (staging rate to fit)")
     p.add_argument("--diagnose", default=None, metavar="FILE",

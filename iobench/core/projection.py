@@ -11,7 +11,7 @@ formula and assumption; `ASSUMPTIONS` is what the output prints beside them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iobench.core.errors import ConfigError
 from iobench.core.queueing import DELAY, Network, Solution, Station, solve
@@ -82,10 +82,19 @@ class Figure:
     value: float
     source: str
     given: bool = False
+    # (least, greatest) of several measurements whose median `value` is (k probes); None: one
+    span: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.value) and self.value >= 0):
             raise ConfigError(f"{self.source}: {self.value!r} must be a finite number >= 0")
+        if self.span is not None and not self.span[0] <= self.value <= self.span[1]:
+            raise ConfigError(f"{self.source}: {self.value!r} must lie in its span "
+                              f"{self.span[0]!r}-{self.span[1]!r}")
+
+    def at(self, end: int) -> Figure:
+        """This figure at the least (`end` 0) or greatest (1) of its span; itself without one."""
+        return self if self.span is None else replace(self, value=self.span[end], span=None)
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,19 @@ class TierLimits:
                 raise ConfigError(f"{f.source}: {f.value} must be > 0")
         if not (math.isfinite(self.request_bytes) and self.request_bytes > 0):
             raise ConfigError(f"request size {self.request_bytes!r} bytes must be > 0")
+
+    def ends(self) -> tuple[TierLimits, TierLimits] | None:
+        """The tier with every figure at the least, and at the greatest, of its span (the
+        slowest and the fastest tier the probes measured); None when no figure has a span."""
+        figs = (self.bandwidth_Bps, self.metadata_ops, self.client_Bps, self.requests_per_s)
+        if all(f is None or f.span is None for f in figs):
+            return None
+        lo, hi = (replace(self, bandwidth_Bps=self.bandwidth_Bps.at(e),
+                          metadata_ops=self.metadata_ops.at(e),
+                          client_Bps=self.client_Bps.at(e) if self.client_Bps else None,
+                          requests_per_s=(self.requests_per_s.at(e) if self.requests_per_s
+                                          else None)) for e in (0, 1))
+        return lo, hi
 
 
 def requests_per_batch(node: NodeFigures, tier: TierLimits) -> float:

@@ -43,7 +43,6 @@ from iobench.core.projection import (
     requests_per_batch,
 )
 from iobench.core.result_types import (
-    ProbeStorage,
     Record,
     StageDoc,
     TrainResult,
@@ -165,24 +164,42 @@ class _ProbeFigures(Record):
     buffered_bs_bytes: int | None = key(default=None, optional=True)
     buffered_readers: int | None = key(default=None, optional=True)
 
-    def request_rates(self) -> list[tuple[float, float]]:
-        """(request bytes, random reads/s) of each sample-size random-read test it holds
-        (O_DIRECT where the probe could, else buffered with POSIX_FADV_RANDOM)."""
-        out = [(float(r.bs_bytes or r.sample_bytes), r.iops) for r in self.sample_reads
-               if r.iops]
+    def request_rates(self) -> list[tuple[float, float, float]]:
+        """(tested sample bytes, request bytes, random reads/s) of each sample-size random-read
+        test it holds (O_DIRECT where the probe could, else buffered with POSIX_FADV_RANDOM)."""
+        out = [(r.sample_bytes, float(r.bs_bytes or r.sample_bytes), r.iops)
+               for r in self.sample_reads if r.iops]
         if self.sample_read_iops and self.sample_bytes:
-            out.append((float(self.sample_bs_bytes or self.sample_bytes),
+            out.append((self.sample_bytes, float(self.sample_bs_bytes or self.sample_bytes),
                         self.sample_read_iops))
         return out
 
-    def buffered_rates(self) -> list[tuple[float, float]]:
-        """(request bytes, random reads/s) of each buffered sample-size random-read test (as
-        the loaders read: through the page cache); none in a probe made before them."""
-        out = [(float(r.buffered_bs_bytes), r.buffered_iops) for r in self.sample_reads
-               if r.buffered_iops and r.buffered_bs_bytes]
+    def buffered_rates(self) -> list[tuple[float, float, float]]:
+        """(tested sample bytes, request bytes, random reads/s) of each buffered sample-size
+        random-read test (as the loaders read: through the page cache); none in a probe made
+        before them."""
+        out = [(r.sample_bytes, float(r.buffered_bs_bytes), r.buffered_iops)
+               for r in self.sample_reads if r.buffered_iops and r.buffered_bs_bytes]
         if self.buffered_read_iops and self.buffered_bs_bytes:
-            out.append((float(self.buffered_bs_bytes), self.buffered_read_iops))
+            out.append((self.sample_bytes or float(self.buffered_bs_bytes),
+                        float(self.buffered_bs_bytes), self.buffered_read_iops))
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ProbeMount(Record):
+    """The probed mount (`storage`), the parts that name the tier."""
+
+    path: str
+    fstype: str
+    kind: str
+    mount_point: str | None = key(default=None, optional=True)
+    source: str | None = key(default=None, optional=True)
+
+    def tier(self) -> tuple[str, str]:
+        """(filesystem type, what is mounted): probes with the same pair measured one tier,
+        from any folder of it."""
+        return self.fstype, self.source or self.mount_point or self.path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +208,7 @@ class _Probe(Record):
 
     label: str
     direct: bool = key(default=True, optional=True)
-    storage: ProbeStorage
+    storage: _ProbeMount
     summary: _ProbeFigures
 
 
@@ -342,22 +359,57 @@ def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
     return None
 
 
+def check_probes(probes: Sequence[tuple[Path, _Probe]]) -> None:
+    """Several probes must be of one tier (filesystem type and what is mounted) and one
+    dataset (the sample size their random reads tested): their medians mix nothing else."""
+    tiers = sorted({d.storage.tier() for _, d in probes})
+    if len(tiers) > 1:
+        raise ProjectionInputError(
+            "the probes measured different tiers (" + ", ".join(f"{t} {m}" for t, m in tiers)
+            + "): give probes of the one tier the projection is of", "probe")
+    sizes = sorted({d.summary.sample_bytes for _, d in probes
+                    if d.summary.sample_bytes is not None})
+    if len(sizes) > 1:
+        raise ProjectionInputError(
+            "the probes read samples of different datasets (" + ", ".join(
+                f"{b:.0f} bytes" for b in sizes) + "): give probes made with one dataset's "
+            "sample size", "probe")
+
+
+def measured_figure(found: Sequence[tuple[float, Path, _Probe]], what: str, unit: str,
+                    scale: float = 1.0) -> Figure | None:
+    """One figure from each probe's `(value, path, probe)`: the value of one probe, else the
+    median of several with their least and greatest as its span (`scale`: the value's unit
+    over `unit`'s, for the words)."""
+    if not found:
+        return None
+    if len(found) == 1:
+        v, p, d = found[0]
+        return Figure(v, f"measured: probe {p.name} ({d.label}), {what}")
+    vals = sorted(v for v, _, _ in found)
+    lo, mid, hi = vals[0], _median(vals), vals[-1]
+    names = ", ".join(p.name for _, p, _ in found)
+    return Figure(mid, f"measured: median of {len(found)} probes, {lo / scale:,.4g}-"
+                       f"{hi / scale:,.4g} {unit} ({names}); {what}", span=(lo, hi))
+
+
 def tier_limits(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
                 sample_bytes: float) -> TierLimits:
-    """The tier's limits: each from an option (given) or the best over the probes (measured
-    from one client: the aggregate is then what that client reached)."""
-    def best(field: Callable[[_ProbeFigures], float | None], what: str
-             ) -> Figure | None:
-        vals = [(v, p, d) for p, d in probes if (v := field(d.summary)) is not None and v > 0]
-        if not vals:
-            return None
-        v, p, d = max(vals, key=lambda t: t[0])
-        return Figure(v, f"measured: probe {p.name} ({d.label}), {what}, best of 1-"
-                         f"{d.summary.readers_max} readers of one client")
+    """The tier's limits: each from an option (given) or measured, each probe's best over
+    its readers of one client (the aggregate is then what that client reached) and, with
+    several probes of the tier, the median over them with their spread."""
+    check_probes(probes)
 
-    bw = best(lambda s: s.seq_read_MBps * 1e6 if s.seq_read_MBps else None,
-              "sequential read")
-    md = best(lambda s: s.open_stat_close_per_s or s.stat_per_s, "open+stat+close/s")
+    def each(field: Callable[[_ProbeFigures], float | None], what: str, unit: str,
+             scale: float = 1.0) -> Figure | None:
+        found = [(v, p, d) for p, d in probes if (v := field(d.summary)) is not None and v > 0]
+        readers = max((d.summary.readers_max for _, _, d in found), default=1)
+        return measured_figure(found, f"{what}, best of 1-{readers} readers of one client",
+                               unit, scale)
+
+    bw = each(lambda s: s.seq_read_MBps * 1e6 if s.seq_read_MBps else None,
+              "sequential read", "MB/s", 1e6)
+    md = each(lambda s: s.open_stat_close_per_s or s.stat_per_s, "open+stat+close/s", "ops/s")
     bandwidth = (Figure(cfg.pfs_read_Bps, "given: --pfs-read-gbs", given=True)
                  if cfg.pfs_read_Bps else bw)
     metadata = (Figure(cfg.pfs_mds_ops, "given: --pfs-mds-ops", given=True)
@@ -393,39 +445,46 @@ class RequestRate:
 def request_rate(probes: Sequence[tuple[Path, _Probe]], cfg: ProjectConfig,
                  sample_bytes: float) -> RequestRate:
     """The request station's rate: `--pfs-iops` (requests of the probe's nearest size, else of
-    the run's sample size), else the probe's random reads whose request size is nearest the
-    run's sample (the best rate at that size): its buffered reads, which match how the
-    loaders read, and only in probes without them its O_DIRECT ones; none when no probe
-    measured one (no request-rate queue)."""
-    found = [(bs, iops, p, d) for p, d in probes for bs, iops in d.summary.buffered_rates()]
+    the run's sample size), else the probes' random reads at the tested sample size nearest
+    the run's sample (each probe's best rate at that size; over several probes the median,
+    with their spread): their buffered reads, which match how the loaders read, and only in
+    probes without them their O_DIRECT ones; none when no probe measured one (no station)."""
     read = BUFFERED
+    found = [(size, bs, iops, p, d) for p, d in probes
+             for size, bs, iops in d.summary.buffered_rates()]
     if not found:
-        found = [(bs, iops, p, d) for p, d in probes for bs, iops in d.summary.request_rates()]
         read = DIRECT
+        found = [(size, bs, iops, p, d) for p, d in probes
+                 for size, bs, iops in d.summary.request_rates()]
     if not found:
         if cfg.pfs_iops:
             return RequestRate(Figure(cfg.pfs_iops, "given: --pfs-iops", given=True),
                                max(sample_bytes, 1.0))
         return RequestRate(None, 4096.0)
-    near = min(abs(math.log(bs / max(sample_bytes, 1.0))) for bs, _, _, _ in found)
-    bs, iops, p, d = max((f for f in found
-                          if abs(math.log(f[0] / max(sample_bytes, 1.0))) == near),
-                         key=lambda f: f[1])
+    near = min(found, key=lambda f: abs(math.log(f[0] / max(sample_bytes, 1.0))))[0]
+    best: dict[Path, tuple[float, float, _Probe]] = {}  # each probe's best rate at that size
+    for size, bs, iops, p, d in found:
+        if size == near and (p not in best or iops > best[p][1]):
+            best[p] = (bs, iops, d)
+    bs = _median([b for b, _, _ in best.values()])
     if cfg.pfs_iops:
         return RequestRate(Figure(cfg.pfs_iops, "given: --pfs-iops", given=True), bs)
-    return RequestRate(Figure(iops, f"measured: probe {p.name} ({d.label}), "
-                                    f"{_read_words(read, d, bs)}"), bs, read)
+    rate = measured_figure([(iops, p, d) for p, (_, iops, d) in best.items()],
+                           _read_words(read, [d for _, _, d in best.values()], bs), "reads/s")
+    return RequestRate(rate, bs, read)
 
 
-def _read_words(read: str, d: _Probe, bs: float) -> str:
-    """How the probe read the chosen request rate, for the figure's source."""
-    s = d.summary
+def _read_words(read: str, probes: Sequence[_Probe], bs: float) -> str:
+    """How the probes read the chosen request rate, for the figure's source."""
     if read == BUFFERED:
-        readers = f"{s.buffered_readers} readers" if s.buffered_readers else "its readers"
+        counts = sorted({d.summary.buffered_readers for d in probes
+                         if d.summary.buffered_readers})
+        readers = (f"{'/'.join(map(str, counts))} readers" if counts else "its readers")
         return (f"random {bs:.0f}-byte reads through the page cache, as the loaders read "
                 f"(best at {readers} of one client)")
-    how = "with O_DIRECT" if d.direct else "buffered with POSIX_FADV_RANDOM"
-    return (f"random {bs:.0f}-byte reads {how}, best of 1-{s.readers_max} readers of one "
+    how = "with O_DIRECT" if all(d.direct for d in probes) else "buffered with POSIX_FADV_RANDOM"
+    top = max(d.summary.readers_max for d in probes)
+    return (f"random {bs:.0f}-byte reads {how}, best of 1-{top} readers of one "
             "client; this probe holds no buffered figure (made before probe measured one), "
             "so the O_DIRECT rate stands in for the loaders' buffered reads")
 
@@ -466,6 +525,8 @@ class InputFigure(Record):
     unit: str
     source: str
     given: bool
+    # (least, greatest) over several probes, in `unit`, when `value` is their median
+    span: tuple[float, ...] = key(default=(), optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -492,6 +553,9 @@ class Point(Record):
     # the model fitted to the fastest and the slowest measured step (epochs, repetitions)
     au_range: tuple[float, ...] = key(default=(), optional=True)
     stall_range_s: tuple[float, ...] = key(default=(), optional=True)
+    # staging with the tier's figures at their least and greatest over several probes
+    stage_replicate_range_s: tuple[float, ...] = key(default=(), optional=True)
+    stage_shard_range_s: tuple[float, ...] = key(default=(), optional=True)
     simulated_au: float | None = key(default=None, optional=True)
     simulated_stall_s: float | None = key(default=None, optional=True)
 
@@ -549,9 +613,10 @@ class ProjectionDoc(Record):
 
 
 def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> list[InputFigure]:
-    def fig(name: str, value: float, unit: str, source: str, given: bool = False
-            ) -> InputFigure:
-        return InputFigure(name=name, value=value, unit=unit, source=source, given=given)
+    def fig(name: str, value: float, unit: str, source: str, given: bool = False,
+            span: tuple[float, float] | None = None) -> InputFigure:
+        return InputFigure(name=name, value=value, unit=unit, source=source, given=given,
+                           span=span or ())
 
     run = "measured: the training result"
     k = node.samples_per_request
@@ -569,12 +634,13 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
                k.source if k else "assumed: 1, every batch takes the mean bytes (no global "
                                   "shuffle, or no request size measured)"),
            fig("tier read bandwidth", tier.bandwidth_Bps.value / 1e6, "MB/s",
-               tier.bandwidth_Bps.source, tier.bandwidth_Bps.given),
+               tier.bandwidth_Bps.source, tier.bandwidth_Bps.given,
+               _scaled(tier.bandwidth_Bps, 1e6)),
            fig("tier metadata rate", tier.metadata_ops.value, "ops/s",
-               tier.metadata_ops.source, tier.metadata_ops.given)]
+               tier.metadata_ops.source, tier.metadata_ops.given, tier.metadata_ops.span)]
     if tier.requests_per_s is not None:
         r = tier.requests_per_s
-        out += [fig("tier request rate", r.value, "requests/s", r.source, r.given),
+        out += [fig("tier request rate", r.value, "requests/s", r.source, r.given, r.span),
                 fig("request size", tier.request_bytes, "bytes", r.source, r.given),
                 fig("requests per batch", requests_per_batch(node, tier), "requests",
                     "batch bytes / request size"),
@@ -594,17 +660,32 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
     return out
 
 
+def _scaled(f: Figure, scale: float) -> tuple[float, float] | None:
+    return None if f.span is None else (f.span[0] / scale, f.span[1] / scale)
+
+
 @dataclass(frozen=True)
 class _Models:
     read: ReadModel
     stage: StagingModel
-    spread: tuple[ReadModel, ...] = ()  # fitted to the fastest and slowest measured step
+    # fitted to the fastest and slowest measured step, each with the tier's figures at the
+    # least and the greatest of the probes' spread
+    spread: tuple[ReadModel, ...] = ()
+    stage_spread: tuple[StagingModel, ...] = ()  # the tier's least and greatest figures
 
 
 def _spread_models(node: NodeFigures, tier: TierLimits) -> tuple[ReadModel, ...]:
-    if node.step_range is None or node.step_range[0] == node.step_range[1]:
-        return ()
-    return tuple(ReadModel(replace(node, step_s=s), tier) for s in node.step_range)
+    steps = (node.step_range if node.step_range is not None
+             and node.step_range[0] != node.step_range[1] else (node.step_s,))
+    tiers = tier.ends() or (tier,)
+    models = tuple(ReadModel(replace(node, step_s=s), t) for s in steps for t in tiers)
+    return models if len(models) > 1 else ()
+
+
+def _stage_spread(staging: StagingFigures, tier: TierLimits) -> tuple[StagingModel, ...]:
+    ends = tier.ends()
+    return () if ends is None else tuple(StagingModel(staging, t, ops_per_file=1.0)
+                                         for t in ends)
 
 
 def _range(m: _Models, nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -626,6 +707,9 @@ def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Poi
     rep, shard = m.stage.time(nodes, "replicate"), m.stage.time(nodes, "shard")
     per_step = node.ranks_per_node * node.batch_size
     au_range, stall_range = _range(m, nodes)
+    rep_range, shard_range = (
+        tuple(sorted(s.time(nodes, mode) for s in m.stage_spread)) if m.stage_spread else ()
+        for mode in ("replicate", "shard"))
     return Point(
         nodes=nodes, readers=nodes * node.readers, au=local_epoch / epoch_s,
         au_steady=op.au, step_s=op.step_s,
@@ -637,6 +721,7 @@ def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Poi
         break_even_replicate=jsonable_break_even(break_even_epochs(rep, epoch_s, local_epoch)),
         break_even_shard=jsonable_break_even(break_even_epochs(shard, epoch_s, local_epoch)),
         au_range=au_range, stall_range_s=stall_range,
+        stage_replicate_range_s=rep_range, stage_shard_range_s=shard_range,
         simulated_au=simulated[0] if simulated else None,
         simulated_stall_s=simulated[1] if simulated else None)
 
@@ -688,7 +773,8 @@ def project(cfg: ProjectConfig,
     curve = (delivery_curve(cfg.diagnose, _load_diagnose(cfg.diagnose, run), node, tier)
              if cfg.diagnose is not None else None)
     read, spread = _read_models(node, tier, curve)
-    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0), spread)
+    models = _Models(read, StagingModel(staging, tier, ops_per_file=1.0), spread,
+                     _stage_spread(staging, tier))
     points = []
     for n in cfg.nodes:
         sim = simulate(read, n) if simulate and n <= cfg.simulate_max_nodes else None
@@ -706,8 +792,8 @@ def project(cfg: ProjectConfig,
                         latency_s=read.latency_s, latency_note=read.latency_note,
                         local_write_s=models.stage.local_s, staging_note=models.stage.note,
                         simulation=_simulation_words(cfg, simulate is not None),
-                        assumptions=ASSUMPTIONS,
-                        spread_note=SPREAD_STEP if curve is None else SPREAD_CURVE),
+                        assumptions=ASSUMPTIONS + _probe_assumptions(tier, len(probes)),
+                        spread_note=spread_note(tier, curve)),
         points=tuple(points), saturation=_saturation(read, cfg.threshold),
         warnings=tuple(_warnings(node, tier, len(probes),
                                  request_rate(probes, cfg, node.sample_bytes).read)
@@ -718,14 +804,36 @@ def _read_models(node: NodeFigures, tier: TierLimits, curve: DeliveryCurve | Non
                  ) -> tuple[ReadModel, tuple[ReadModel, ...]]:
     """The read model and its spread: fitted to the measured node's step (the spread: to
     its fastest and slowest), or, with a delivery curve, with the curve's latency (the
-    spread: its least and greatest over the worker counts)."""
+    spread: its least and greatest over the worker counts); either with the tier's figures
+    at the least and the greatest of the probes' spread, when several probes gave them."""
     if curve is None:
         return ReadModel(node, tier), _spread_models(node, tier)
     read = ReadModel(node, tier, (curve.latency_s, curve.note))
     lo, hi = curve.latency_range_s
-    spread = () if lo == hi else tuple(
-        ReadModel(node, tier, (lat, curve.note)) for lat in (lo, hi))
-    return read, spread
+    lats = (lo, hi) if lo != hi else (curve.latency_s,)
+    spread = tuple(ReadModel(node, t, (lat, curve.note)) for lat in lats
+                   for t in tier.ends() or (tier,))
+    return read, spread if len(spread) > 1 else ()
+
+
+SPREAD_PROBES = (" With several probes of the tier, each of those with the tier's measured "
+                 "figures (bandwidth, metadata rate, request rate) all at the least and all "
+                 "at the greatest the probes measured; staging: the same two tiers.")
+
+
+def spread_note(tier: TierLimits, curve: DeliveryCurve | None) -> str:
+    """What the [spread] of AU, stall and staging is."""
+    return ((SPREAD_STEP if curve is None else SPREAD_CURVE)
+            + (SPREAD_PROBES if tier.ends() is not None else ""))
+
+
+def _probe_assumptions(tier: TierLimits, n_probes: int) -> tuple[str, ...]:
+    """The assumption several probes add: their medians and spread."""
+    if tier.ends() is None:
+        return ()
+    return (f"The tier's measured figures are the median of {n_probes} probes (each probe's "
+            "best over its readers), not the best of them; their least and greatest bound "
+            "the [spread] (a probe's figure varies with the tier's other load).",)
 
 
 def _curve_figures(path: Path | None, curve: DeliveryCurve | None) -> list[InputFigure]:
@@ -836,24 +944,29 @@ def _be(v: Any) -> str:
     return v if isinstance(v, str) else _num(v, ".3g")
 
 
-def _span(r: Sequence[float], spec: str) -> str:
+def span_text(r: Sequence[float], spec: str) -> str:
+    """` [least-greatest]` of a spread in the format `spec`; nothing without one."""
     return f" [{format(r[0], spec)}-{format(r[-1], spec)}]" if r else ""
 
 
 TABLE_HEADER = ("nodes", "AU [spread]", "steady AU", "stall/epoch s [spread]", "epoch s",
-                "limit", "util", "sim AU", "sim stall s", "stage repl s", "stage shard s",
-                "b-e repl", "b-e shard")
+                "limit", "util", "sim AU", "sim stall s", "stage repl s [spread]",
+                "stage shard s [spread]", "b-e repl", "b-e shard")
 
 
 def point_cells(p: Point) -> tuple[str, ...]:
     """One node count's row of the table (`TABLE_HEADER`): [spread] is the model fitted to
-    the fastest and the slowest measured step; b-e: staging's break-even in epochs."""
-    return (f"{p.nodes:,}", f"{p.au:.3f}" + _span(p.au_range, ".2f"), f"{p.au_steady:.3f}",
-            _num(p.stall_s) + _span(p.stall_range_s, ".3g"), _num(p.epoch_s),
+    the fastest and the slowest measured step, with several probes each with the tier at the
+    least and the greatest they measured (`ModelInfo.spread_note`); b-e: staging's
+    break-even in epochs."""
+    return (f"{p.nodes:,}", f"{p.au:.3f}" + span_text(p.au_range, ".2f"), f"{p.au_steady:.3f}",
+            _num(p.stall_s) + span_text(p.stall_range_s, ".3g"), _num(p.epoch_s),
             RESOURCES.get(p.bottleneck, p.bottleneck),
             f"{max(p.utilization.values(), default=0):.0%}",
-            _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s), _num(p.stage_replicate_s),
-            _num(p.stage_shard_s), _be(p.break_even_replicate), _be(p.break_even_shard))
+            _num(p.simulated_au, ".3f"), _num(p.simulated_stall_s),
+            _num(p.stage_replicate_s) + span_text(p.stage_replicate_range_s, ".3g"),
+            _num(p.stage_shard_s) + span_text(p.stage_shard_range_s, ".3g"),
+            _be(p.break_even_replicate), _be(p.break_even_shard))
 
 
 def saturation_words(doc: ProjectionDoc) -> str:
@@ -886,11 +999,12 @@ def table(doc: ProjectionDoc) -> str:
            "AU: of the epoch (compute / wall, first batch included, as train measures it); "
            "steady AU: compute / step once the readers run",
            saturation_words(doc), "", "inputs:"]
-    out += [f"  {f.name}: {f.value:.4g} {f.unit} ({figure_source(f)})" for f in doc.figures]
+    out += [f"  {f.name}: {f.value:.4g}{span_text(f.span, '.4g')} {f.unit} ({figure_source(f)})"
+            for f in doc.figures]
     m = doc.model
     out += ["model:", f"  {m.method}", f"  latency per batch {m.latency_s:.4g} s: "
             f"{m.latency_note}", f"  staging: {m.staging_note}", f"  simulation: {m.simulation}",
-            "assumptions:", *(f"  - {a}" for a in m.assumptions)]
+            f"  [spread]: {m.spread_note}", "assumptions:", *(f"  - {a}" for a in m.assumptions)]
     return "\n".join(out)
 
 

@@ -25,6 +25,7 @@ from iobench.workflows.project import (
     figure_source,
     point_cells,
     saturation_words,
+    span_text,
 )
 
 NOT_MEASURED = "projection, not measured"
@@ -93,7 +94,8 @@ def report_sections(name: str, doc: ProjectionDoc) -> list[Section]:
                      header=list(TABLE_HEADER),
                      rows=[list(point_cells(p)) for p in doc.points], note=note)
     m = doc.model
-    rows = [["input", f.name, f"{f.value:.4g} {f.unit}", figure_source(f)] for f in doc.figures]
+    rows = [["input", f.name, f"{f.value:.4g}{span_text(f.span, '.4g')} {f.unit}",
+             figure_source(f)] for f in doc.figures]
     rows += [["model", "method", "", m.method],
              ["model", "latency per batch", f"{m.latency_s:.4g} s", m.latency_note],
              ["model", "node-local write per chunk", f"{m.local_write_s:.4g} s",

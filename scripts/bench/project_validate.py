@@ -7,10 +7,13 @@ train`, synchronous steps, each reading 1/N of the epoch, as N one-rank
 nodes would). The script:
 
 1. generates a small dataset on local disk and serves it through the tier;
-2. probes the tier (`iobench probe`, its limits; its buffered random reads
-   at the loaders' reader counts, W and W x max N, give the request rate) and
+2. probes the tier `--probes` times, one before each training run and the
+   rest after (`iobench probe`, its limits; its buffered random reads at the
+   loaders' reader counts, W and W x max N, give the request rate) and
    measures one client (`train`, and `stage` of one node);
-3. projects N = 1, 2, 4 from those alone (`iobench project`);
+3. projects N = 1, 2, 4 from those alone (`iobench project`: the probes'
+   medians, their least and greatest in the [spread]; `--reproject` again
+   from a finished run's WORK/measured.json);
 4. measures N = 2 and 4: training (`mpiexec -n N`), staging replicated (N
    `iobench stage` processes at once, each a full copy, through a
    `--direct-io` remount so that no process reads another's pages from the
@@ -316,14 +319,27 @@ def table(proj: dict[str, Any], meas: dict[int, dict[str, float]]) -> list[str]:
         first = p["stall_s"] - (p["steps_per_epoch"] - 1) * (p["step_s"] - compute)
         sim = "-" if p.get("simulated_au") is None else f"{p['simulated_au']:.2f}"
         out.append(
-            f"| {n} | {p['stall_s']:.2f} | {m['stall_s']:.2f} | {err(p['stall_s'], m['stall_s'])} "
+            f"| {n} | {spanned(p, 'stall_s', 'stall_range_s', m['stall_s'])} | {m['stall_s']:.2f} "
+            f"| {err(p['stall_s'], m['stall_s'])} "
             f"| {first:.2f} | {m['first_s']:.2f} "
             f"| {p['au']:.2f} | {m['au']:.2f} | {err(p['au'], m['au'])} "
             f"| {p['step_s']:.3f} | {m['step_s']:.3f} | {err(p['step_s'], m['step_s'])} "
-            f"| {sim} | {p['stage_replicate_s']:.2f} | {m['replicate_s']:.2f} "
-            f"| {err(p['stage_replicate_s'], m['replicate_s'])} | {p['stage_shard_s']:.2f} "
+            f"| {sim} | {spanned(p, 'stage_replicate_s', 'stage_replicate_range_s', m['replicate_s'])} "
+            f"| {m['replicate_s']:.2f} "
+            f"| {err(p['stage_replicate_s'], m['replicate_s'])} "
+            f"| {spanned(p, 'stage_shard_s', 'stage_shard_range_s', m['shard_s'])} "
             f"| {m['shard_s']:.2f} | {err(p['stage_shard_s'], m['shard_s'])} |")
     return out
+
+
+def spanned(p: dict[str, Any], name: str, span: str, meas: float) -> str:
+    """A prediction with its [spread] (the probes' and the step's) and `*` where the
+    measurement lies inside it."""
+    r = p.get(span) or []
+    if not r:
+        return f"{p[name]:.2f}"
+    inside = "*" if r[0] <= meas <= r[-1] else ""
+    return f"{p[name]:.2f} [{r[0]:.2f}-{r[-1]:.2f}]{inside}"
 
 
 def cpu_table(meas: dict[int, dict[str, float]], gluster: bool) -> list[str]:
@@ -396,12 +412,30 @@ def arguments() -> argparse.Namespace:
                          "request-rate limit (default 3072, cifar10's)")
     ap.add_argument("--probe-runtime", default="1",
                     help="seconds per probe test (default 1)")
+    ap.add_argument("--probes", type=int, default=3,
+                    help="probes of the tier, one before each training run and the rest "
+                         "after; the projection takes their medians and spread (default 3)")
+    ap.add_argument("--reproject", action="store_true",
+                    help="measure nothing: project again from WORK's saved measurements "
+                         "(WORK/measured.json) and print the tables")
     ap.add_argument("--gluster", action="store_true",
                     help="the one-box GlusterFS as the tier instead of the emulator (root)")
     ap.add_argument("--gluster-dir", default="iobench-projval",
                     help="--gluster: this run's folder on the shared volume (default "
                          "iobench-projval; data and probe scratch files go under it)")
     return ap.parse_args()
+
+
+def probe(a: argparse.Namespace, nodes: list[int], where: list[Any], res: Path, i: int
+          ) -> None:
+    """The `i`-th probe of the tier (`--probes`): its limits, and buffered random reads at
+    the loaders' concurrency (the workers of 1 and of max N ranks)."""
+    log(f"probe {i + 1} of {a.probes} of the tier")
+    run([*IOBENCH, "probe", *where, "--size", "16M",
+         "--readers", "1,4", "--runtime", a.probe_runtime, "--metadata-files", "100",
+         "--sample-size", a.probe_sample, "--buffered-readers",
+         f"{a.workers},{int(a.workers) * max(nodes)}",
+         "--engine", "python", "--results", res / "probe"])
 
 
 def measure(a: argparse.Namespace, nodes: list[int], work: Path
@@ -420,14 +454,13 @@ def measure(a: argparse.Namespace, nodes: list[int], work: Path
             where = ["--storage", mnt, "--write-via", backing]
         tier = Tier(mnt, a.gluster)
         shutil.rmtree(res, ignore_errors=True)
-        log("probe of the tier")
-        # buffered random reads at the loaders' concurrency: workers on 1 and on max N ranks
-        run([*IOBENCH, "probe", *where, "--size", "16M",
-             "--readers", "1,4", "--runtime", a.probe_runtime, "--metadata-files", "100",
-             "--sample-size", a.probe_sample, "--buffered-readers",
-             f"{a.workers},{int(a.workers) * max(nodes)}",
-             "--engine", "python", "--results", res / "probe"])
-        trained = {n: train(a, mnt, res / f"train-{n}", n, tier) for n in nodes}
+        trained = {}
+        for i, n in enumerate(nodes):  # one probe before each training run, the rest after
+            if i < a.probes:
+                probe(a, nodes, where, res, i)
+            trained[n] = train(a, mnt, res / f"train-{n}", n, tier)
+        for i in range(len(nodes), a.probes):
+            probe(a, nodes, where, res, i)
         extra = tuple(GLUSTER_EVICT) if a.gluster else ()
         direct = gluster_tier(backing, work, a.gluster_dir, direct=True) if a.gluster else mnt
         if not a.gluster:
@@ -459,15 +492,28 @@ def main() -> int:
         log("generating cifar10/hdf5")
         run([*IOBENCH, "generate", "--dataset", "cifar10", "--format", "hdf5", "--samples",
              a.samples, "--samples-per-file", "1024", "--storage", backing, "--force"])
-    runs, meas = measure(a, nodes, work)
-    (probe,) = (res / "probe").glob("probe-*.json")
+    saved = work / "measured.json"
+    if a.reproject:
+        doc = json.loads(saved.read_text())
+        runs = {int(n): Path(p) for n, p in doc["runs"].items()}
+        meas = {int(n): m for n, m in doc["measured"].items()}
+        load_before, load_after = tuple(doc["load_before"]), tuple(doc["load_after"])
+    else:
+        runs, meas = measure(a, nodes, work)
+        load_after = os.getloadavg()
+        saved.write_text(json.dumps({"runs": {n: str(p) for n, p in runs.items()},
+                                     "measured": meas, "load_before": load_before,
+                                     "load_after": load_after}))
+    probes = sorted((res / "probe").glob("probe-*.json"))
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
-    log("project from N = 1")
-    cmd = [*IOBENCH, "project", "--train", runs[nodes[0]], "--probe", probe, "--stage", stage1,
+    log(f"project from N = 1 and {len(probes)} probe(s)")
+    shutil.rmtree(res / "proj", ignore_errors=True)
+    cmd = [*IOBENCH, "project", "--train", runs[nodes[0]],
+           *(x for p in probes for x in ("--probe", p)), "--stage", stage1,
            "--nodes", a.nodes, "--simulate-max-nodes", max(nodes), "--results", res / "proj"]
     projection_text = run(cmd)
     proj = one(res / "proj", "projection-*.json")
-    print_report(a, proj, meas, (load_before, os.getloadavg()))
+    print_report(a, proj, meas, (load_before, load_after))
     print("\n" + " ".join(map(str, cmd[2:])))
     print(projection_text.split("\n\n", 1)[0])
     return 0
@@ -488,6 +534,7 @@ def print_report(a: argparse.Namespace, proj: dict[str, Any], meas: dict[int, di
     print(f"fitted latency per batch {proj['model']['latency_s']:.4f} s; "
           f"local write per chunk {proj['model']['local_write_s']:.4f} s")
     print("\n".join(table(proj, meas)))
+    print("[spread]: " + proj["model"]["spread_note"] + " *: the measurement lies inside it.")
     print("measured stall spread over epochs (max - min, s): "
           + ", ".join(f"N={n}: {m['spread_stall']:.2f}" for n, m in sorted(meas.items())))
     for f in proj["figures"]:
