@@ -596,3 +596,124 @@ def test_record_parts_are_torch_saves_bytes_or_none() -> None:
         assert record_parts(torch.zeros(3, requires_grad=True)) is None
         assert record_parts(torch.nn.Parameter(torch.zeros(3))) is None  # a subclass
     assert record_parts(torch.arange(7, dtype=torch.float32), crc_is_off=False) is None
+
+
+# ------------------------------------------------------------------------ the save's planning
+
+def _plans_of(*keys_per_rank: list[str]) -> list:
+    """DCP's local save plans of ranks holding tensors under these keys (as DCP's
+    coordinator gets them: each a copy, as after the gather)."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    plans = []
+    for rank, keys in enumerate(keys_per_rank):
+        planner = DefaultSavePlanner()
+        planner.set_up_planner({k: torch.zeros(3 + len(k), dtype=torch.bfloat16) for k in keys},
+                               is_coordinator=rank == 0)
+        plans.append(pickle.loads(pickle.dumps(planner.create_local_plan())))
+    return plans
+
+
+def test_benchmark_dedup_makes_dcps_own_plans() -> None:
+    """The benchmark planner's dedup returns DCP's `dedup_save_plans` plans: the same items,
+    the very same objects, in the same order, with no key planned twice and with some."""
+    from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+
+    from iobench.core.checkpoint_store import dedup_plans
+
+    for plans in (_plans_of(["a", "b", "c"], ["d", "e"]),
+                  _plans_of(["a", "shared", "c"], ["shared", "e"], [])):
+        for lowest in (False, True):
+            ours, stock = dedup_plans(plans, lowest), dedup_save_plans(plans, lowest)
+            assert len(ours) == len(stock)
+            for o, s in zip(ours, stock, strict=True):
+                assert o == s and len(o.items) == len(s.items)
+                assert all(a is b for a, b in zip(o.items, s.items, strict=True))
+    assert len(sum((p.items for p in dedup_plans(plans, False)), [])) == 4  # "shared" once
+
+
+def _metadata(folder: Path):
+    import dataclasses
+
+    from iobench.core.checkpoint_store import load_metadata
+
+    md = load_metadata(folder)
+    return dataclasses.replace(md, storage_meta=None)  # (the save's own id and path)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_later_saves_of_a_run_reuse_dcps_cached_plan(tmp_path: Path, monkeypatch) -> None:
+    """The benchmark's second save of a run sends no plan items to the coordinator (DCP's
+    plan cache), the first of a run always does; every save writes the shard and metadata
+    DCP's stock planner writes, which DCP's stock reader loads."""
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_loader import load
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core.checkpoint_io import no_zip_crc
+
+    sent: list[list[bool]] = []
+    stock_plan = DefaultSavePlanner.create_global_plan
+    monkeypatch.setattr(DefaultSavePlanner, "create_global_plan", lambda self, plans: (
+        sent.append([bool(p.items) for p in plans]), stock_plan(self, plans))[1])
+    for run in ("r1", "r2"):
+        assert cli("checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                   "--keep", "--results", tmp_path / run) == 0
+    assert sent == [[True], [False], [False]] * 2
+    run_dir = sorted(tmp_path.glob("iobench-checkpoint-*"))[0]
+    state = _state_of(run_dir / "ckpt-000")
+    with no_zip_crc():
+        save(state, storage_writer=FileSystemWriter(tmp_path / "stock", thread_count=1),
+             no_dist=True)
+    shard = "__0_0.distcp"
+    for k in range(3):
+        ckpt = run_dir / f"ckpt-{k:03d}"
+        assert (ckpt / shard).read_bytes() == (tmp_path / "stock" / shard).read_bytes()
+        assert _metadata(ckpt) == _metadata(tmp_path / "stock")
+        back = {key: torch.zeros_like(v) for key, v in state.items()}
+        load(back, storage_reader=FileSystemReader(ckpt), no_dist=True)
+        assert all(torch.equal(_bits(back[key]), _bits(v)) for key, v in state.items())
+
+
+def _bits(t):
+    """A tensor's bytes (random bits hold NaNs, which equal nothing)."""
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _state_of(ckpt: Path) -> dict:
+    """The state dict the checkpoint at `ckpt` holds (its marker's layout, rank 0)."""
+    from iobench.core.checkpoint_layout import build_state, layout_for
+    from iobench.core.checkpoint_store import check_marker
+
+    marker = check_marker(ckpt)
+    return build_state(layout_for(marker.model, marker.scale, marker.ranks), 0, marker.seed)
+
+
+@pytest.mark.mpi
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_two_ranks_later_saves_write_what_the_first_wrote(tmp_path: Path) -> None:
+    """Two ranks, three saves (the later two from DCP's cached plan): the same shards and
+    metadata each time, which DCP's stock reader loads."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    out = run_mpi(2, "checkpoint", "--storage", tmp_path, "--model", "cnn", "--repeat", "3",
+                  "--keep", "--results", tmp_path / "res", timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = _run_dir(tmp_path)
+    first = run_dir / "ckpt-000"
+    state = _state_of(first)
+    for k in (1, 2):
+        ckpt = run_dir / f"ckpt-{k:03d}"
+        assert _metadata(ckpt) == _metadata(first)
+        for shard in ("__0_0.distcp", "__1_0.distcp"):
+            assert (ckpt / shard).read_bytes() == (first / shard).read_bytes()
+        back = {key: torch.zeros_like(v) for key, v in state.items()}
+        load(back, storage_reader=FileSystemReader(ckpt), no_dist=True)
+        assert all(torch.equal(_bits(back[key]), _bits(v)) for key, v in state.items())

@@ -312,6 +312,54 @@ def writer(path: Path, after_shard: Any, records: bool = False) -> Any:
     return w
 
 
+_PLANNER: Any = None  # the benchmark's planner class, made when first needed
+_CACHES = ("_cached_save_plan", "_cached_final_save_plan", "_cached_all_plans",
+           "_cached_global_plan", "_cached_metadata")  # DCP's plan caches (SavePlanner's)
+
+
+def save_planner() -> Any:
+    """A DCP save planner for the benchmark's saves: DCP's default with DCP's own plan
+    caching on (a save whose local plans are those of the run's save before sends no plan
+    items to the coordinator and reuses the global plan and metadata DCP cached; the first
+    save of a run plans in full), and without the cost of DCP's dedup where no two ranks
+    plan the same item (`dedup_plans`). The plans and metadata are DCP's own."""
+    global _PLANNER
+    if _PLANNER is None:
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        class BenchmarkSavePlanner(DefaultSavePlanner):
+            """(Its own class name: DCP's plan caches are keyed by it.)"""
+
+            def _dedup_save_plans(self, all_plans: list[Any]) -> list[Any]:
+                return dedup_plans(all_plans, self.dedup_save_to_lowest_rank)
+
+        _PLANNER = BenchmarkSavePlanner
+    return _PLANNER(enable_plan_caching=True)
+
+
+def forget_plans() -> None:
+    """Empty DCP's plan caches of `save_planner`'s saves: a run starts from a full plan
+    (DCP compares a cached plan's items, not their dtypes)."""
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    key = type(save_planner()).__name__
+    for name in _CACHES:
+        getattr(SavePlanner, name, {}).pop(key, None)
+
+
+def dedup_plans(all_plans: list[Any], to_lowest_rank: bool) -> list[Any]:
+    """DCP's `dedup_save_plans` (each item several ranks plan kept on one), the same plans
+    made without its per-item bookkeeping when no item is planned twice."""
+    import dataclasses
+
+    from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+
+    count = sum(len(p.items) for p in all_plans)
+    if len({item.index for p in all_plans for item in p.items}) != count:
+        return dedup_save_plans(all_plans, to_lowest_rank)
+    return [dataclasses.replace(p, items=list(p.items)) for p in all_plans]
+
+
 def reader(path: Path, metadata: Any) -> Any:
     """A DCP reader of the checked checkpoint at `path` that hands DCP `metadata` (from
     `load_metadata`) instead of unpickling `.metadata` itself, reads each shard in large

@@ -39,11 +39,13 @@ from iobench.core.checkpoint_store import (
     check_tensors,
     claim,
     commit,
+    forget_plans,
     fsync_dir,
     load_metadata,
     partial_dir,
     reader,
     release,
+    save_planner,
     sha256_of,
     sweep_partials,
     writer,
@@ -160,6 +162,7 @@ def run_checkpoints(cfg: CheckpointConfig, world: World) -> CheckpointOutcome:
                  else empty_state(plan.layout, world.rank))  # --read: loaded over
         writes = []
         if plan.run_dir is not None:
+            forget_plans()  # the run's first save plans in full (DCP's plan cache)
             for k in range(cfg.repeat):
                 writes.append(_write_one(plan, state, world, k))
                 plan.targets.append(plan.run_dir / _name(k))
@@ -375,7 +378,7 @@ def _write_one(plan: _Plan, state: dict[str, Any], world: World, k: int) -> dict
 
     def step() -> None:
         with lean_dcp():
-            save(state, storage_writer=w, no_dist=world.size == 1)
+            save(state, storage_writer=w, planner=save_planner(), no_dist=world.size == 1)
         fsync_dir(tmp)  # this rank's file's entry (rank 0 fsyncs it again in the commit)
 
     t0 = time.perf_counter_ns()
