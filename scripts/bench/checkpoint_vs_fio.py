@@ -13,9 +13,13 @@ back cold) and fio on the same bytes, the order of the two alternating:
   (`direct=1`, nothing from the page cache), against iobench's cold read.
 
 With `--saves N` (default 1), each repetition's iobench run writes N checkpoints (`--repeat
-N`, as MLPerf Storage's run writes 10 in one process), and its write figure is the median
-of their throughputs (iobench's own summary); the first save (which plans in full) and the
-later ones (DCP's cached plan) are also printed apart, each against the same fio write.
+N`, as MLPerf Storage's run writes 10 in one process), and fio writes the same N back to
+back (N fio runs of R jobs, each fsync'ed, every file kept until the N are written, as
+iobench keeps its checkpoints), so that a disk which slows after a burst slows both. The
+write figures are then: the median save (iobench's own summary; fio's median run), the
+whole run (all N saves' bytes over the sum of their durations, MLPerf's run; fio's the
+same), and the first save (which plans in full) and the later ones (DCP's cached plan),
+each against fio's run of the same position.
 
 fio's figure is computed the same way: all jobs' bytes over the slowest job's runtime. The
 script prints each repetition's ratios (iobench / fio, within the repetition) and, per rank
@@ -93,10 +97,15 @@ def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | N
     got: dict[str, float] = {}
 
     def fio_write(sizes: list[int]) -> None:
-        jobs = [(fio_dir / f"shard{r}", s) for r, s in enumerate(sizes)]
-        got["fio_write"] = fio_run(jobs, "write", a)
-        for p, _ in jobs:
-            p.unlink()
+        runs = [[(fio_dir / f"shard{r}-{n}", s) for r, s in enumerate(sizes)]
+                for n in range(a.saves)]  # the N checkpoints, back to back, all kept
+        gbps = [fio_run(jobs, "write", a) for jobs in runs]
+        got["fio_saves"] = gbps
+        got["fio_write"] = statistics.median(gbps)
+        got["fio_run"] = len(gbps) / sum(1 / g for g in gbps)  # same bytes each: total/time
+        for jobs in runs:
+            for p, _ in jobs:
+                p.unlink()
 
     sizes = a.sizes.get((str(storage), ranks))
     if fio_first and sizes:
@@ -109,8 +118,14 @@ def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | N
     shutil.rmtree(Path(doc["kept"][0]).parent)
     saves = [w["throughput_GBps"] for w in doc["writes"]]
     got["io_write"] = doc["summary"]["write"]["throughput_GBps"]["median"]
+    got["io_run"] = (sum(w["bytes"] for w in doc["writes"]) / 1e9
+                     / sum(w["duration_s"] for w in doc["writes"]))
     got["io_write_first"] = saves[0]
     got["io_write_later"] = statistics.median(saves[1:]) if len(saves) > 1 else None
+    fio = got["fio_saves"]
+    got["first_ratio"] = saves[0] / fio[0]
+    got["later_ratio"] = (statistics.median(x / f for x, f in zip(saves[1:], fio[1:], strict=True))
+                          if len(saves) > 1 else None)
     got["io_read"] = doc["reads"][0]["throughput_GBps"]
     got["cache"] = doc["reads"][0]["cache"]["status"] + "/" + doc["reads"][0]["os_read_check"]
     got["bytes"] = doc["writes"][0]["bytes"]
@@ -120,8 +135,10 @@ def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | N
 def saves_note(r: dict[str, Any]) -> str:
     if r["io_write_later"] is None:
         return ""
-    return (f"; write first save {r['io_write_first']:.3f}, later saves "
-            f"{r['io_write_later']:.3f} GB/s (median)")
+    return (f"; whole run iobench {r['io_run']:.3f} / fio {r['fio_run']:.3f} GB/s = "
+            f"{r['io_run'] / r['fio_run']:.3f}; first save {r['io_write_first']:.3f} GB/s "
+            f"({r['first_ratio']:.3f} of fio's first), later saves {r['io_write_later']:.3f} "
+            f"GB/s (median; {r['later_ratio']:.3f} of fio's save by save)")
 
 
 def spread(xs: list[float]) -> str:
@@ -145,18 +162,20 @@ def table(reps: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
 
 
 def saves_table(reps: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
-    """With --saves N: the first save of each iobench run and the median of its later
-    ones, each over the same repetition's fio write."""
-    print("\n| tier | ranks | first save GB/s | first save / fio | later saves GB/s (median) "
-          "| later saves / fio |")
-    print("|---|---:|---:|---:|---:|---:|")
+    """With --saves N: the whole run (all saves' bytes over their summed durations, iobench
+    and fio), the first save of each iobench run and its later ones, each against fio's
+    write of the same position in the same repetition."""
+    print("\n| tier | ranks | saves | fio run GB/s | iobench run GB/s | run ratio | first save "
+          "GB/s | first save / fio's first | later saves GB/s (median) | later saves / fio's |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (tier, ranks), rs in reps.items():
-        first = [r["io_write_first"] for r in rs]
-        later = [r["io_write_later"] for r in rs]
-        print(f"| {tier} | {ranks} | {spread(first)} | "
-              f"{spread([x / r['fio_write'] for x, r in zip(first, rs, strict=True)])} | "
-              f"{spread(later)} | "
-              f"{spread([x / r['fio_write'] for x, r in zip(later, rs, strict=True)])} |")
+        print(f"| {tier} | {ranks} | {len(rs[0]['fio_saves'])} | "
+              f"{spread([r['fio_run'] for r in rs])} | {spread([r['io_run'] for r in rs])} | "
+              f"{spread([r['io_run'] / r['fio_run'] for r in rs])} | "
+              f"{spread([r['io_write_first'] for r in rs])} | "
+              f"{spread([r['first_ratio'] for r in rs])} | "
+              f"{spread([r['io_write_later'] for r in rs])} | "
+              f"{spread([r['later_ratio'] for r in rs])} |")
 
 
 def tier_ratios(reps: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
