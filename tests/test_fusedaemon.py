@@ -1,8 +1,8 @@
 """Tests of the FUSE daemon's reply counts (`iobench.core.fusedaemon`) and what train and project do with them.
 
 The counters are read from real processes: a child that writes a known number of
-times, and the emulated parallel filesystem's daemon (FUSE, marked `fuse`), whose
-own counters cross-check what its /proc/PID/io says.
+times, the emulated parallel filesystem's daemon (FUSE, marked `fuse`), whose own
+counters cross-check what its /proc/PID/io says, and the one-box GlusterFS client.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_gluster import gluster  # noqa: F401  (fixture: the one-box GlusterFS mount)
+from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from iobench.core import cache
 from iobench.core.fusedaemon import FuseDaemon, ReadCost, calibrate, find_daemon, reads_and_bytes
 from iobench.core.result_types import TrainResult
 from iobench.pfs import stats_for
 from result_docs import real_result
-from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 WRITER = ("import os, sys\n"
           "sys.stdin.readline()\n"
@@ -128,3 +129,64 @@ def test_project_takes_k_from_the_daemons_replies_when_the_tier_has_no_counters(
     for e in doc["epochs"]:
         e["tier_bytes"]["replies_per_read"] = None
     assert samples_per_request(TrainResult.from_dict(doc), tier) is None
+
+
+@pytest.mark.fuse
+def test_train_records_the_daemons_replies_beside_the_emulated_tiers_counters(
+        pfs, tmp_path: Path) -> None:  # noqa: F811
+    """`train` on the emulated tier stores, per epoch, its daemon's writes with the
+    calibration and what they count; each read is one reply there, so they are at least
+    the tier's own request count, and the bytes at least the bytes it served."""
+    import json
+
+    from conftest import cli
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    backing = tmp_path / "backing"
+    generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=backing,
+                                    samples=1024, samples_per_file=512, seed=1))
+    mp = pfs(backing, "passthrough").mountpoint
+    res = tmp_path / "res"
+    assert cli("train", "--loader", "hdf5", "--storage", mp, "--model", "none",
+               "--epochs", "2", "--workers", "1", "--results", res) == 0
+    doc = json.loads(next(res.glob("*.json")).read_text())
+    for ep in doc["epochs"]:
+        t = ep["tier_bytes"]
+        assert t["replies_per_read"] == 1.0 and t["reply_overhead_bytes"] == 16.0, t
+        assert t["source"].startswith("the FUSE daemon's replies") and mp in t["source"]
+        assert t["daemon_replies"] >= t["read_requests"] > 0, t
+        assert t["daemon_reply_bytes"] >= t["bytes_served"] > 0, t
+
+
+@pytest.mark.fuse
+def test_train_on_glusterfs_counts_the_epochs_reads_at_its_client(gluster: Path,  # noqa: F811
+                                                                   tmp_path: Path) -> None:
+    """On the one-box GlusterFS (no request counters of its own) the client daemon is
+    found by the mount point on its command line, one read is calibrated in its writes,
+    and each epoch's replies, less that overhead, hold at least the bytes the epoch read."""
+    import json
+    import shutil
+    import uuid
+
+    from conftest import cli
+    from iobench.core.fusedaemon import reads_and_bytes as rb
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    d = gluster / f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    try:
+        generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=d,
+                                        samples=1024, samples_per_file=512, seed=1))
+        res = tmp_path / "res"
+        assert cli("train", "--loader", "hdf5", "--storage", d, "--model", "none",
+                   "--epochs", "1", "--workers", "1", "--results", res) == 0
+        doc = json.loads(next(res.glob("*.json")).read_text())
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    for ep in doc["epochs"]:
+        t = ep["tier_bytes"]
+        assert t["source"].startswith("the FUSE daemon's replies (glusterfs"), t
+        assert t["replies_per_read"] >= 1.0 and t["reply_overhead_bytes"] >= 16.0, t
+        found = rb(t["daemon_replies"], t["daemon_reply_bytes"],
+                   ReadCost(t["replies_per_read"], t["reply_overhead_bytes"], 4096))
+        assert found is not None and found[1] >= 0.9 * ep["summary"]["batch_bytes"], (t, ep)
