@@ -102,8 +102,8 @@ def find_daemon(path: str | os.PathLike[str], pid: int | None = None) -> FuseDae
     if not mount.fstype.startswith("fuse"):
         return None
     mp = os.path.realpath(mount.mount_point)
-    pids = [pid] if pid is not None and holds_dev_fuse(pid) else (
-        [] if pid is not None else _named_daemons(mp))
+    given = [pid] if pid is not None and holds_dev_fuse(pid) else []
+    pids = _named_daemons(mp) if pid is None else given
     if len(pids) != 1 or read_io(pids[0]) is None:
         return None
     args = _cmdline(pids[0])
@@ -126,7 +126,15 @@ def calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | No
     """What one read costs the daemon in writes and bytes, from single-page reads of `file`
     (on its mount) far apart, with readahead off and the file's client pages dropped, so
     that each read is one FUSE read; the open and close are outside the counted span.
-    None when the file is too small (under 2 x 32 x 3 pages) or the daemon went away."""
+    None when the file is too small (under 2 x 32 x 3 pages), unreadable, or the daemon
+    went away."""
+    try:
+        return _calibrate(daemon, file)
+    except OSError:  # the file unreadable or gone: no calibration, never a guess
+        return None
+
+
+def _calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | None:
     size = Path(file).stat().st_size
     step = (size // (CALIBRATION_READS * CALIBRATION_ROUNDS)) // PAGE * PAGE
     if step < 2 * PAGE:
