@@ -380,10 +380,18 @@ class TierBytes(Record):
     """A storage tier's counters over one epoch (`epochs[i].tier_bytes`), rank 0's node.
 
     Deltas of a `counters()` source: the emulated parallel filesystem's daemon names the
-    two typed here (docs/results-schema.md, `tier`); another source's are kept as they are."""
+    first two (docs/results-schema.md, `tier`); another source's are kept as they are. On a
+    FUSE mount whose daemon runs on this host (`core.fusedaemon`), the daemon's writes and
+    their bytes over the epoch, with what one read cost in them (calibrated before the
+    first epoch) and `source`, what they count."""
 
     bytes_served: int | None = key(default=None, optional=True)  # bytes returned for reads
     read_requests: int | None = key(default=None, optional=True)
+    daemon_replies: int | None = key(default=None, optional=True)  # its /proc/PID/io syscw
+    daemon_reply_bytes: int | None = key(default=None, optional=True)  # its wchar, bytes
+    replies_per_read: float | None = key(default=None, optional=True)  # calibrated
+    reply_overhead_bytes: float | None = key(default=None, optional=True)  # per read, bytes
+    source: str | None = key(default=None, optional=True)  # what the daemon_* figures count
 
 
 @dataclass(frozen=True, kw_only=True)

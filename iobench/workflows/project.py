@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from iobench.core.breakeven import jsonable_break_even
 from iobench.core.errors import ConfigError, IobenchError
 from iobench.core.formats import FORMATS
+from iobench.core.fusedaemon import ReadCost, reads_and_bytes
 from iobench.core.jsonio import load_json, read_json
 from iobench.core.projection import (
     ASSUMPTIONS,
@@ -352,11 +353,35 @@ def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
         return Figure(max(1.0, _median(sizes) / sample),
                       f"measured: the run's tier counters, {_median(sizes):.0f} bytes per "
                       f"request over {sample:.0f}-byte samples (median epoch)")
+    daemon = _daemon_request_bytes(run)
+    if daemon is not None:
+        size, per_read = daemon
+        return Figure(max(1.0, size / sample),
+                      f"measured: the FUSE daemon's replies over the run's epochs, {size:.0f} "
+                      f"bytes per request over {sample:.0f}-byte samples (median epoch; "
+                      f"{per_read:.2f} daemon writes a read, calibrated; its metadata replies "
+                      "count as reads, so this k is a little low)")
     if tier.requests_per_s is not None:
         return Figure(max(1.0, tier.request_bytes / sample),
                       f"the probe's {tier.request_bytes:.0f}-byte requests over "
                       f"{sample:.0f}-byte samples")
     return None
+
+
+def _daemon_request_bytes(run: TrainResult) -> tuple[float, float] | None:
+    """The median epoch's bytes per read from the FUSE daemon's counted replies, and the
+    calibrated writes per read; None where the run has no such figures."""
+    sizes, costs = [], []
+    for t in (e.tier_bytes for e in run.epochs):
+        if (t is None or t.daemon_replies is None or t.daemon_reply_bytes is None
+                or not t.replies_per_read or t.reply_overhead_bytes is None):
+            continue
+        cost = ReadCost(t.replies_per_read, t.reply_overhead_bytes, 0)
+        found = reads_and_bytes(t.daemon_replies, t.daemon_reply_bytes, cost)
+        if found is not None:
+            sizes.append(found[1] / found[0])
+            costs.append(t.replies_per_read)
+    return (_median(sizes), _median(costs)) if sizes else None
 
 
 def check_probes(probes: Sequence[tuple[Path, _Probe]]) -> None:

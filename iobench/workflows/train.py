@@ -776,7 +776,7 @@ class _Run:
         tier = None
         if tier0 is not None and self.hooks.counters is not None:
             tier1 = self.hooks.counters()
-            tier = {k: tier1.get(k, 0) - v for k, v in tier0.items()}
+            tier = {k: tier1[k] - v for k, v in tier0.items() if k in tier1}  # a source gone: no figure
         node_frac = {n["node"]: n["resident_fraction"] for n in report.per_node}
         fig = {"rank": world.rank, "host": world.hostname, "node": world.node,
                "node_name": world.node_name,

@@ -20,6 +20,7 @@ import torch
 from iobench.core import distributed, faults, results
 from iobench.core.dataref import DatasetRef, resolve
 from iobench.core.errors import ConfigError, IobenchError
+from iobench.core.fusedaemon import FuseDaemon, ReadCost, calibrate, find_daemon
 from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock
@@ -179,6 +180,8 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
     counters, tier = emulated_tier(dataset)
     if tier is not None and world.is_root and hooks.tier is not None:
         hooks.tier(tier)
+    daemon = fuse_daemon(dataset, tier) if world.is_root else None
+    counters = with_daemon(counters, daemon)
     warnings = _datasize_warning(dataset.manifest, workload, world)
     if warnings and world.is_root and hooks.warning is not None:
         hooks.warning(warnings[0])
@@ -190,7 +193,54 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
               live=hooks.live, live_interval_s=hooks.live_interval_s, counters=counters)
     if doc is None:
         return None
+    if daemon is not None:
+        daemon_figures(doc, *daemon)
     return complete_result(doc, config, tier, staging, warnings)
+
+
+def fuse_daemon(dataset: DatasetRef, tier: dict[str, Any] | None
+                ) -> tuple[FuseDaemon, ReadCost | None] | None:
+    """The FUSE daemon serving the dataset's mount on this host (the emulated tier's own pid
+    when it is one), and what one read costs in its writes, from the largest of the first
+    data files; None where there is no such daemon or its /proc is unreadable."""
+    daemon = find_daemon(dataset.root, pid=int(tier["pid"]) if tier and tier.get("pid")
+                         else None)
+    if daemon is None:
+        return None
+    files = list(dataset.manifest.data_files[:16])
+    if not files:
+        return daemon, None
+    biggest = max(files, key=lambda e: e.bytes)
+    return daemon, calibrate(daemon, dataset.manifest.path_of(biggest))
+
+
+def with_daemon(counters: Callable[[], dict[str, int]] | None,
+                daemon: tuple[FuseDaemon, ReadCost | None] | None
+                ) -> Callable[[], dict[str, int]] | None:
+    """`counters` with the FUSE daemon's writes and bytes added (`daemon_replies`,
+    `daemon_reply_bytes`), whose per-epoch deltas `train` stores in `tier_bytes`."""
+    if daemon is None:
+        return counters
+    read = daemon[0].counters
+
+    def both() -> dict[str, int]:
+        return {**(counters() if counters is not None else {}), **read()}
+
+    return both
+
+
+def daemon_figures(doc: dict[str, Any], daemon: FuseDaemon, cost: ReadCost | None) -> None:
+    """Add to each epoch's `tier_bytes` holding the daemon's counts what one read cost in
+    them (None when the calibration could not run) and what they count (`source`)."""
+    source = (f"the FUSE daemon's replies ({daemon.name}, pid {daemon.pid}, /proc/PID/io "
+              "syscw and wchar): reads and metadata replies alike, of every process using "
+              f"{daemon.mount_point} on this host")
+    for epoch in doc["epochs"]:
+        figures = epoch.get("tier_bytes")
+        if figures and "daemon_replies" in figures:
+            figures.update(replies_per_read=cost.replies_per_read if cost else None,
+                           reply_overhead_bytes=cost.overhead_bytes if cost else None,
+                           source=source)
 
 
 def complete_result(doc: dict[str, Any], config: TrainConfig, tier: dict[str, Any] | None,

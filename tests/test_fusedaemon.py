@@ -1,0 +1,192 @@
+"""Tests of the FUSE daemon's reply counts (`iobench.core.fusedaemon`) and what train and project do with them.
+
+The counters are read from real processes: a child that writes a known number of
+times, the emulated parallel filesystem's daemon (FUSE, marked `fuse`), whose own
+counters cross-check what its /proc/PID/io says, and the one-box GlusterFS client.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_gluster import gluster  # noqa: F401  (fixture: the one-box GlusterFS mount)
+from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
+
+from iobench.core import cache
+from iobench.core.fusedaemon import FuseDaemon, ReadCost, calibrate, find_daemon, reads_and_bytes
+from iobench.core.result_types import TrainResult
+from iobench.pfs import stats_for
+from result_docs import real_result
+
+WRITER = ("import os, sys\n"
+          "sys.stdin.readline()\n"
+          "fd = os.open(os.devnull, os.O_WRONLY)\n"
+          "for _ in range(100):\n"
+          "    os.write(fd, b'0123456789')\n"
+          "os.write(1, b'done\\n')\n"
+          "sys.stdin.readline()\n")
+
+
+def test_counters_are_a_real_process_writes_and_their_bytes() -> None:
+    """The daemon's figures are its own writes (syscw) and bytes (wchar): a child that
+    writes 100 x 10 bytes and one 5-byte line between two readings shows exactly those."""
+    child = subprocess.Popen([sys.executable, "-c", WRITER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        daemon = FuseDaemon(pid=child.pid, mount_point="/", name="python")
+        a = daemon.counters()
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"done\n"
+        b = daemon.counters()
+        assert b["daemon_replies"] - a["daemon_replies"] == 101
+        assert b["daemon_reply_bytes"] - a["daemon_reply_bytes"] == 1005
+    finally:
+        child.stdin.write(b"end\n")
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert FuseDaemon(pid=child.pid, mount_point="/", name="python").counters() == {}
+
+
+def test_no_daemon_off_fuse_or_for_a_process_without_dev_fuse(tmp_path: Path) -> None:
+    """A local folder has no daemon (None, never a guess)."""
+    assert find_daemon(tmp_path) is None
+    assert find_daemon(tmp_path, pid=os.getpid()) is None
+
+
+def test_reads_and_bytes_arithmetic() -> None:
+    """Writes over the calibrated writes per read are reads; the bytes less each read's
+    overhead are the data; nothing counted is no figure."""
+    cost = ReadCost(replies_per_read=2.0, overhead_bytes=152.0, read_bytes=4096)
+    reads, data = reads_and_bytes(2_000, 1_000 * (6_000 + 152), cost) or (0, 0)
+    assert reads == 1_000 and data == pytest.approx(6_000_000)
+    assert reads_and_bytes(0, 0, cost) is None
+
+
+@pytest.mark.fuse
+def test_emulated_tiers_counters_agree_with_its_daemons_proc_counts(pfs, tmp_path: Path  # noqa: F811
+                                                                   ) -> None:
+    """The emulated tier is a FUSE daemon on this host: found by its pid, one write per
+    read in the calibration, and a shuffled read's requests and bytes as its own counters
+    say, over-counted only by the metadata replies (opens, getattrs, releases)."""
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    data = os.urandom(8 << 20)
+    (backing / "f").write_bytes(data)
+    h = pfs(backing)
+    mp = Path(h.mountpoint)
+    assert find_daemon(mp, pid=os.getpid()) is None  # a pid given must hold /dev/fuse
+    daemon = find_daemon(mp, pid=h.pid)
+    assert daemon is not None and daemon.pid == h.pid
+    s0 = stats_for(mp)
+    cost = calibrate(daemon, mp / "f")
+    s1 = stats_for(mp)
+    assert s0 is not None and s1 is not None and cost is not None
+    assert s1["counters"]["read_requests"] - s0["counters"]["read_requests"] == 3 * 32
+    assert cost.replies_per_read == 1.0 and cost.read_bytes == 4096
+    cache.evict([mp / "f"])
+    s0 = stats_for(mp)
+    a = daemon.counters()
+    with open(mp / "f", "rb") as f:
+        for i in np.random.default_rng(0).permutation(2048)[:512].tolist():
+            f.seek(i * 4096)
+            assert f.read(3000) == data[i * 4096:i * 4096 + 3000]
+    b = daemon.counters()
+    s1 = stats_for(mp)
+    assert s0 is not None and s1 is not None
+    requests = s1["counters"]["read_requests"] - s0["counters"]["read_requests"]
+    served = s1["counters"]["bytes_served"] - s0["counters"]["bytes_served"]
+    found = reads_and_bytes(b["daemon_replies"] - a["daemon_replies"],
+                            b["daemon_reply_bytes"] - a["daemon_reply_bytes"], cost)
+    assert found is not None
+    reads, got = found
+    assert requests <= reads <= requests + 8  # open, getattr, flush, release, ...
+    assert served <= got <= served + 8 * 256  # their replies' bytes
+
+
+def test_project_takes_k_from_the_daemons_replies_when_the_tier_has_no_counters() -> None:
+    """With no request counters, k comes from the daemon's replies (median epoch), and
+    says so; without a calibration the figures give no k (the probe's, or none)."""
+    from iobench.core.projection import Figure, TierLimits
+    from iobench.workflows.project import samples_per_request
+
+    doc = real_result()
+    sample = doc["dataset"]["total_bytes"] / doc["dataset"]["num_samples"]
+    for e, k in zip(doc["epochs"], (2.0, 3.0), strict=True):
+        e["tier_bytes"] = {"daemon_replies": 2_000, "replies_per_read": 2.0,
+                           "daemon_reply_bytes": int(1_000 * (k * sample + 152)),
+                           "reply_overhead_bytes": 152.0, "source": "the FUSE daemon's replies"}
+    tier = TierLimits(Figure(1e9, "bw"), Figure(1e5, "md"))
+    k = samples_per_request(TrainResult.from_dict(doc), tier)
+    assert k is not None and k.value == pytest.approx(2.5, rel=1e-3)
+    assert k.source.startswith("measured: the FUSE daemon's replies")
+    for e in doc["epochs"]:
+        e["tier_bytes"]["replies_per_read"] = None
+    assert samples_per_request(TrainResult.from_dict(doc), tier) is None
+
+
+@pytest.mark.fuse
+def test_train_records_the_daemons_replies_beside_the_emulated_tiers_counters(
+        pfs, tmp_path: Path) -> None:  # noqa: F811
+    """`train` on the emulated tier stores, per epoch, its daemon's writes with the
+    calibration and what they count; each read is one reply there, so they are at least
+    the tier's own request count, and the bytes at least the bytes it served."""
+    import json
+
+    from conftest import cli
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    backing = tmp_path / "backing"
+    generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=backing,
+                                    samples=1024, samples_per_file=512, seed=1))
+    mp = pfs(backing, "passthrough").mountpoint
+    res = tmp_path / "res"
+    assert cli("train", "--loader", "hdf5", "--storage", mp, "--model", "none",
+               "--epochs", "2", "--workers", "1", "--results", res) == 0
+    doc = json.loads(next(res.glob("*.json")).read_text())
+    for ep in doc["epochs"]:
+        t = ep["tier_bytes"]
+        assert t["replies_per_read"] == 1.0 and t["reply_overhead_bytes"] == 16.0, t
+        assert t["source"].startswith("the FUSE daemon's replies") and mp in t["source"]
+        assert t["daemon_replies"] >= t["read_requests"] > 0, t
+        assert t["daemon_reply_bytes"] >= t["bytes_served"] > 0, t
+
+
+@pytest.mark.fuse
+def test_train_on_glusterfs_counts_the_epochs_reads_at_its_client(gluster: Path,  # noqa: F811
+                                                                   tmp_path: Path) -> None:
+    """On the one-box GlusterFS (no request counters of its own) the client daemon is
+    found by the mount point on its command line, one read is calibrated in its writes,
+    and each epoch's replies, less that overhead, hold at least the bytes the epoch read."""
+    import json
+    import shutil
+    import uuid
+
+    from conftest import cli
+    from iobench.core.fusedaemon import reads_and_bytes as rb
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    d = gluster / f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    try:
+        generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=d,
+                                        samples=1024, samples_per_file=512, seed=1))
+        res = tmp_path / "res"
+        assert cli("train", "--loader", "hdf5", "--storage", d, "--model", "none",
+                   "--epochs", "1", "--workers", "1", "--results", res) == 0
+        doc = json.loads(next(res.glob("*.json")).read_text())
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    for ep in doc["epochs"]:
+        t = ep["tier_bytes"]
+        assert t["source"].startswith("the FUSE daemon's replies (glusterfs"), t
+        assert t["replies_per_read"] >= 1.0 and t["reply_overhead_bytes"] >= 16.0, t
+        found = rb(t["daemon_replies"], t["daemon_reply_bytes"],
+                   ReadCost(t["replies_per_read"], t["reply_overhead_bytes"], 4096))
+        assert found is not None and found[1] >= 0.9 * ep["summary"]["batch_bytes"], (t, ep)
