@@ -12,12 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
-from iobench.core import sampling
+from iobench.core import interrupts, sampling
 from iobench.core.errors import ConfigError
 from iobench.core.manifest import Manifest
 
@@ -292,3 +292,28 @@ class Loader(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Epochs(Protocol):
+    """What `batches` iterates: a `Loader`, or a naive baseline (`loaders/naive.py`)."""
+
+    def epoch(self, epoch: int) -> Iterator[Batch]: ...
+
+
+def batches(loader: Epochs | Loader, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+    """`loader`'s batches of `epoch` from batch `start_step` on, as every command that reads
+    an epoch takes them (train, bench-read). Loaders written to the one-argument contract
+    are only ever asked for whole epochs. At each batch an interrupt whose raise Python
+    dropped (inside a weakref callback: a batch's buffers freed) is raised again
+    (`interrupts.check`), and the loader's iterator is closed however the caller stops
+    (early, on an error), so its workers settle."""
+    it: Iterator[Batch] = (loader.epoch(epoch, start_step=start_step)  # type: ignore[call-arg]
+                           if start_step else loader.epoch(epoch))
+    try:
+        for b in it:
+            interrupts.check()
+            yield b
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()

@@ -57,7 +57,7 @@ from iobench.core.errors import (
     StorageError,
 )
 from iobench.core.formats import parse_format
-from iobench.core.interrupts import pending
+from iobench.core.interrupts import check, pending
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.core.options import parse_evict_cmd, parse_repeat
 from iobench.core.placement import check_same_dataset, need_bytes, parse_mode, staging_root
@@ -1019,6 +1019,7 @@ def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress
         seen[0] = done
         if pending():
             shared.stop()
+        check()  # an interrupt whose raise Python dropped (in a weakref callback)
 
     with _stage_pool.Pool(cfg.threads, work, shared) as pool:
         error = pool.run(batches, lambda d: counters.add(**d), poll)
@@ -1085,6 +1086,7 @@ def _copy_all(entries: Iterable[T], copy: Callable[[T], None], threads: int,
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stage") as pool:
         try:
             for e in entries:
+                check()  # an interrupt whose raise Python dropped (in a weakref callback)
                 pending.add(pool.submit(copy, e))
                 if len(pending) < WINDOW * threads:
                     continue
@@ -1092,8 +1094,10 @@ def _copy_all(entries: Iterable[T], copy: Callable[[T], None], threads: int,
                 error = _first_error(done)
                 if error is not None:
                     break
-            done, pending = wait(pending) if error is None else (set(), pending)
-            error = error or _first_error(done)
+            while error is None and pending:  # the last ones, an interrupt checked at each
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                check()
+                error = _first_error(done)
         except BaseException:  # Ctrl-C: stop the copies, remove their temporary files
             stop.set()
             for f in pending:
