@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from iobench.core import cache, procio
+from iobench.core import cache, procio, sysinfo
 from iobench.core.dataref import DatasetRef, load_ref, locate
 from iobench.core.datasets import parse_dataset
 from iobench.core.errors import (
@@ -1133,9 +1133,9 @@ def _remove_files(paths: Iterable[str | Path]) -> BaseException | None:
 @dataclass(frozen=True)
 class _Cold:
     """How a repetition makes its source cold: the node-wide steps before the copy, and each
-    file through the copy's own descriptor (`in_copy`, as `_Local.source`); or, where
-    virtual nodes share a host's page cache, a pass over every file before the copy
-    (`report`), so that no node copies while another evicts."""
+    file through the copy's own descriptor (`in_copy`, as `_Local.source`); or a pass over
+    every file before the copy (`report`): from a local source (`IN_COPY_KINDS`), and where
+    virtual nodes share a host's page cache, so that no node copies while another evicts."""
 
     opts: cache.EvictOptions
     in_copy: str | None
@@ -1144,12 +1144,32 @@ class _Cold:
     seconds: float = 0.0  # the node-wide steps'
 
 
+# Source kinds (`sysinfo.fs_kind`) whose files are evicted inside the copy, each through the
+# copy's own descriptor: there each open is a round trip to servers or a FUSE daemon, and a
+# pass of opens before the copy cost more than the copy (GlusterFS, 10,000 files: 86.6 s
+# evicting, 2.5 s in the copy). On a local disk the pass is the cheaper one: in the copy the
+# eviction cost 11-21 % of the copy's time (docs/results.md, section 13).
+IN_COPY_KINDS: frozenset[str] = sysinfo.SHARED_KINDS | {"fuse"}
+
+
+def _evicts_in_copy(plan: _Plan, world: World) -> bool:
+    """Whether each source file is evicted inside the copy (`IN_COPY_KINDS`), as rank 0's
+    source's filesystem says, the same on every rank (a collective); a source whose mount
+    cannot be found is treated as remote."""
+    kind = None
+    if world.rank == 0:
+        with contextlib.suppress(OSError):  # StorageError is one
+            kind = sysinfo.mount_of(plan.source.root).kind
+    kind = world.bcast(kind)
+    return kind is None or kind in IN_COPY_KINDS
+
+
 def _evict_before(plan: _Plan, world: World) -> _Cold:
     """The eviction before a repetition's copy (a collective; `_Cold`)."""
     cfg = plan.cfg
     opts = cache.EvictOptions(scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source,
                               loud=False, evict_cmd=cfg.evict_cmd)
-    if world.num_hosts < world.num_nodes:
+    if world.num_hosts < world.num_nodes or not _evicts_in_copy(plan, world):
         return _Cold(opts, None, report=cache.evict_for_node(plan.manifest, world, opts))
     t0 = time.perf_counter()
     node = cache.evict_node_wide(plan.manifest, world, opts)
