@@ -60,6 +60,7 @@ from iobench.core.formats import parse_format
 from iobench.core.interrupts import check, pending
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.core.options import parse_evict_cmd, parse_repeat
+from iobench.core.outputs import probe_write
 from iobench.core.placement import check_same_dataset, need_bytes, parse_mode, staging_root
 from iobench.core.progress import LogProgress
 from iobench.core.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
@@ -698,15 +699,15 @@ def _already_staged(entry: FileEntry, dst: str, cfg: StageConfig, counters: _Cou
 
 
 def _check_dest(dest_root: Path, need_bytes: int) -> None:
+    """Create the destination, prove it writable (`outputs.probe_write`, as `writable_dir`
+    does, in words of `--to`) and roomy enough for `need_bytes` (bytes)."""
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise StorageError(f"cannot create the destination {dest_root}: {e.strerror or e}; "
                            "give a writable --to") from e
-    probe = dest_root / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_write(dest_root)
     except OSError as e:
         raise StorageError(f"destination {dest_root} is not writable ({e.strerror or e}); "
                            "give a writable --to") from e
