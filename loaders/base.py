@@ -263,14 +263,15 @@ class Loader(ABC):
         epoch), the earlier ones' samples never read."""
 
     def start_sample(self, start_step: int) -> int:
-        """The samples of this rank's share that batch `start_step` starts after; a
-        ConfigError past the epoch's last batch."""
+        """The samples of this rank's share that batch `start_step` starts after (all of them
+        after the last batch, a short one included); a ConfigError past the epoch's last
+        batch. The one check of a resumed epoch's start: the epoch orders trust it."""
         steps = self.steps_per_epoch()
         if not 0 <= start_step <= steps:
             raise ConfigError(f"{start_step=} must be in [0, {steps}], the steps of an epoch "
                               f"({self.samples_per_epoch()} samples a rank, batch "
                               f"{self.config.batch_size})")
-        return start_step * self.config.batch_size
+        return min(start_step * self.config.batch_size, self.samples_per_epoch())
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Start workers and load their libraries, reading no data.
