@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from iobench.core import sampling
-from iobench.core.errors import ConfigError, DatasetError
+from iobench.core.errors import DatasetError
 from iobench.core.manifest import (
     DataColumn,
     DataPaths,
@@ -292,16 +292,14 @@ class EpochOrder:
         self._cache: tuple[int, np.ndarray] | None = None
 
     def __call__(self, epoch: int, start: int = 0) -> np.ndarray:
-        """The epoch's order without its first `start` samples (a view of the cached one)."""
+        """The epoch's order without its first `start` samples (a view of the cached one);
+        `start` as `Loader.start_sample` checked it."""
         if self._cache is None or self._cache[0] != epoch:
             n, mode, seed = self.args
             kw = dict(self.kw)
             idx = sampling.rank_indices(n, mode, seed, epoch, kw.pop("rank"), kw.pop("world"),
                                         kw.pop("block_size"), kw.pop("window"), **kw)
             self._cache = (epoch, idx)
-        if not 0 <= start <= len(self._cache[1]):
-            raise ConfigError(f"{start=} must be in [0, {len(self._cache[1])}], the samples "
-                              f"rank {self.kw['rank']} reads in epoch {epoch}")
         return self._cache[1][start:]
 
 

@@ -12,12 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
-from iobench.core import sampling
+from iobench.core import interrupts, sampling
 from iobench.core.errors import ConfigError
 from iobench.core.manifest import Manifest
 
@@ -263,14 +263,15 @@ class Loader(ABC):
         epoch), the earlier ones' samples never read."""
 
     def start_sample(self, start_step: int) -> int:
-        """The samples of this rank's share that batch `start_step` starts after; a
-        ConfigError past the epoch's last batch."""
+        """The samples of this rank's share that batch `start_step` starts after (all of them
+        after the last batch, a short one included); a ConfigError past the epoch's last
+        batch. The one check of a resumed epoch's start: the epoch orders trust it."""
         steps = self.steps_per_epoch()
         if not 0 <= start_step <= steps:
             raise ConfigError(f"{start_step=} must be in [0, {steps}], the steps of an epoch "
                               f"({self.samples_per_epoch()} samples a rank, batch "
                               f"{self.config.batch_size})")
-        return start_step * self.config.batch_size
+        return min(start_step * self.config.batch_size, self.samples_per_epoch())
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Start workers and load their libraries, reading no data.
@@ -292,3 +293,28 @@ class Loader(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Epochs(Protocol):
+    """What `batches` iterates: a `Loader`, or a naive baseline (`loaders/naive.py`)."""
+
+    def epoch(self, epoch: int) -> Iterator[Batch]: ...
+
+
+def batches(loader: Epochs | Loader, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+    """`loader`'s batches of `epoch` from batch `start_step` on, as every command that reads
+    an epoch takes them (train, bench-read). Loaders written to the one-argument contract
+    are only ever asked for whole epochs. At each batch an interrupt whose raise Python
+    dropped (inside a weakref callback: a batch's buffers freed) is raised again
+    (`interrupts.check`), and the loader's iterator is closed however the caller stops
+    (early, on an error), so its workers settle."""
+    it: Iterator[Batch] = (loader.epoch(epoch, start_step=start_step)  # type: ignore[call-arg]
+                           if start_step else loader.epoch(epoch))
+    try:
+        for b in it:
+            interrupts.check()
+            yield b
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()

@@ -705,3 +705,19 @@ def test_cifar_params_are_floor_u_times_9_and_u_below_half_bit_for_bit():
     assert oy.dtype == ox.dtype == flip.dtype == np.int64
     # the crafted draws did land on the edges
     assert set(np.round(u[0, :len(m53) * 2] * (1 << 53)).astype(np.int64).tolist()) == set(m53)
+
+
+def test_an_epoch_resumed_after_its_short_last_batch_is_empty(dataset_root):
+    """`epoch(e, start_step)` takes every step of the epoch, the one after a short last
+    batch too (nothing left to read); one past it is refused in one place
+    (`Loader.start_sample`), naming the steps."""
+    from iobench.core.errors import ConfigError
+
+    root = dataset_root("cifar10", "hdf5")
+    n = Manifest.load(root).num_samples
+    with make_loader("hdf5", root, cfg(batch_size=n - 1)) as ld:  # batches of n-1, then 1
+        assert ld.steps_per_epoch() == 2
+        assert [len(b.indices) for b in ld.epoch(0, start_step=1)] == [1]
+        assert list(ld.epoch(0, start_step=2)) == []
+        with pytest.raises(ConfigError, match=r"start_step=3 must be in \[0, 2\]"):
+            list(ld.epoch(0, start_step=3))

@@ -192,10 +192,16 @@ def test_shard_puts_on_each_node_only_its_ranks_files(tmp_path):
     assert docs[0]["shuffle_scope"] == "local" and docs[0]["config"]["num_nodes"] == 2
 
 
-def test_nodes_sharing_a_host_evict_in_a_pass_before_the_copy(tmp_path):
+def test_nodes_sharing_a_host_evict_in_a_pass_before_the_copy(tmp_path, monkeypatch):
     """Virtual nodes on one host share its page cache: there every file is evicted and
     measured in a pass before any node copies (one node's copy must not refill what
-    another measures), where a node of its own evicts each file as its copy opens it."""
+    another measures), where a node of its own evicts each file as its copy opens it
+    (from a network source: this folder's kind counts as one here)."""
+    from iobench.core import sysinfo
+    from iobench.workflows import stage
+
+    monkeypatch.setattr(stage, "IN_COPY_KINDS",
+                        stage.IN_COPY_KINDS | {sysinfo.mount_of(tmp_path).kind})
     m = _dataset(tmp_path)
     _warm(m)
     cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}",

@@ -307,11 +307,11 @@ def test_a_link_inside_the_source_tree_is_staged_and_one_out_of_it_refused(tmp_p
 
 
 def test_the_source_is_evicted_through_the_copys_own_open(tmp_path, monkeypatch):
-    """Each source file is opened once, by the copy, and evicted through that descriptor
+    """From a network or FUSE source (`stage.IN_COPY_KINDS`): Each source file is opened once, by the copy, and evicted through that descriptor
     before its first read (no pass of opens before the copy: on a FUSE or parallel
     filesystem each open is a round trip, and that pass cost more than the copy); the
     residency the result reports is the one measured there: none, from a warm source."""
-    from iobench.core import cache
+    from iobench.core import cache, sysinfo
     from iobench.workflows import stage
 
     m = make_dataset(tmp_path / "src" / "cifar10-files", [*SMALL[:70], 5 * 2**20])
@@ -336,6 +336,9 @@ def test_the_source_is_evicted_through_the_copys_own_open(tmp_path, monkeypatch)
                                       evict_pages=False))
         return real_hashed(fin, *a, **kw)
 
+    # as from a network filesystem: this folder's kind is one evicted inside the copy
+    monkeypatch.setattr(stage, "IN_COPY_KINDS",
+                        stage.IN_COPY_KINDS | {sysinfo.mount_of(tmp_path).kind})
     monkeypatch.setattr(os, "open", counting_open)
     monkeypatch.setattr(stage, "_copy_hashed", measured)
     doc = stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
@@ -353,3 +356,36 @@ def test_the_source_is_evicted_through_the_copys_own_open(tmp_path, monkeypatch)
     assert node["files"] == len(m.files) and node["total_bytes"] == m.total_bytes
     _assert_exact(m, tmp_path / "dst" / "cifar10-files")
 
+
+@pytest.mark.parametrize("kind, in_copy", [
+    ("parallel", True), ("network", True), ("fuse-network", True), ("fuse", True),
+    ("local", False), ("memory", False), ("overlay", False), ("other", False)])
+def test_the_source_filesystem_kind_chooses_where_it_is_evicted(kind, in_copy):
+    """Each open a round trip to servers or a FUSE daemon: evicted inside the copy; a local
+    disk: a pass before the copy, which costs the copy nothing."""
+    from iobench.workflows import stage
+
+    assert (kind in stage.IN_COPY_KINDS) is in_copy
+
+
+def test_a_local_source_is_evicted_in_a_pass_before_the_copy(tmp_path):
+    """On a local disk the pass before the copy is the cheaper eviction (in the copy it cost
+    11-21 % of the copy's time, docs/results.md section 13): the result says `pass`, and
+    the source was cold when the copy read it."""
+    from iobench.core import sysinfo
+    from iobench.workflows import stage
+
+    if sysinfo.mount_of(tmp_path).kind in stage.IN_COPY_KINDS:
+        pytest.skip("tmp_path is not on a local filesystem")
+    if tmp_path.stat().st_dev == os.stat("/dev/shm").st_dev:
+        pytest.skip("tmpfs holds its files in the page cache")
+    m = make_dataset(tmp_path / "src" / "cifar10-files", [*SMALL[:20], 3 * 2**20])
+    for f in m.files:  # warm: an eviction that did not happen would show
+        m.path_of(f).read_bytes()
+    doc = stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
+                                    threads=1, sync="fs"))
+    sc = doc["source_cache"]
+    assert sc["per_file"] == "pass" and sc["status"] == "cold" and sc["method"] == "fadvise"
+    assert sc["resident_fraction_at_start"] <= 0.1
+    (node,) = sc["per_node"]
+    assert node["files"] == len(m.files) and node["total_bytes"] == m.total_bytes

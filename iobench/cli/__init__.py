@@ -40,6 +40,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# the commands whose module sets `RANKED` (several ranks may run them): known without
+# importing the module, so the CLI enters their interrupt handling at its first moment
+RANKED_COMMANDS: frozenset[str] = frozenset({"train", "stage", "checkpoint"})
+
+
 class UsageError(IobenchError):
     """A command line that does not parse."""
 
@@ -83,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    ranked = _ranked(command)
+    ranked = _ranked(command)  # imports nothing: a Ctrl-C at any moment is one line
     try:
         with interrupts(defer=True) if ranked else contextlib.nullcontext():
             parser = build_parser(command if command in SUBCOMMANDS else None)
@@ -120,15 +125,13 @@ INTERNAL_ERROR = 70  # EX_SOFTWARE
 
 
 def _ranked(command: str | None) -> bool:
-    """A command whose module sets `RANKED` (train, checkpoint) may be one of several ranks
-    and carries an interrupt to them at its collectives: from its first moment (train's
-    parser imports torch, seconds), an interrupt waits for the ranks' first collective, so
-    no rank leaves alone while a peer waits for it at the rendezvous
+    """A command in RANKED_COMMANDS (its module sets `RANKED`: train, checkpoint, stage) may
+    be one of several ranks and carries an interrupt to them at its collectives: from its
+    first moment (train's parser imports torch, seconds), an interrupt waits for the ranks'
+    first collective, so no rank leaves alone while a peer waits for it at the rendezvous
     (`iobench.core.interrupts`); a single process acts on it as soon as it knows it is
     alone (their `main`)."""
-    module = SUBCOMMANDS[command][0] if command in SUBCOMMANDS else None
-    return module is not None and bool(getattr(importlib.import_module(module), "RANKED",
-                                               False))
+    return command in RANKED_COMMANDS
 
 
 def _leave(code: int, ranked: bool) -> int:

@@ -6,38 +6,39 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import torch
 
 from iobench.core.errors import ConfigError
 from iobench.core.models import channels_last as to_channels_last
+from iobench.core.result_types import DemandInfo, Record, ResultError
+
+# the JSON keys: DemandInfo's fields, less a record's own (its unnamed keys, absent ones)
+_KEYS = frozenset(f.name for f in fields(DemandInfo)) - {f.name for f in fields(Record)}
 
 
-@dataclass(frozen=True)
-class Demand:
+@dataclass(frozen=True, kw_only=True)
+class Demand(DemandInfo):
     """Samples per second a model trains at when its input costs nothing: `steps` timed
     steps (forward, backward, optimizer step) on one batch of `batch_size` samples resident
     on `device`, after `warmup` untimed ones; on a GPU the clock stops after
-    `torch.cuda.synchronize()`. `ms_per_step` is the mean step time (milliseconds)."""
+    `torch.cuda.synchronize()`. `ms_per_step` is the mean step time (milliseconds). Its
+    fields and JSON are the result's `compute.demand` (`result_types.DemandInfo`, the one
+    definition); a key that record does not name is refused here."""
 
-    samples_per_s: float
-    ms_per_step: float
-    batch_size: int
-    device: str
-    warmup: int
-    steps: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    EXTRA: ClassVar[bool] = False
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Demand:
-        unknown = set(d) - set(cls.__dataclass_fields__)
+    def from_dict(cls, doc: Any, where: str = "demand") -> Demand:
+        unknown = set(doc) - _KEYS if isinstance(doc, dict) else set()
         if unknown:
             raise ConfigError(f"demand: unknown keys {sorted(unknown)}")
-        return cls(**d)
+        try:
+            return super().from_dict(doc, where)
+        except ResultError as e:
+            raise ConfigError(str(e)) from None  # it names `where`: demand
 
 
 def _sync(device: torch.device) -> None:

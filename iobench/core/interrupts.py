@@ -19,8 +19,10 @@ ranks' next collective).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -97,6 +99,14 @@ def check() -> None:
         raise Interrupted(_state.signum)
 
 
+def _unraisable(previous: Callable[[Any], object], unraisable: Any) -> None:
+    """Python's report of an exception it dropped: an `Interrupted` is said in one line by
+    the command once `check()` raises it again, so it is not printed here with a traceback;
+    anything else is reported as before."""
+    if not isinstance(unraisable.exc_value, Interrupted):
+        previous(unraisable)
+
+
 @contextlib.contextmanager
 def interrupts(on_signal: Callable[[int], None] | None = None,
                grace_s: float | None = GRACE_S, *, defer: bool = False) -> Iterator[None]:
@@ -124,9 +134,12 @@ def interrupts(on_signal: Callable[[int], None] | None = None,
     _state = _State()
     _state.defer, _state.grace_s = defer, grace_s
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    old_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, old_hook)
     try:
         yield
     finally:
+        sys.unraisablehook = old_hook
         for s, h in old.items():
             signal.signal(s, h)
         for t in _state.timers:  # the rank stopped by itself: it exits normally

@@ -1,7 +1,7 @@
 """Check every output path before any work starts: a run of hours must not fail at its end.
 
 `writable_dir(path, option)` creates the directory if needed and proves it
-writable with a probe file; `writable_file(path, option)` does the same for
+writable with a probe file (`probe_write`); `writable_file(path, option)` does the same for
 the directory a file will be written into (and refuses a directory in its
 place). Both raise a StorageError naming the option and the fix. `save_png`
 writes a matplotlib figure atomically.
@@ -38,14 +38,20 @@ def writable_dir(path: str | Path, option: str, create: bool = False) -> Path:
                            "writable directory") from e
     if not p.is_dir():
         raise StorageError(f"{option} {p} is not a directory; give a directory")
-    probe = p / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_write(p)
     except OSError as e:
         raise StorageError(f"{option} {p} is not writable ({e.strerror or e}); give a writable "
                            "directory") from e
     return p
+
+
+def probe_write(directory: Path) -> None:
+    """Create and remove an empty file in `directory` (named after this host and process, so
+    ranks on several nodes do not collide); the OSError when it cannot."""
+    probe = directory / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def writable_file(path: str | Path, option: str) -> Path:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from iobench.core import cache, interrupts, procio, sampling
+from iobench.core import cache, procio, sampling
 from iobench.core.dataref import DatasetRef, locate, user_data
 from iobench.core.datasets import parse_dataset
 from iobench.core.errors import ConfigError, IobenchError
@@ -41,7 +41,7 @@ from iobench.core.spread import fmt_spread, spread
 from iobench.core.userdata import USER_DATASET
 from iobench.core.world import World, agree
 from iobench.loaders import LOADERS, make_loader
-from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig
+from iobench.loaders.base import WORKER_TYPES, Batch, LoaderConfig, batches
 from iobench.loaders.naive import BASELINES
 
 SCHEMA = "iobench.bench_read"
@@ -147,7 +147,8 @@ def _epoch_run(loader: Any, epoch: int, max_batches: int | None) -> dict[str, An
     waits: list[float] = []
     first = None
     samples = payload = steps = 0
-    it: Iterator[Batch] = loader.epoch(epoch)
+    # an interrupt whose raise Python dropped is raised again at the next batch (`batches`)
+    it: Iterator[Batch] = batches(loader, epoch)
     t0 = last = time.perf_counter_ns()
     try:
         for b in it:
@@ -162,7 +163,6 @@ def _epoch_run(loader: Any, epoch: int, max_batches: int | None) -> dict[str, An
             samples += len(b.labels)
             payload += b.payload_bytes
             steps += 1
-            interrupts.check()  # an interrupt whose raise a weakref callback swallowed
             last = time.perf_counter_ns()
             if max_batches is not None and steps >= max_batches:
                 break

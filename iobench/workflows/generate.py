@@ -25,6 +25,7 @@ from iobench.core.dataref import dataset_root
 from iobench.core.datasets import DatasetSpec, parse_dataset
 from iobench.core.errors import ConfigError, DatasetError, IobenchError, StorageError
 from iobench.core.formats import DEFAULT_FORMAT, FORMATS, NPZ, parse_compression, parse_format
+from iobench.core.interrupts import check
 from iobench.core.jsonio import write_json_atomic
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest
 from iobench.core.world import World
@@ -584,6 +585,7 @@ def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
     done_bytes = 0
     if jobs == 1:
         for t in tasks:
+            check()  # an interrupt whose raise Python dropped (in a weakref callback)
             try:
                 r = _run_task(writer, root, t)
             except IobenchError as e:
@@ -598,6 +600,7 @@ def _run_local(writer: Writer, root: Path, tasks: list[Task], jobs: int,
     writer.prepare()  # the workers inherit the synthesis tables instead of each building them
     with ctx.Pool(jobs, initializer=_pool_init, initargs=(writer, root)) as pool:
         for done in pool.imap_unordered(_pool_task, tasks):
+            check()
             if isinstance(done, IobenchError):
                 err = err or done
                 continue
@@ -619,6 +622,7 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
     err: IobenchError | None = None
     if not world.is_root:
         for t in mine:
+            check()
             try:
                 comm.send(_run_task(writer, root, t), dest=0, tag=_TAG_TASK)
             except IobenchError as e:
@@ -647,6 +651,7 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
                     progress(done_bytes, est)
 
     for t in mine:
+        check()
         if err is None:
             try:
                 r = _run_task(writer, root, t)

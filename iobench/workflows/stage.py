@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from iobench.core import cache, procio
+from iobench.core import cache, procio, sysinfo
 from iobench.core.dataref import DatasetRef, load_ref, locate
 from iobench.core.datasets import parse_dataset
 from iobench.core.errors import (
@@ -57,9 +57,10 @@ from iobench.core.errors import (
     StorageError,
 )
 from iobench.core.formats import parse_format
-from iobench.core.interrupts import pending
+from iobench.core.interrupts import check, pending
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest, refuse_irregular
 from iobench.core.options import parse_evict_cmd, parse_repeat
+from iobench.core.outputs import probe_write
 from iobench.core.placement import check_same_dataset, need_bytes, parse_mode, staging_root
 from iobench.core.progress import LogProgress
 from iobench.core.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
@@ -698,15 +699,15 @@ def _already_staged(entry: FileEntry, dst: str, cfg: StageConfig, counters: _Cou
 
 
 def _check_dest(dest_root: Path, need_bytes: int) -> None:
+    """Create the destination, prove it writable (`outputs.probe_write`, as `writable_dir`
+    does, in words of `--to`) and roomy enough for `need_bytes` (bytes)."""
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise StorageError(f"cannot create the destination {dest_root}: {e.strerror or e}; "
                            "give a writable --to") from e
-    probe = dest_root / f".iobench-write-test-{socket.gethostname()}-{os.getpid()}"
     try:
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_write(dest_root)
     except OSError as e:
         raise StorageError(f"destination {dest_root} is not writable ({e.strerror or e}); "
                            "give a writable --to") from e
@@ -1019,6 +1020,7 @@ def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress
         seen[0] = done
         if pending():
             shared.stop()
+        check()  # an interrupt whose raise Python dropped (in a weakref callback)
 
     with _stage_pool.Pool(cfg.threads, work, shared) as pool:
         error = pool.run(batches, lambda d: counters.add(**d), poll)
@@ -1085,6 +1087,7 @@ def _copy_all(entries: Iterable[T], copy: Callable[[T], None], threads: int,
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stage") as pool:
         try:
             for e in entries:
+                check()  # an interrupt whose raise Python dropped (in a weakref callback)
                 pending.add(pool.submit(copy, e))
                 if len(pending) < WINDOW * threads:
                     continue
@@ -1092,8 +1095,10 @@ def _copy_all(entries: Iterable[T], copy: Callable[[T], None], threads: int,
                 error = _first_error(done)
                 if error is not None:
                     break
-            done, pending = wait(pending) if error is None else (set(), pending)
-            error = error or _first_error(done)
+            while error is None and pending:  # the last ones, an interrupt checked at each
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                check()
+                error = _first_error(done)
         except BaseException:  # Ctrl-C: stop the copies, remove their temporary files
             stop.set()
             for f in pending:
@@ -1129,9 +1134,9 @@ def _remove_files(paths: Iterable[str | Path]) -> BaseException | None:
 @dataclass(frozen=True)
 class _Cold:
     """How a repetition makes its source cold: the node-wide steps before the copy, and each
-    file through the copy's own descriptor (`in_copy`, as `_Local.source`); or, where
-    virtual nodes share a host's page cache, a pass over every file before the copy
-    (`report`), so that no node copies while another evicts."""
+    file through the copy's own descriptor (`in_copy`, as `_Local.source`); or a pass over
+    every file before the copy (`report`): from a local source (`IN_COPY_KINDS`), and where
+    virtual nodes share a host's page cache, so that no node copies while another evicts."""
 
     opts: cache.EvictOptions
     in_copy: str | None
@@ -1140,12 +1145,32 @@ class _Cold:
     seconds: float = 0.0  # the node-wide steps'
 
 
+# Source kinds (`sysinfo.fs_kind`) whose files are evicted inside the copy, each through the
+# copy's own descriptor: there each open is a round trip to servers or a FUSE daemon, and a
+# pass of opens before the copy cost more than the copy (GlusterFS, 10,000 files: 86.6 s
+# evicting, 2.5 s in the copy). On a local disk the pass is the cheaper one: in the copy the
+# eviction cost 11-21 % of the copy's time (docs/results.md, section 13).
+IN_COPY_KINDS: frozenset[str] = sysinfo.SHARED_KINDS | {"fuse"}
+
+
+def _evicts_in_copy(plan: _Plan, world: World) -> bool:
+    """Whether each source file is evicted inside the copy (`IN_COPY_KINDS`), as rank 0's
+    source's filesystem says, the same on every rank (a collective); a source whose mount
+    cannot be found is treated as remote."""
+    kind = None
+    if world.rank == 0:
+        with contextlib.suppress(OSError):  # StorageError is one
+            kind = sysinfo.mount_of(plan.source.root).kind
+    kind = world.bcast(kind)
+    return kind is None or kind in IN_COPY_KINDS
+
+
 def _evict_before(plan: _Plan, world: World) -> _Cold:
     """The eviction before a repetition's copy (a collective; `_Cold`)."""
     cfg = plan.cfg
     opts = cache.EvictOptions(scope=cfg.shuffle_scope, evict_pages=not cfg.warm_source,
                               loud=False, evict_cmd=cfg.evict_cmd)
-    if world.num_hosts < world.num_nodes:
+    if world.num_hosts < world.num_nodes or not _evicts_in_copy(plan, world):
         return _Cold(opts, None, report=cache.evict_for_node(plan.manifest, world, opts))
     t0 = time.perf_counter()
     node = cache.evict_node_wide(plan.manifest, world, opts)

@@ -58,7 +58,7 @@ from iobench.core.trace import StepClocks, Trace, check_trace_path, epoch_part, 
 from iobench.core.userdata import USER_DATASET
 from iobench.core.watchdog import Watchdog
 from iobench.core.world import World, agree
-from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig
+from iobench.loaders.base import WORKER_TYPES, Loader, LoaderConfig, batches
 from iobench.workflows.train_checkpoint import (
     CheckpointPlan,
     TrainCheckpoints,
@@ -816,10 +816,9 @@ class _Run:
         self._last_live = prev_end = clock.start()
         times = _LoaderTimes()
         # --resume part-way: the loader starts at the first step not trained, in the same
-        # order (the steps done before are never read); loaders written to the one-argument
-        # contract are only ever asked for whole epochs
-        it: Iterator[Any] = iter(loader.epoch(epoch, start_step=done) if done
-                                 else loader.epoch(epoch))
+        # order (the steps done before are never read); an interrupt whose raise Python
+        # dropped is raised again at the next batch (`batches`)
+        it: Iterator[Any] = batches(loader, epoch, start_step=done)
         step = 0
         try:
             while limit is None or step < limit:
