@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from iobench.loaders.base import Loader
+from iobench.loaders.base import batches as epoch_batches
 
 MIN_BATCHES = 4  # a pass delivers at least this many batches (the first one's wait left out)
 MIN_SECONDS = 1.0  # ... and runs at least this long, unless the epoch ends first
@@ -30,7 +31,7 @@ def _rate(loader: Loader, batches: int | None) -> PassRate:
     until the pass has run `MIN_SECONDS` and `MIN_BATCHES` (at most the `MAX_*`)."""
     samples = nbytes = k = 0
     t_first = t_last = 0
-    for k, batch in enumerate(loader.epoch(0), 1):
+    for k, batch in enumerate(epoch_batches(loader, 0), 1):
         t_last = time.perf_counter_ns()
         if k == 1:
             t_first = t_last
