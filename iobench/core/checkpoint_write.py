@@ -28,6 +28,11 @@ from typing import Any
 from iobench.core.checkpoint_io import WRITE_BEHIND, record_spans, start_write_back
 
 GATHER = 1 << 20  # bytes: records smaller than this are gathered into one write
+# bytes per write call, a large tensor's memory split into such calls: on this project's VM
+# (Linux 6.18, ext4) one buffered write of 2 MiB or more, or a writev of 1 MiB pieces adding
+# up to it, cost 5-7x the time of the same bytes in 1 MiB calls (2 GB: 5.3-7.2 s against
+# 0.8-1.1 s; docs/results.md section 12); fio's and most tools' block is 1 MiB too
+MAX_CALL = 1 << 20
 _IOV_MAX = 1024  # pieces per writev (Linux's limit)
 INFLIGHT = 2  # batches handed to the writer thread and not yet written
 
@@ -68,18 +73,26 @@ class ShardWriter:
             self._inflight.popleft().result()
 
     def _write(self, pending: list[memoryview]) -> None:
-        """The writer's part: write `pending` (a short write is resumed where it stopped),
-        then start the write-back of every WRITE_BEHIND bytes written."""
-        while pending:
-            n = os.writev(self.fd, pending[:_IOV_MAX])
+        """The writer's part: write `pending` in calls of at most MAX_CALL bytes (a short
+        write resumed where it stopped), starting the write-back of every WRITE_BEHIND
+        bytes as soon as they are written."""
+        todo = collections.deque(pending)
+        while todo:
+            call: list[memoryview] = []
+            size = 0
+            while todo and size < MAX_CALL and len(call) < _IOV_MAX:
+                piece = todo.popleft()
+                if size + len(piece) > MAX_CALL:  # its rest opens the next call
+                    todo.appendleft(piece[MAX_CALL - size:])
+                    piece = piece[:MAX_CALL - size]
+                call.append(piece)
+                size += len(piece)
+            n = os.writev(self.fd, call)
             self._written += n
-            while pending and n >= len(pending[0]):
-                n -= len(pending.pop(0))
-            if n:
-                pending[0] = pending[0][n:]
-        if self._written - self._started >= WRITE_BEHIND:
-            start_write_back(self.fd, self._started, self._written - self._started)
-            self._started = self._written
+            todo.extendleft(reversed(unwritten(call, n)))
+            if self._written - self._started >= WRITE_BEHIND:
+                start_write_back(self.fd, self._started, self._written - self._started)
+                self._started = self._written
 
     def sync_close(self) -> None:
         """Write the rest, fsync, close."""
@@ -95,6 +108,15 @@ class ShardWriter:
         """Stop writing (what is in flight ends first) and close the file."""
         self._thread.shutdown(wait=True, cancel_futures=True)
         os.close(self.fd)
+
+
+def unwritten(call: list[memoryview], n: int) -> list[memoryview]:
+    """What of the pieces of one write call a write of `n` bytes did not take, in order."""
+    for i, piece in enumerate(call):
+        if n < len(piece):
+            return [piece[n:], *call[i + 1:]]
+        n -= len(piece)
+    return []
 
 
 _TEMPLATES: dict[tuple[Any, ...], tuple[bytes, bytes] | None] = {}

@@ -29,8 +29,8 @@ iobench reads with `--evict-cmd` emptying the bricks' cache), and the GlusterFS 
 ratios. GB = 10^9 bytes.
 
     .venv/bin/python scripts/bench/checkpoint_vs_fio.py [--work /var/tmp/iobench-ckpt-fio]
-        [--model llama3-8b] [--scale 0.05] [--ranks 1,2] [--repeat 3] [--saves 1] [--bs 1m]
-        [--gluster]
+        [--model llama3-8b] [--scale 0.05] [--ranks 1,2] [--repeat 3] [--saves 1] [--settle 0]
+        [--bs 1m] [--gluster]
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | N
     got: dict[str, float] = {}
 
     def fio_write(sizes: list[int]) -> None:
+        settle(a.settle)
         runs = [[(fio_dir / f"shard{r}-{n}", s) for r, s in enumerate(sizes)]
                 for n in range(a.saves)]  # the N checkpoints, back to back, all kept
         gbps = [fio_run(jobs, "write", a) for jobs in runs]
@@ -110,6 +111,7 @@ def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | N
     sizes = a.sizes.get((str(storage), ranks))
     if fio_first and sizes:
         fio_write(sizes)
+    settle(a.settle)
     doc, shards = iobench_run(storage, ranks, a, evict_cmd)
     sizes = a.sizes[(str(storage), ranks)] = [p.stat().st_size for p in shards]
     if "fio_write" not in got:
@@ -130,6 +132,15 @@ def one_rep(storage: Path, ranks: int, a: argparse.Namespace, evict_cmd: str | N
     got["cache"] = doc["reads"][0]["cache"]["status"] + "/" + doc["reads"][0]["os_read_check"]
     got["bytes"] = doc["writes"][0]["bytes"]
     return got
+
+
+def settle(seconds: float) -> None:
+    """Before a write phase (either tool's): everything written before on its way to the
+    disk (`sync`), then `seconds` idle, for a disk whose write cache (a VM host's) slows
+    the writes that follow a burst of several GB, whichever tool comes second."""
+    if seconds > 0:
+        os.sync()
+        time.sleep(seconds)
 
 
 def saves_note(r: dict[str, Any]) -> str:
@@ -205,6 +216,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--saves", type=int, default=1,
                    help="checkpoints each iobench run writes (its --repeat; MLPerf: 10)")
+    p.add_argument("--settle", type=float, default=0.0,
+                   help="seconds idle (after a sync) before each write phase, iobench's and "
+                        "fio's alike: a VM's disk slows after a burst of several GB "
+                        "(default 0)")
     p.add_argument("--bs", default="1m", help="fio's block size (default 1m)")
     p.add_argument("--fio", default=shutil.which("fio") or "fio")
     p.add_argument("--gluster", action="store_true",
@@ -218,7 +233,7 @@ def main() -> None:
         d.mkdir(parents=True, exist_ok=True)
     print(t.header("checkpoint_vs_fio"))
     print(f"model {a.model} --scale {a.scale:g}, fio bs={a.bs}, repetitions {a.repeat}, "
-          f"saves per iobench run {a.saves}\n")
+          f"saves per iobench run {a.saves}, settle {a.settle:g} s before each write phase\n")
     reps: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for i in range(a.repeat):
         for ranks in (int(x) for x in a.ranks.split(",")):
