@@ -23,19 +23,24 @@ from iobench.workflows import timeline
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory) -> tuple[Path, Path, dict]:
-    """(the trace, the results folder, the result) of a run with 2 saves."""
-    tmp = tmp_path_factory.mktemp("timeline-ckpt")
+def _traced_run(tmp: Path, *options: object) -> tuple[Path, Path, dict]:
+    """(the trace, the results folder, the result) of a traced 4-step run of the cnn on a
+    tiny cifar10 (HDF5), saving every 2 steps into tmp/ck, with `options` added."""
     assert cli("generate", "--dataset", "cifar10", "--format", "hdf5", "--samples", "128",
                "--storage", tmp / "data") == 0
     trace = tmp / "run.trace.json"
     assert cli("train", "--storage", tmp / "data", "--loader", "hdf5", "--model", "cnn",
-               "--batch-size", "32", "--workers", "0", "--max-steps", "4", "--epochs", "1",
+               "--batch-size", "32", "--workers", "0", "--max-steps", "4",
                "--checkpoint-every", "2", "--checkpoint-to", tmp / "ck", "--trace", trace,
-               "--results", tmp / "res") == 0
+               "--results", tmp / "res", *options) == 0
     (path,) = results.find_results([tmp / "res"])
     return trace, tmp / "res", results.load_result(path)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(the trace, the results folder, the result) of a run with 2 saves."""
+    return _traced_run(tmp_path_factory.mktemp("timeline-ckpt"), "--epochs", "1")
 
 
 def test_the_timeline_holds_each_save_on_the_ranks_row(traced) -> None:
@@ -90,16 +95,8 @@ def traced_async(tmp_path_factory) -> tuple[Path, Path, dict]:
     """(the trace, the results folder, the result) of an async run with a drain: 4 saves
     over 2 epochs."""
     tmp = tmp_path_factory.mktemp("timeline-ckpt-async")
-    assert cli("generate", "--dataset", "cifar10", "--format", "hdf5", "--samples", "128",
-               "--storage", tmp / "data") == 0
-    trace = tmp / "run.trace.json"
-    assert cli("train", "--storage", tmp / "data", "--loader", "hdf5", "--model", "cnn",
-               "--batch-size", "32", "--workers", "0", "--max-steps", "4", "--epochs", "2",
-               "--checkpoint-every", "2", "--checkpoint-to", tmp / "ck",
-               "--checkpoint-mode", "async", "--drain-to", tmp / "pfs", "--trace", trace,
-               "--results", tmp / "res") == 0
-    (path,) = results.find_results([tmp / "res"])
-    return trace, tmp / "res", results.load_result(path)
+    return _traced_run(tmp, "--epochs", "2", "--checkpoint-mode", "async", "--drain-to",
+                       tmp / "pfs")
 
 
 def test_a_sync_run_without_a_drain_has_nothing_beside_the_steps(traced) -> None:
