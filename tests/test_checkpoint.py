@@ -580,6 +580,35 @@ def test_the_benchmark_writes_in_calls_of_at_most_one_mib(tmp_path: Path, monkey
     assert (tmp_path / "ours" / shard).read_bytes() == (tmp_path / "stock" / shard).read_bytes()
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_torch_without_plan_caching_saves_with_dcps_default_planner(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """On a torch whose DefaultSavePlanner has no `enable_plan_caching` (before 2.7, which
+    pyproject allows), the benchmark saves with DCP's default planner: no TypeError, and a
+    run's start empties nothing."""
+    import torch
+    from torch.distributed.checkpoint import default_planner
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    from iobench.core.checkpoint_store import forget_plans, save_planner, writer
+
+    plain = default_planner.DefaultSavePlanner.__init__
+
+    def old_init(self, flatten_state_dict: bool = True, flatten_sharded_tensors: bool = True,
+                 dedup_replicated_tensors: bool | None = None,
+                 dedup_save_to_lowest_rank: bool = False) -> None:
+        plain(self, flatten_state_dict, flatten_sharded_tensors, dedup_replicated_tensors,
+              dedup_save_to_lowest_rank)
+
+    monkeypatch.setattr(default_planner.DefaultSavePlanner, "__init__", old_init)
+    assert save_planner() is None
+    forget_plans()
+    state = {"t": torch.arange(10.0)}
+    save(state, storage_writer=writer(tmp_path, lambda: None, records=True),
+         planner=save_planner(), no_dist=True)
+    assert (tmp_path / "__0_0.distcp").stat().st_size > 0
+
+
 def test_a_short_write_leaves_the_rest_of_its_call_in_order() -> None:
     """`unwritten`: the tails a write of n bytes did not take, in order, none when it took all."""
     from iobench.core.checkpoint_write import unwritten

@@ -159,6 +159,30 @@ def test_train_records_the_daemons_replies_beside_the_emulated_tiers_counters(
 
 
 @pytest.mark.fuse
+def test_a_warm_run_is_not_calibrated(pfs, tmp_path: Path) -> None:  # noqa: F811
+    """`--warm-cache` keeps the dataset's pages: the calibration, which drops one data file's,
+    does not run (no per-read cost, so `project` does not take k from it); the daemon's
+    counts are still recorded."""
+    import json
+
+    from conftest import cli
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    backing = tmp_path / "backing"
+    generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=backing,
+                                    samples=1024, samples_per_file=512, seed=1))
+    mp = pfs(backing, "passthrough").mountpoint
+    res = tmp_path / "res"
+    assert cli("train", "--loader", "hdf5", "--storage", mp, "--model", "none", "--epochs",
+               "1", "--workers", "1", "--warm-cache", "--results", res) == 0
+    doc = json.loads(next(res.glob("*.json")).read_text())
+    (ep,) = doc["epochs"]
+    t = ep["tier_bytes"]
+    assert t["replies_per_read"] is None and t["reply_overhead_bytes"] is None, t
+    assert t["daemon_replies"] >= t["read_requests"] > 0, t
+
+
+@pytest.mark.fuse
 def test_train_on_glusterfs_counts_the_epochs_reads_at_its_client(gluster: Path,  # noqa: F811
                                                                    tmp_path: Path) -> None:
     """On the one-box GlusterFS (no request counters of its own) the client daemon is

@@ -20,6 +20,7 @@ paths, so a checkpoint holding anything but tensors is refused before DCP sees i
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import os
 import pickle
@@ -322,10 +323,14 @@ def save_planner() -> Any:
     caching on (a save whose local plans are those of the run's save before sends no plan
     items to the coordinator and reuses the global plan and metadata DCP cached; the first
     save of a run plans in full), and without the cost of DCP's dedup where no two ranks
-    plan the same item (`dedup_plans`). The plans and metadata are DCP's own."""
+    plan the same item (`dedup_plans`). The plans and metadata are DCP's own. None (DCP's
+    default planner) on a torch without plan caching (before 2.7)."""
     global _PLANNER
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    if "enable_plan_caching" not in inspect.signature(DefaultSavePlanner.__init__).parameters:
+        return None
     if _PLANNER is None:
-        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
         class BenchmarkSavePlanner(DefaultSavePlanner):
             """(Its own class name: DCP's plan caches are keyed by it.)"""
@@ -342,7 +347,10 @@ def forget_plans() -> None:
     (DCP compares a cached plan's items, not their dtypes)."""
     from torch.distributed.checkpoint.planner import SavePlanner
 
-    key = type(save_planner()).__name__
+    planner = save_planner()
+    if planner is None:
+        return
+    key = type(planner).__name__
     for name in _CACHES:
         getattr(SavePlanner, name, {}).pop(key, None)
 
@@ -352,7 +360,7 @@ def dedup_plans(all_plans: list[Any], to_lowest_rank: bool) -> list[Any]:
     made without its per-item bookkeeping when no item is planned twice."""
     import dataclasses
 
-    from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+    from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans  # torch >= 2.7
 
     count = sum(len(p.items) for p in all_plans)
     if len({item.index for p in all_plans for item in p.items}) != count:

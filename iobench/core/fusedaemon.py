@@ -81,12 +81,13 @@ def _named_daemons(mount_point: str) -> list[int]:
     """Processes holding /dev/fuse whose command line has the mount point as one argument
     (how GlusterFS's client, sshfs and most libfuse daemons are started)."""
     found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            args = _cmdline(int(name))
-            if any(os.path.realpath(a) == mount_point for a in args[1:] if a.startswith("/")) \
-                    and holds_dev_fuse(int(name)):
-                found.append(int(name))
+    # /dev/fuse first: it fails fast on others' processes, and only a FUSE daemon's
+    # arguments are resolved (an unrelated process's path may be on a hung mount)
+    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
+        if pid != os.getpid() and holds_dev_fuse(pid) and any(
+                os.path.realpath(a) == mount_point for a in _cmdline(pid)[1:]
+                if a.startswith("/")):
+            found.append(pid)
     return found
 
 

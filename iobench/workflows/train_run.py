@@ -180,7 +180,7 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
     counters, tier = emulated_tier(dataset)
     if tier is not None and world.is_root and hooks.tier is not None:
         hooks.tier(tier)
-    daemon = fuse_daemon(dataset, tier) if world.is_root else None
+    daemon = fuse_daemon(dataset, tier, config.warm_cache) if world.is_root else None
     counters = with_daemon(counters, daemon)
     warnings = _datasize_warning(dataset.manifest, workload, world)
     if warnings and world.is_root and hooks.warning is not None:
@@ -198,17 +198,18 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
     return complete_result(doc, config, tier, staging, warnings)
 
 
-def fuse_daemon(dataset: DatasetRef, tier: dict[str, Any] | None
+def fuse_daemon(dataset: DatasetRef, tier: dict[str, Any] | None, warm: bool = False
                 ) -> tuple[FuseDaemon, ReadCost | None] | None:
     """The FUSE daemon serving the dataset's mount on this host (the emulated tier's own pid
     when it is one), and what one read costs in its writes, from the largest of the first
-    data files; None where there is no such daemon or its /proc is unreadable."""
+    data files (not with `warm`: the calibration drops that file's pages, which a warm run
+    keeps); None where there is no such daemon or its /proc is unreadable."""
     daemon = find_daemon(dataset.root, pid=int(tier["pid"]) if tier and tier.get("pid")
                          else None)
     if daemon is None:
         return None
     files = list(dataset.manifest.data_files[:16])
-    if not files:
+    if not files or warm:
         return daemon, None
     biggest = max(files, key=lambda e: e.bytes)
     return daemon, calibrate(daemon, dataset.manifest.path_of(biggest))
