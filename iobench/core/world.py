@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -98,10 +99,15 @@ class World:
         """One rank failed alone: say which and why, and end every rank (exit status 3)."""
         print(f"iobench: error: {message}; ending all {self.size} ranks", file=sys.stderr,
               flush=True)
+        if self._comm is not None and self.size > 1:
+            # the launcher forwards our stderr from a pipe; MPI_Abort kills its proxies, which
+            # can drop a line not yet read (the job then ends without saying why)
+            time.sleep(END_JOB_FORWARD_S)
         self.abort(3)  # MPI: ends every rank; torchrun: the agent ends the others on our exit
         sys.exit(3)
 
 
+END_JOB_FORWARD_S = 0.5  # a failed rank's pause between its error line and MPI_Abort
 LEAVE_GRACE_S = 10.0  # an interrupted rank waits this long for its peers to stop as well
 _leaving: Any = None  # a copy of MPI's world communicator, used only to leave together
 
