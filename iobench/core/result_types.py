@@ -395,6 +395,19 @@ class TierBytes(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HostCpuRecord(Record):
+    """The host's busy CPU over a timed window (`host_cpu`), rank 0's host (`core.hostcpu`).
+
+    User, nice, system, irq and softirq seconds summed over the host's `cpus` online CPUs:
+    every process on the host counts (a one-box tier's daemons, other work), not only
+    iobench's; `source` says so."""
+
+    busy_s: float  # CPU seconds, all CPUs summed
+    cpus: int
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class EpochResume(Record):
     """An epoch `train --resume` started part-way (`epochs[i].resumed`), figures of its steps.
 
@@ -418,6 +431,8 @@ class Epoch(Record):
     checkpoint: EpochCheckpoint | None = key(default=None, optional=True)
     resumed: EpochResume | None = key(default=None, optional=True)
     tier_bytes: TierBytes | None = key(default=None, optional=True)  # absent in old documents
+    # the host's busy CPU over the same window as tier_bytes: absent in old documents
+    host_cpu: HostCpuRecord | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -627,6 +642,9 @@ class Staging(Record):
     verify: str | None = key(Opt(Enum("full", "size")), default=None, optional=True)
     checksum_s: float | None = key(default=None, optional=True)
     checksum_share: float | None = key(default=None, optional=True)
+    # the host's busy CPU over the copy, the median repetition's `busy_s` (each repetition's
+    # is in `repetitions[i].host_cpu`): absent in older documents
+    host_cpu: HostCpuRecord | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
