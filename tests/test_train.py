@@ -118,6 +118,20 @@ def _assert_shadow(doc: dict, made: Factory) -> None:
         assert r["au"] == pytest.approx(r["compute_s"] / r["wall_s"])
 
 
+def _assert_host_cpu(epochs: list[dict], wall_s: float) -> None:
+    """Each epoch holds the host's busy CPU (rank 0's /proc/stat), within what the host's
+    CPUs could do over `wall_s`, a wall clock around the whole run (and a 10 ms tick,
+    USER_HZ, at either end)."""
+    from iobench.core.result_types import Epoch
+
+    for ep in epochs:
+        cpu = ep["host_cpu"]
+        assert cpu is not None and cpu["cpus"] >= 1, cpu
+        assert 0 <= cpu["busy_s"] <= (wall_s + 0.02) * cpu["cpus"], (cpu, wall_s)
+        assert "/proc/stat" in cpu["source"]
+        assert Epoch.from_dict(ep).host_cpu.busy_s == cpu["busy_s"]
+
+
 def test_model_run_against_a_shadow_clock_and_result(storage: Path, tmp_path: Path) -> None:
     made = Factory(0.01)
     doc = run(_cfg(storage, model="cnn"), made, World())
@@ -143,7 +157,9 @@ def test_model_run_against_a_shadow_clock_and_result(storage: Path, tmp_path: Pa
 
 def test_stall_measured_with_emulated_compute(storage: Path) -> None:
     made = Factory(0.03)
+    t0 = time.perf_counter()
     doc = run(_cfg(storage, compute_time_s=0.05, epochs=1, max_steps=5), made, World())
+    _assert_host_cpu(doc["epochs"], time.perf_counter() - t0)
     assert doc["compute"]["kind"] == "emulated" and doc["compute"]["model"] is None
     r = doc["epochs"][0]["ranks"][0]
     assert r["steps"] == 5

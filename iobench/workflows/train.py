@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from iobench.core import cache, faults, procio, sysinfo
+from iobench.core import cache, faults, hostcpu, procio, sysinfo
 from iobench.core.dataref import DatasetRef, resolve
 from iobench.core.datasets import DATASETS, parse_dataset
 from iobench.core.errors import (
@@ -767,11 +767,13 @@ class _Run:
         self._at(f"waiting for every rank to start epoch {epoch + 1}")
         world.barrier()  # ranks start the epoch together
         tier0 = self.hooks.counters() if self.hooks.counters and world.is_root else None
+        cpu0 = hostcpu.read() if world.is_root else None  # rank 0's host, as tier_bytes
         io0 = procio.tree_io()  # rchar counts on every filesystem; read_bytes not always
         compute.reset()
         if self.ckpt is not None:
             self.ckpt.epoch_start()
         clock, timing = self._steps(rep, epoch, loader, compute)
+        host_cpu = hostcpu.record(cpu0, hostcpu.read()) if world.is_root else None
         io = procio.tree_io() - io0
         tier = None
         if tier0 is not None and self.hooks.counters is not None:
@@ -796,7 +798,7 @@ class _Run:
             self.trace.add(rep, epoch, [g[2] for g in gathered])
         if world.is_root:
             self._record(rep, epoch, [g[0] for g in gathered], [g[1] for g in gathered], report,
-                         tier)
+                         tier, host_cpu)
         faults.at_step(self.fault, world.rank, epoch, -1)  # tests: a signal between epochs
 
     def _steps(self, rep: int, epoch: int, loader: Loader, compute: _Compute
@@ -871,7 +873,7 @@ class _Run:
 
     def _record(self, rep: int, epoch: int, ranks: list[dict[str, Any]],
                 stats: list[tuple[float, int, int]], report: cache.EvictReport,
-                tier: dict[str, int] | None) -> None:
+                tier: dict[str, int] | None, host_cpu: dict[str, Any] | None) -> None:
         config, compute = self.config, self.compute
         assert compute is not None
         tot_loss = sum(s[0] for s in stats)
@@ -885,7 +887,7 @@ class _Run:
         rec: dict[str, Any] = {"repeat": rep, "epoch": epoch, "summary": epoch_summary(ranks), "ranks": ranks,
                "per_node": node_summaries(ranks, list(report.per_node), report.warn_above),
                "cache": {"evicted": not config.warm_cache, **report.to_dict()},
-               "training": training, "tier_bytes": tier}
+               "training": training, "tier_bytes": tier, "host_cpu": host_cpu}
         if self.ckpt is not None:
             rec["checkpoint"] = epoch_record(ranks)
             if self.ckpt.done_before:  # --resume part-way: these figures are the steps run
