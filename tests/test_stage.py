@@ -8,8 +8,10 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -570,11 +572,14 @@ def test_repeat_copies_everything_from_a_cold_source_each_time(tmp_path, capsys)
     # complete from an earlier staging: with --repeat it is copied again, not skipped
     shutil.copyfile(m.path_of(m.files[0]), dest / m.files[0].path)
     _warm(m)
+    t0 = time.perf_counter()
     assert cli("stage", "--dataset", "cifar10", "--format", "files", "--from", tmp_path / "src",
                "--to", tmp_path / "dst", "--repeat", "3", "--threads", "2",
                "--results", tmp_path / "res") == 0
+    wall_s = time.perf_counter() - t0
     out = capsys.readouterr().out
     (doc,) = _results(tmp_path / "res")
+    _assert_host_cpu(doc, wall_s)
     assert doc["repeats"] == 3 and doc["config"]["repeat"] == 3
     reps = doc["repetitions"]
     assert [r["repeat"] for r in reps] == [0, 1, 2] and doc["skipped_files"] == 0
@@ -598,6 +603,21 @@ def test_repeat_copies_everything_from_a_cold_source_each_time(tmp_path, capsys)
     assert Manifest.load(dest).files == m.files
     assert (dest / "notes.txt").read_text() == "not iobench's"
     assert (tmp_path / "dst" / "other" / "x.bin").read_bytes() == b"x"
+
+
+def _assert_host_cpu(doc: dict, wall_s: float) -> None:
+    """Each repetition holds the host's busy CPU over its copy, within what the host's CPUs
+    could do over `wall_s` (a wall clock around the whole command, and a 10 ms tick, USER_HZ,
+    at either end); the document's is their median."""
+    from iobench.core.result_types import StageDoc
+
+    cpus = [r["host_cpu"] for r in doc["repetitions"]]
+    for c in cpus:
+        assert c is not None and c["cpus"] >= 1, c
+        assert 0 <= c["busy_s"] <= (wall_s + 0.02) * c["cpus"], (c, wall_s)
+    assert doc["host_cpu"]["busy_s"] == statistics.median(c["busy_s"] for c in cpus)
+    assert doc["host_cpu"]["cpus"] == cpus[0]["cpus"] and "/proc/stat" in doc["host_cpu"]["source"]
+    assert StageDoc.from_dict(doc).host_cpu.busy_s == doc["host_cpu"]["busy_s"]
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])

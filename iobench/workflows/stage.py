@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from iobench.core import cache, procio, sysinfo
+from iobench.core import cache, hostcpu, procio, sysinfo
 from iobench.core.dataref import DatasetRef, load_ref, locate
 from iobench.core.datasets import parse_dataset
 from iobench.core.errors import (
@@ -883,7 +883,7 @@ def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
         "repetitions": [{k: r[k] for k in ("repeat", "stage_s", "stage_bytes", "stage_MBps",
                                            "os_read_bytes", "copied_files", "source_cache",
                                            "per_rank", "checksum_s", "checksum_share",
-                                           "evict_s")} for r in reps],
+                                           "evict_s", "host_cpu")} for r in reps],
         "dataset_bytes": manifest.total_bytes,
         "node_bytes": node_bytes if world.num_nodes == 1 else None,
         "verified": cfg.verify,
@@ -892,6 +892,7 @@ def _document(plan: _Plan, world: World, reps: list[dict[str, Any]],
         "checksum_s": _median_of(r["checksum_s"] for r in reps),
         "checksum_share": _median_of(r["checksum_share"] for r in reps),
         "evict_s": _median_of(r["evict_s"] for r in reps),
+        "host_cpu": _median_host_cpu([r["host_cpu"] for r in reps]),
         **{k: total[k] for k in ("copied_files", "skipped_files", "skipped_bytes",
                                  "recopied_files", "removed_partials")},
         "per_rank": first["per_rank_full"],
@@ -909,6 +910,16 @@ def _median_of(values: Iterable[float | None]) -> float | None:
     got = list(values)
     return None if not got or None in got else statistics.median(
         v for v in got if v is not None)
+
+
+def _median_host_cpu(values: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The document's `host_cpu`: the repetitions' median `busy_s` (CPU seconds), their
+    `cpus` and `source`; None when a repetition has none."""
+    got = [v for v in values if v is not None]
+    busy = _median_of(v["busy_s"] for v in got)
+    if busy is None or len(got) < len(values):
+        return None
+    return {**got[0], "busy_s": busy}
 
 
 def node_stage_figures(per_rank: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -944,6 +955,7 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     fresh = _empty_dir(plan.dest_root)  # nothing staged there: no stat per file
     io0 = procio.tree_io() if plan.note is None else None
     world.barrier()
+    cpu0 = hostcpu.read()  # the host's busy CPU over stage_s's window (rank 0's is kept)
     t0 = time.perf_counter_ns()
     io = None
     try:
@@ -958,13 +970,15 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     agree(world, error, "staging")
     world.barrier()
     stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
+    host_cpu = hostcpu.record(cpu0, hostcpu.read())
     counters.evict_s += _drop_pages(plan)  # untimed
     evicted = _evict_report(cold, counters, world)
-    per_rank = world.allgather({"rank": world.rank, "node": world.node, "host": world.hostname,
-                                "node_name": world.node_name,
-                                "files": len(mine), "seconds": rank_s, **asdict(counters),
-                                "os_read_bytes": io.read_bytes if io is not None else None,
-                                "os_rchar": io.rchar if io is not None else None})
+    gathered = world.allgather(({"rank": world.rank, "node": world.node,
+                                 "host": world.hostname, "node_name": world.node_name,
+                                 "files": len(mine), "seconds": rank_s, **asdict(counters),
+                                 "os_read_bytes": io.read_bytes if io is not None else None,
+                                 "os_rchar": io.rchar if io is not None else None}, host_cpu))
+    per_rank = [g[0] for g in gathered]
     total = {k: sum(r[k] for r in per_rank) for k in asdict(counters)}
     reads = [r["os_read_bytes"] for r in per_rank]
     stage_bytes = total["copied_bytes"]
@@ -972,6 +986,7 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
             "stage_MBps": stage_bytes / stage_s / 1e6 if stage_s > 0 else None,
             "os_read_bytes": None if None in reads else sum(reads),
             "copied_files": total["copied_files"],
+            "host_cpu": gathered[0][1],  # rank 0's host, as train's epochs keep
             # hashing seconds summed over the copy workers, and their share of the workers' time
             "checksum_s": total["checksum_s"] if cfg.verify else None,
             "checksum_share": (total["checksum_s"] / total["copy_s"]
