@@ -72,6 +72,9 @@ def test_two_ranks_every_loader(storage: Path, tmp_path: Path, loader: str) -> N
         assert [r["rank"] for r in ep["ranks"]] == [0, 1]
         assert ep["summary"]["samples"] == 2 * 4 * 32
         assert ep["summary"]["batch_bytes"] > 0 and ep["summary"]["read_MBps"] > 0
+        # rank 0's host's busy CPU over the epoch: read under MPI too (no bound here: the
+        # in-process test in test_train.py bounds it by a wall clock)
+        assert ep["host_cpu"]["cpus"] >= 1 and ep["host_cpu"]["busy_s"] >= 0, ep["host_cpu"]
         if loader == "lmdb" and ep["cache"]["status"] == "warm":
             # LMDB readers keep the file mapped, and mapped pages cannot be evicted: the
             # run must say so (loudly, in the result) rather than pass for cold
