@@ -11,16 +11,18 @@ formula and assumption; `ASSUMPTIONS` is what the output prints beside them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from iobench.core.errors import ConfigError
 from iobench.core.queueing import DELAY, Network, Solution, Station, solve
 
 METADATA, BANDWIDTH, CLIENT, LATENCY, LOCAL = "metadata", "bandwidth", "client", "latency", "local"
-REQUESTS = "requests"
+REQUESTS, CPU, CPU_OTHER = "requests", "cpu", "cpu-other-cores"
 RESOURCES = {METADATA: "metadata (MDS ops/s)", BANDWIDTH: "aggregate read bandwidth",
              REQUESTS: "request rate (random reads, requests/s)",
              CLIENT: "per-client limit", LOCAL: "node-local write",
+             CPU: "the host's CPU (the loaders and every daemon on the host)",
              LATENCY: "latency (the fitted per-batch delay)"}
 BUSY = 0.5  # a stalled step whose most-used queue is below this is the latency's doing
 MAX_NODES = 10_000_000  # the saturation search's ceiling
@@ -56,11 +58,17 @@ ASSUMPTIONS = (
     "The model's step is the mean over 16 parts of the epoch; k is the run's measured "
     "bytes per tier request over the sample size, else the probe's request size over it, "
     "else 1 (no front-loading).",
-    "Not modelled: on N nodes with a client cache each, a request whose k samples fall on "
-    "several nodes is fetched by each of them (up to k times the dataset per epoch at large "
-    "N, N (1 - (1 - 1/N)^k) times on average); the model fetches each request once per "
-    "epoch, so where k > 1 it is optimistic in tier bytes beyond one node by up to k. The "
-    "one-box validation shares one client cache among its N ranks and cannot show it.",
+    "Each host has its own client cache: a request whose k samples fall on several hosts "
+    "is fetched by each of them, H (1 - (1 - 1/H)^k) times per epoch on H hosts (samples "
+    "fall on hosts at random: a global shuffle); the tier's bytes and requests per batch "
+    "grow by that factor (1 on one host, towards k on many), and each host's front-loading "
+    "follows k over it.",
+    "Nodes per host (--nodes-per-host; 1 on a cluster): nodes on one host share its client "
+    "cache, link and local disk, and its CPU: a queue per host for the host's busy CPU per "
+    "batch or staged chunk (measured at the run's node: everything on the host, the tier's "
+    "daemons included) over its cores (Seidmann's multi-server approximation). With a host "
+    "per node that load is the same at every N and no CPU station is added. A station per "
+    "node or host shares its load evenly over its copies (exact on one host).",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
     "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "
@@ -118,9 +126,15 @@ class NodeFigures:
     step_range: tuple[float, float] | None = None  # the measured step's min and max (spread)
     # k: samples one tier request holds, in a shuffled epoch (None: 1, every batch alike)
     samples_per_request: Figure | None = None
+    # the host's busy CPU seconds per batch read, measured (None: no CPU station), and its
+    # cores; nodes that share one host (its CPU, client cache and link, local disk)
+    cpu_s: Figure | None = None
+    host_cpus: int = 1
+    nodes_per_host: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples"):
+        for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples", "host_cpus",
+                     "nodes_per_host"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"node figure {name} = {getattr(self, name)} must be >= 1")
         if not self.compute_s > 0:
@@ -140,10 +154,51 @@ class NodeFigures:
     def batch_bytes(self) -> float:
         return self.batch_size * self.sample_bytes
 
-    def epoch_shares(self) -> tuple[float, ...]:
-        """Each part's tier bytes per batch over the epoch's mean (`epoch_shares`)."""
-        k = self.samples_per_request
-        return epoch_shares(k.value if k is not None else 1.0)
+    @property
+    def k(self) -> float:
+        return self.samples_per_request.value if self.samples_per_request is not None else 1.0
+
+    def hosts(self, nodes: int) -> int:
+        """Hosts `nodes` nodes fill, `nodes_per_host` to a host."""
+        return hosts(nodes, self.nodes_per_host)
+
+    def fetch_factor(self, nodes: int) -> float:
+        """Tier bytes per epoch over the dataset's at `nodes` nodes: each host's client cache
+        fetches a request for its own samples (`fetches_per_request`)."""
+        return fetches_per_request(self.k, self.hosts(nodes))
+
+    def epoch_shares(self, nodes: int = 1) -> tuple[float, ...]:
+        """Each part's tier bytes per batch over the epoch's mean (`epoch_shares`), at the k
+        one host's cache sees at `nodes` nodes: k over the fetch factor."""
+        return epoch_shares(max(1.0, self.k / self.fetch_factor(nodes)))
+
+
+def hosts(nodes: int, per_host: int) -> int:
+    """The hosts `nodes` nodes take, `per_host` to a host (at least one)."""
+    return max(1, math.ceil(nodes / per_host))
+
+
+def fetches_per_request(k: float, caches: int) -> float:
+    """Mean fetches of one tier request per epoch when its `k` samples go to `caches` client
+    caches at random, each cache fetching it once for its own: the distinct caches among k
+    draws, caches (1 - (1 - 1/caches)^k); 1 with one cache (or k <= 1), towards k with many."""
+    if caches <= 1 or k <= 1.0:
+        return 1.0
+    return caches * -math.expm1(k * math.log1p(-1.0 / caches))  # exact at large `caches`
+
+
+def cpu_stations(cpu_s: float | None, cores: int, copies: int, per_host: int) -> list[Station]:
+    """A host's CPU of `cores` cores for `cpu_s` seconds of work per cycle, one per host:
+    Seidmann's approximation of a multi-server queue, a queue of `cpu_s / cores` followed by
+    a delay of `cpu_s (cores - 1) / cores` (exact for one core). None without a figure, and
+    none when every node has a host of its own (`per_host` 1): its load is then the same at
+    every N, and the fitted latency holds it already."""
+    if not cpu_s or per_host <= 1:
+        return []
+    out = [Station(CPU, cpu_s / cores, copies=copies)]
+    if cores > 1:
+        out.append(Station(CPU_OTHER, cpu_s * (cores - 1) / cores, kind=DELAY))
+    return out
 
 
 def epoch_shares(k: float, segments: int = SEGMENTS) -> tuple[float, ...]:
@@ -210,7 +265,9 @@ def request_demand_s(node: NodeFigures, tier: TierLimits) -> float:
 @dataclass(frozen=True)
 class StagingFigures:
     """A staging to model: the dataset's bytes and files, copy threads per node, the copy's
-    chunk (bytes), and the measured staging time at `nodes` nodes when there was one."""
+    chunk (bytes), and the measured staging time at `nodes` nodes when there was one; the
+    host's busy CPU seconds per chunk copied (None: no CPU station), its cores, and the nodes
+    that share a host."""
 
     dataset_bytes: int
     files: int
@@ -219,6 +276,9 @@ class StagingFigures:
     measured_s: float | None = None
     measured_mode: str = "replicate"
     nodes: int = 1
+    cpu_s: float | None = None
+    host_cpus: int = 1
+    nodes_per_host: int = 1
 
     @property
     def chunks(self) -> int:
@@ -270,8 +330,11 @@ def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: flo
                 _queue(BANDWIDTH, b / tier.bandwidth_Bps.value)]
     if tier.requests_per_s is not None:
         stations.append(_queue(REQUESTS, request_demand_s(node, tier) * share))
+    per_host = node.hosts(nodes)
     if tier.client_Bps is not None:
-        stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=nodes))
+        stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=per_host))
+    stations += cpu_stations(node.cpu_s.value if node.cpu_s else None, node.host_cpus, per_host,
+                             node.nodes_per_host)
     stations.append(Station(LATENCY, latency_s, kind=DELAY))
     return Network(tuple(stations), think_s=think_s)
 
@@ -306,8 +369,9 @@ class ReadModel:
     def _step(self, nodes: int, latency_s: float) -> tuple[float, Solution]:
         """Mean step time (s) over the epoch's parts at `nodes` nodes, and the first part's
         solution (the epoch's start, where the first batch is read)."""
-        parts = [self._part_step(nodes, latency_s, share)
-                 for share in self.node.epoch_shares()]
+        fetched = self.node.fetch_factor(nodes)
+        parts = [self._part_step(nodes, latency_s, share * fetched)
+                 for share in self.node.epoch_shares(nodes)]
         return sum(step for step, _ in parts) / len(parts), parts[0][1]
 
     def _part_step(self, nodes: int, latency_s: float, share: float) -> tuple[float, Solution]:
@@ -350,7 +414,8 @@ class ReadModel:
         step, sol = self._step(nodes, self.latency_s)
         batches_per_s = nodes * n.ranks_per_node / step
         util = {s.name: batches_per_s * s.demand_s / s.copies
-                for s in read_network(n, self.tier, nodes, self.latency_s, 0.0).queues}
+                for s in read_network(n, self.tier, nodes, self.latency_s, 0.0,
+                                      n.fetch_factor(nodes)).queues}
         top = max(util, key=lambda k: util[k])
         if util[top] < BUSY and step > n.compute_s * STALLED:
             top = LATENCY
@@ -395,11 +460,40 @@ class ReadModel:
         out = {}
         for s in read_network(n, self.tier, 1, 0.0, 0.0).queues:
             per_node = demand * s.demand_s
-            if s.name == CLIENT:
-                out[s.name] = 1.0 if per_node >= 1 else math.inf
+            if s.name in PER_HOST:  # full with this many nodes on its host, or never
+                fill = 1.0 / per_node if per_node > 0 else math.inf
+                out[s.name] = max(1.0, fill) if fill <= n.nodes_per_host else math.inf
+            elif s.name in FETCHED:  # each host's cache fetches its own: more bytes with N
+                out[s.name] = _straight_line(per_node, n.fetch_factor)
             else:
                 out[s.name] = 1.0 / per_node if per_node > 0 else math.inf
         return out
+
+
+PER_HOST = (CLIENT, CPU)  # stations one per host in the read network
+FETCHED = (BANDWIDTH, REQUESTS)  # stations whose demand grows with the hosts' fetch factor
+
+
+def _straight_line(per_node: float, factor: Callable[[int], float]) -> float:
+    """The node count x where a shared station is full at every node's demand, `per_node`
+    (its utilisation per node at one host's fetches) times `factor(x)`, the fetch factor that
+    rises with N: 1 / per_node where that is at most one node (no factor there), infinite
+    when not full by `MAX_NODES`."""
+    if per_node <= 0:
+        return math.inf
+    if per_node >= 1.0:
+        return 1.0 / per_node
+
+    def load(x: float) -> float:
+        return x * per_node * factor(math.ceil(x))
+
+    if load(float(MAX_NODES)) < 1.0:
+        return math.inf
+    lo, hi = 1.0, float(MAX_NODES)  # load(lo) < 1 <= load(hi)
+    for _ in range(BISECT_STEPS * 2):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if load(mid) < 1.0 else (lo, mid)
+    return hi
 
 
 class StagingModel:
@@ -415,9 +509,11 @@ class StagingModel:
         stations = [_queue(METADATA, st.files * self.ops_per_file / st.chunks
                            / t.metadata_ops.value),
                     _queue(BANDWIDTH, chunk / t.bandwidth_Bps.value)]
+        per_host = hosts(nodes, st.nodes_per_host)
         if t.client_Bps is not None:
-            stations.append(_queue(CLIENT, chunk / t.client_Bps.value, copies=nodes))
-        stations.append(_queue(LOCAL, local_s, copies=nodes))
+            stations.append(_queue(CLIENT, chunk / t.client_Bps.value, copies=per_host))
+        stations += cpu_stations(st.cpu_s, st.host_cpus, per_host, st.nodes_per_host)
+        stations.append(_queue(LOCAL, local_s, copies=per_host))
         return Network(tuple(stations))
 
     def time(self, nodes: int, mode: str, local_s: float | None = None) -> float:
