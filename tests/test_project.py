@@ -15,6 +15,7 @@ from iobench.core.errors import ConfigError
 from iobench.core.projection import (
     BANDWIDTH,
     CLIENT,
+    CPU,
     LATENCY,
     METADATA,
     REQUESTS,
@@ -25,6 +26,7 @@ from iobench.core.projection import (
     StagingModel,
     TierLimits,
     break_even_epochs,
+    fetches_per_request,
     read_network,
     request_demand_s,
     requests_per_batch,
@@ -282,6 +284,63 @@ def test_staging_fitted_to_a_measured_copy_and_shared_by_many_nodes() -> None:
     assert math.isinf(break_even_epochs(10.0, 2.0, 2.0))
 
 
+
+def test_the_fetch_factor_counts_the_client_caches_a_request_is_fetched_by() -> None:
+    assert fetches_per_request(2.0, 1) == 1.0  # one cache: once an epoch
+    assert fetches_per_request(1.0, 64) == 1.0  # one sample a request: once whatever N
+    assert fetches_per_request(2.0, 2) == pytest.approx(1.5)  # 2 (1 - 1/4): two draws, 2 caches
+    assert fetches_per_request(3.0, 3) == pytest.approx(3 * (1 - (2 / 3) ** 3))
+    assert fetches_per_request(2.0, 10**6) == pytest.approx(2.0, rel=1e-5)  # towards k
+
+
+def test_a_node_per_host_fetches_k_times_the_bytes_at_scale_a_shared_cache_once() -> None:
+    # bandwidth-bound at scale: 3.2 MB a batch, 100 batches/s a node, 1 GB/s; k = 2
+    k2 = Figure(2.0, "test")
+    own = ReadModel(_node(step_s=0.01, compute_s=0.01, samples_per_request=k2), _tier(bw=1e9))
+    shared = ReadModel(_node(step_s=0.01, compute_s=0.01, samples_per_request=k2,
+                             nodes_per_host=1000), _tier(bw=1e9))
+    # far past the bound the step is N batches' bytes over the bandwidth, times the fetches
+    assert shared.at(1000).step_s == pytest.approx(1000 * 3.2e6 / 1e9, rel=0.02)
+    assert own.at(1000).step_s == pytest.approx(
+        1000 * 3.2e6 / 1e9 * fetches_per_request(2.0, 1000), rel=0.02)
+    assert own.bounds()[BANDWIDTH] < shared.bounds()[BANDWIDTH] == pytest.approx(1e9 / 320e6)
+    assert own.at(1).step_s == shared.at(1).step_s  # one node: one cache either way
+
+
+def test_a_shared_host_cpu_bounds_the_nodes_on_it_and_not_nodes_of_their_own() -> None:
+    # 0.01 CPU-s a batch on 2 cores: one host delivers at most 200 batches/s; a fast tier
+    cpu = Figure(0.01, "test")
+    one_host = ReadModel(_node(step_s=0.01, compute_s=0.01, workers=4, cpu_s=cpu, host_cpus=2,
+                               nodes_per_host=8), _tier(bw=1e15, md=1e12))
+    assert one_host.at(1).au == pytest.approx(1.0)  # 100 batches/s asked, 200 possible
+    # 4 nodes on the host ask 400 batches/s: each rank gets a quarter of 200
+    assert one_host.at(4).step_s == pytest.approx(4 * 0.01 / 2, rel=0.03)
+    assert one_host.at(4).bottleneck == CPU
+    assert one_host.bounds()[CPU] == pytest.approx(2.0)  # two nodes fill it
+    own = ReadModel(_node(step_s=0.01, compute_s=0.01, workers=4, cpu_s=cpu, host_cpus=2),
+                    _tier(bw=1e15, md=1e12))
+    assert own.at(64).step_s == pytest.approx(own.at(1).step_s)
+    half = ReadModel(_node(step_s=0.01, compute_s=0.01, cpu_s=Figure(0.005, "t"), host_cpus=2,
+                           nodes_per_host=8), _tier(bw=1e15, md=1e12))
+    assert half.bounds()[CPU] == pytest.approx(4.0)  # 25 % of the host a node: 4 fill it
+    assert ReadModel(half.node.__class__(**{**half.node.__dict__, "nodes_per_host": 2}),
+                     _tier(bw=1e15, md=1e12)).bounds()[CPU] == math.inf
+
+
+def test_staging_copies_on_one_host_share_its_cpu_and_local_disk() -> None:
+    # 64 chunks of 16 MiB, 0.05 CPU-s each on 2 cores: a host copies at most 40 chunks/s
+    st = StagingFigures(dataset_bytes=64 * 2**24, files=64, threads=4, chunk_bytes=2**24,
+                        cpu_s=0.05, host_cpus=2, nodes_per_host=4)
+    model = StagingModel(st, _tier(bw=1e15, md=1e12), ops_per_file=1.0)
+    assert model.time(4, "replicate") == pytest.approx(4 * 64 * 0.05 / 2, rel=0.02)
+    assert model.time(4, "shard") == pytest.approx(64 * 0.05 / 2, rel=0.05)
+    apart = StagingModel(StagingFigures(dataset_bytes=64 * 2**24, files=64, threads=4,
+                                        chunk_bytes=2**24, cpu_s=0.05, host_cpus=2),
+                         _tier(bw=1e15, md=1e12), ops_per_file=1.0)
+    # a host each: every node's copy has its own cores, and this tier takes no time
+    assert apart.time(4, "replicate") < 1e-3
+
+
 # ------------------------------------------------------------------------ the command, end to end
 
 def _train(tmp_path: Path, step_s: float = 0.004, compute_s: float = 0.002,
@@ -318,6 +377,52 @@ def _stage(tmp_path: Path, dataset: str = "cifar10") -> Path:
     path = tmp_path / f"stage-{dataset}.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def _with_host_cpu(path: Path, busy_s: float, cpus: int = 2) -> Path:
+    doc = json.loads(path.read_text())
+    for e in doc.get("epochs", []):
+        e["host_cpu"] = {"busy_s": busy_s, "cpus": cpus, "source": "test"}
+    if "epochs" not in doc:
+        doc["host_cpu"] = {"busy_s": busy_s, "cpus": cpus, "source": "test"}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_nodes_on_one_host_share_its_measured_cpu_and_nodes_apart_do_not(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 2 batches an epoch for 6 ms of the host's 2 cores: 3 ms a batch; the node asks one batch
+    # per 2 ms (1.5 cores), so a second node on the host needs 3 of its 2 cores
+    train = _with_host_cpu(_train(tmp_path, step_s=0.002, compute_s=0.002), 0.006)
+    stage = _with_host_cpu(_stage(tmp_path), 0.04, cpus=1)  # one core: copies take turns
+
+    def project(*extra: str) -> dict[str, Any]:
+        res = tmp_path / f"res{len(extra)}"
+        assert main(["project", "--train", str(train), "--probe", str(_probe(tmp_path)),
+                     "--stage", str(stage), "--nodes", "1,2", "--pfs-read-gbs", "1000",
+                     "--pfs-mds-ops", "1e9", "--client-gbs", "1000", "--simulate-max-nodes",
+                     "2", "--no-plot", "--results", str(res), *extra]) == 0
+        return json.loads(next(res.glob("projection-*.json")).read_text())
+
+    shared, apart = project("--nodes-per-host", "4"), project()
+    capsys.readouterr()
+    figs = {f["name"]: f for f in shared["figures"]}
+    assert figs["host CPU per batch"]["value"] == pytest.approx(0.003)
+    assert figs["host cores"]["value"] == 2
+    assert figs["nodes per host"]["value"] == 4 and figs["nodes per host"]["given"]
+    assert figs["host CPU per staged chunk"]["value"] == pytest.approx(0.04)  # one chunk
+    two = shared["points"][1]
+    # at least two nodes' batches of 3 ms over 2 cores a step (the fixture also decodes)
+    assert two["bottleneck"] == "cpu" and two["step_s"] >= 2 * 0.003 / 2
+    assert two["au_steady"] < 0.8 and two["simulated_au"] < 0.8
+    # the second node's copy waits for the first's core: nearly twice the time
+    assert two["stage_replicate_s"] > 1.5 * shared["points"][0]["stage_replicate_s"]
+    far = apart["points"][1]  # a host each: no CPU station (the probe's requests remain)
+    assert "cpu" not in far["utilization"] and far["au_steady"] > two["au_steady"]
+    assert not {f["name"]: f for f in apart["figures"]}["nodes per host"]["given"]
+    assert main(["project", "--train", str(train), "--nodes-per-host", "0", "--probe",
+                 str(_probe(tmp_path)), "--no-plot", "--results", str(tmp_path / "r")]) == 2
+    assert "--nodes-per-host 0 must be >= 1" in capsys.readouterr().err
 
 
 def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
@@ -441,8 +546,14 @@ def test_the_buffered_random_reads_set_the_request_rate_as_the_loaders_read(
     assert figs["request size"]["value"] == 4096
     batch_bytes = 32 * figs["bytes per sample"]["value"]
     demand = 100 * batch_bytes / 4096 * (1 / 8000 - 4096 / 1e12)
-    assert doc["saturation"]["bounds"]["request rate (random reads, requests/s)"] == \
-        pytest.approx(1 / demand)
+    bound = doc["saturation"]["bounds"]["request rate (random reads, requests/s)"]
+    # past one node each node's client cache fetches the 4 KiB requests of its own samples:
+    # k = 4096 / sample bytes, the fetch factor N (1 - (1 - 1/N)^k) on top of N x demand
+    k = 4096 / figs["bytes per sample"]["value"]
+    assert 1 < bound < 1 / demand
+    assert bound * demand * fetches_per_request(k, math.ceil(bound)) >= 1 - 1e-9
+    below = bound - 1e-6
+    assert below * demand * fetches_per_request(k, math.ceil(below)) < 1
     assert not any("no figure of buffered random reads" in w for w in doc["warnings"])
     assert "no figure of buffered" not in err
     assert not any("alone make the measured node" in w for w in doc["warnings"])

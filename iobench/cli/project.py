@@ -69,6 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops-per-sample", type=float, default=None, metavar="OPS",
                    help="metadata operations per sample read (default: 1 for one file per "
                         "sample, 0 for container formats)")
+    p.add_argument("--nodes-per-host", type=int, default=1, metavar="K",
+                   help="nodes that share one host: its CPU, client cache and link, and local "
+                        "disk (default 1, a cluster; a one-box validation's virtual nodes "
+                        "share one)")
     p.add_argument("--threshold", type=float, default=0.90, metavar="AU",
                    help="AU below which the tier no longer keeps up (default 0.90, MLPerf "
                         "Storage's)")
@@ -98,7 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ProjectConfig:
         client_Bps=args.client_gbs * 1e9 if args.client_gbs else None,
         ops_per_sample=args.ops_per_sample, threshold=args.threshold,
         simulate_max_nodes=args.simulate_max_nodes, simulate_steps=args.simulate_steps,
-        seed=args.seed)
+        seed=args.seed, nodes_per_host=args.nodes_per_host)
 
 
 def main(args: argparse.Namespace) -> int:

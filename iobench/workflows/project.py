@@ -120,6 +120,9 @@ class ProjectConfig:
     simulate_max_nodes: int = 8  # simulate N up to this (0: no simulation)
     simulate_steps: int = 200  # steps per node in a simulation
     seed: int = 0
+    # nodes that share one host (its CPU, client cache and link, local disk): 1 on a
+    # cluster; a one-box validation's N virtual nodes share one
+    nodes_per_host: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", parse_nodes(self.nodes))
@@ -130,6 +133,8 @@ class ProjectConfig:
             raise ConfigError(f"--ops-per-sample {self.ops_per_sample!r} must be >= 0")
         if not 0 < self.threshold < 1:
             raise ConfigError(f"--threshold {self.threshold} must be in (0, 1)")
+        if self.nodes_per_host < 1:
+            raise ConfigError(f"--nodes-per-host {self.nodes_per_host} must be >= 1")
         if self.simulate_max_nodes < 0 or self.simulate_steps < 1:
             raise ConfigError(f"simulation of up to {self.simulate_max_nodes} nodes, "
                               f"{self.simulate_steps} steps: give >= 0 nodes and >= 1 step")
@@ -339,6 +344,27 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         step_range=(min(steps), max(steps)))
 
 
+def host_cpu(run: TrainResult) -> tuple[Figure, int] | None:
+    """The host's busy CPU seconds per batch read (median epoch) and its cores, from each
+    epoch's `host_cpu` (rank 0's host, over the epoch's steps) over the batches its ranks
+    read; None where the run has none (older results, no /proc/stat)."""
+    per_batch, cores = [], 0
+    for e in run.epochs:
+        h = e.host_cpu
+        root = next((r for r in e.ranks if r.rank == 0), None)
+        if h is None or root is None:
+            continue
+        batches = sum(r.steps for r in e.ranks if r.host == root.host)
+        if batches > 0:
+            per_batch.append(h.busy_s / batches)
+            cores = h.cpus
+    if not per_batch:
+        return None
+    return (Figure(_median(per_batch), "measured: the host's busy CPU over each epoch "
+                   f"(/proc/stat: everything on the host, the tier's daemons included) over "
+                   f"the batches its ranks read (median of {len(per_batch)} epochs)"), cores)
+
+
 def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
     """k, the samples one tier request holds in a shuffled epoch (the client cache's
     front-loading, docs/projection.md): the run's measured bytes per tier request (the
@@ -514,8 +540,10 @@ def _read_words(read: str, probes: Sequence[_Probe], bs: float) -> str:
             "so the O_DIRECT rate stands in for the loaders' buffered reads")
 
 
-def staging_figures(stage: _Stage | None, run: TrainResult) -> StagingFigures:
-    """The staging to model: measured (a stage result of the same dataset) or its defaults."""
+def staging_figures(stage: _Stage | None, run: TrainResult, nodes_per_host: int = 1
+                    ) -> StagingFigures:
+    """The staging to model: measured (a stage result of the same dataset) or its defaults;
+    with the host's busy CPU per chunk copied, where a one-node stage result measured it."""
     ds = run.dataset
     per_file = FORMATS[ds.format].per_sample_files if ds.format in FORMATS else False
     files = ds.num_samples if per_file else 1
@@ -534,9 +562,14 @@ def staging_figures(stage: _Stage | None, run: TrainResult) -> StagingFigures:
     c, sp = stage.config, stage.spread
     # the median of repeated stagings, as compare's break-even takes it
     stage_s = sp.stage_s.median if sp is not None and sp.stage_s is not None else stage.stage_s
-    return StagingFigures(dataset_bytes=ds.total_bytes, files=max(files, stage.copied_files),
-                          threads=c.threads, chunk_bytes=c.buffer_bytes, measured_s=stage_s,
-                          measured_mode=stage.mode or "replicate", nodes=c.num_nodes)
+    out = StagingFigures(dataset_bytes=ds.total_bytes, files=max(files, stage.copied_files),
+                         threads=c.threads, chunk_bytes=c.buffer_bytes, measured_s=stage_s,
+                         measured_mode=stage.mode or "replicate", nodes=c.num_nodes,
+                         nodes_per_host=nodes_per_host)
+    h = stage.host_cpu
+    if h is None or c.num_nodes != 1:
+        return out
+    return replace(out, cpu_s=h.busy_s / out.chunks, host_cpus=h.cpus)
 
 
 # ------------------------------------------------------------------------------ the document
@@ -682,6 +715,30 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
         out.append(fig("staging time", staging.measured_s, "s",
                        f"measured: the stage result ({staging.measured_mode}, "
                        f"{staging.nodes} node(s))"))
+    return out + _host_figures(node, staging)
+
+
+def _host_figures(node: NodeFigures, staging: StagingFigures) -> list[InputFigure]:
+    """The nodes per host, and the host's CPU per batch and per staged chunk where measured
+    (a CPU station only where nodes share a host)."""
+    shared = node.nodes_per_host > 1
+    out = [InputFigure(name="nodes per host", value=node.nodes_per_host, unit="nodes",
+                       given=shared, source=(
+                           "--nodes-per-host: nodes share one host's CPU, client cache and "
+                           "link, and local disk" if shared else
+                           "assumed: every node a host of its own (its own CPU, client cache "
+                           "and local disk)"))]
+    use = ("; the CPU station of the host the nodes share" if shared
+           else "; no station: every node has its own")
+    if node.cpu_s is not None:
+        out += [InputFigure(name="host CPU per batch", value=node.cpu_s.value, unit="s",
+                            source=node.cpu_s.source + use, given=False),
+                InputFigure(name="host cores", value=node.host_cpus, unit="cores",
+                            source="measured: /proc/stat of the training's host", given=False)]
+    if staging.cpu_s is not None:
+        out.append(InputFigure(name="host CPU per staged chunk", value=staging.cpu_s, unit="s",
+                               source="measured: the stage result's host busy CPU over its "
+                                      f"{staging.chunks} chunks" + use, given=False))
     return out
 
 
@@ -793,8 +850,11 @@ def project(cfg: ProjectConfig,
     stage = _load_stage(cfg.stage) if cfg.stage is not None else None
     node = node_figures(run, cfg.ops_per_sample)
     tier = tier_limits(probes, cfg, node.sample_bytes)
-    node = replace(node, samples_per_request=samples_per_request(run, tier))
-    staging = staging_figures(stage, run)
+    cpu = host_cpu(run)
+    node = replace(node, samples_per_request=samples_per_request(run, tier),
+                   cpu_s=cpu[0] if cpu else None, host_cpus=cpu[1] if cpu else 1,
+                   nodes_per_host=cfg.nodes_per_host)
+    staging = staging_figures(stage, run, cfg.nodes_per_host)
     curve = (delivery_curve(cfg.diagnose, _load_diagnose(cfg.diagnose, run), node, tier)
              if cfg.diagnose is not None else None)
     read, spread = _read_models(node, tier, curve)
@@ -940,7 +1000,7 @@ def simulator(cfg: ProjectConfig, service: Service
         shape = TrainingShape(nodes=nodes, ranks_per_node=n.ranks_per_node, workers=n.workers,
                               compute_s=n.compute_s, worker_cpu_s=n.worker_cpu_s,
                               steps=cfg.simulate_steps)
-        net = read_network(n, model.tier, nodes, model.latency_s, 0.0)
+        net = read_network(n, model.tier, nodes, model.latency_s, 0.0, n.fetch_factor(nodes))
         step = simulate_training(shape, net, seed=cfg.seed, service=service)
         compute = (sum(service.compute_s) / len(service.compute_s) if service.compute_s
                    else n.compute_s)
