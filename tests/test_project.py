@@ -204,6 +204,19 @@ def test_a_node_that_kept_up_fits_no_latency_and_keeps_up_until_the_bandwidth_bo
     assert model.at(sat).bottleneck == BANDWIDTH
 
 
+def test_a_node_that_kept_up_keeps_its_small_per_step_excess_at_every_n() -> None:
+    # 1 % over compute: no latency can be seen, but the rank's own 0.1 ms a step can
+    node = _node(step_s=0.0101, compute_s=0.01)
+    model = ReadModel(node, _tier(bw=1e12))
+    assert model.latency_s == 0.0 and model.overhead_s == pytest.approx(0.0001)
+    assert model.at(1).step_s == pytest.approx(0.0101)
+    assert model.epoch(model.at(1))[1] == pytest.approx(0.05 + 99 * 0.0001)  # first + steps
+    assert model.at(8).step_s == pytest.approx(0.0101)  # nothing shared fills at 8
+    assert "0.10 ms over compute" in model.latency_note
+    stalled = ReadModel(_node(step_s=0.02, compute_s=0.01), _tier())
+    assert stalled.overhead_s == 0.0  # a stalled node's excess is the fitted latency's
+
+
 def test_metadata_and_per_client_limits_are_found_first_when_they_are_lower() -> None:
     meta = ReadModel(_node(step_s=0.01, ops=1.0), _tier(bw=1e12, md=32 / 0.01 * 5))  # 5 nodes
     assert meta.at(20).bottleneck == METADATA

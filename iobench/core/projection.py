@@ -155,6 +155,20 @@ class NodeFigures:
         return self.batch_size * self.sample_bytes
 
     @property
+    def shared_cpu(self) -> bool:
+        """A CPU station: the host's CPU was measured and nodes share a host."""
+        return self.cpu_s is not None and self.cpu_s.value > 0 and self.nodes_per_host > 1
+
+    def cpu_demand_s(self, share: float = 1.0) -> float | None:
+        """The host's CPU per batch where a batch takes `share` of the mean tier bytes: the
+        decode (`worker_cpu_s`) as it is, the rest (reads: the loaders' calls, the FUSE
+        client's and any server's work on the host) with the tier's requests."""
+        if self.cpu_s is None:
+            return None
+        decode = min(self.worker_cpu_s, self.cpu_s.value)
+        return decode + (self.cpu_s.value - decode) * share
+
+    @property
     def k(self) -> float:
         return self.samples_per_request.value if self.samples_per_request is not None else 1.0
 
@@ -333,7 +347,7 @@ def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: flo
     per_host = node.hosts(nodes)
     if tier.client_Bps is not None:
         stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=per_host))
-    stations += cpu_stations(node.cpu_s.value if node.cpu_s else None, node.host_cpus, per_host,
+    stations += cpu_stations(node.cpu_demand_s(share), node.host_cpus, per_host,
                              node.nodes_per_host)
     stations.append(Station(LATENCY, latency_s, kind=DELAY))
     return Network(tuple(stations), think_s=think_s)
@@ -359,12 +373,19 @@ class ReadModel:
         """`latency`: (seconds per batch, where from) when known apart (a delivery curve,
         `fit_delivery_latency`); else fitted to the measured node's step."""
         self.node, self.tier = node, tier
+        # a node that kept up: its step's small excess over compute is the rank's own work
+        # per step (taking the batch from its workers), serial with compute, overlapped by reads
+        kept_up = node.step_s <= node.compute_s * STALLED
+        self.overhead_s = max(0.0, node.step_s - node.compute_s) if kept_up else 0.0
         self.latency_s, self.latency_note = latency or self._fit_latency()
         self._first_io_s = self._io_time(node.nodes)
 
     def _think(self) -> float:
+        """A reader's time outside the stations: its decode (inside the host's CPU station
+        where there is one), and without workers the rank's compute."""
         n = self.node
-        return n.worker_cpu_s if n.prefetch else n.compute_s + n.worker_cpu_s
+        decode = 0.0 if n.shared_cpu else n.worker_cpu_s
+        return decode if n.prefetch else n.compute_s + decode
 
     def _step(self, nodes: int, latency_s: float) -> tuple[float, Solution]:
         """Mean step time (s) over the epoch's parts at `nodes` nodes, and the first part's
@@ -376,14 +397,14 @@ class ReadModel:
 
     def _part_step(self, nodes: int, latency_s: float, share: float) -> tuple[float, Solution]:
         """Step time (s) where a batch takes `share` of the mean tier bytes: with prefetch,
-        readers never idle when the step waits, so max(compute, cycle / workers); else a
-        rank's cycle."""
+        readers never idle when the step waits, so max(compute + the rank's overhead, cycle /
+        workers); else a rank's cycle and its overhead."""
         n = self.node
         net = read_network(n, self.tier, nodes, latency_s, self._think(), share)
         sol = solve(net, nodes * n.readers)
         if n.prefetch:
-            return max(n.compute_s, sol.cycle_s / n.workers), sol
-        return sol.cycle_s, sol
+            return max(n.compute_s + self.overhead_s, sol.cycle_s / n.workers), sol
+        return sol.cycle_s + self.overhead_s, sol
 
     def _fit_latency(self) -> tuple[float, str]:
         """The fixed latency per batch that makes the model's step at the measured node count
@@ -391,7 +412,9 @@ class ReadModel:
         n = self.node
         if n.step_s <= n.compute_s * STALLED:
             return 0.0, ("the measured node kept up (step within 3 % of compute), so its "
-                         "latency cannot be fitted: 0 s (optimistic)")
+                         "latency cannot be fitted: 0 s (optimistic); the step's "
+                         f"{self.overhead_s * 1e3:.2f} ms over compute is taken as the rank's "
+                         "own work per step (serial with compute, overlapped by reads)")
         if self._step(n.nodes, 0.0)[0] >= n.step_s:
             return 0.0, ("the tier's limits alone make the measured node slower than it was "
                          "(they are lower bounds, e.g. one client's figures): latency 0 s")
