@@ -37,8 +37,10 @@ ASSUMPTIONS = (
     "fetches one rank's batch per cycle; with workers, fetches overlap compute (prefetch), "
     "without them a rank computes, then reads (think time = compute per step).",
     "A cycle visits: the metadata server (ops per sample x batch / its ops/s), the aggregate "
-    "bandwidth (bytes per batch / its bytes/s), the node's own client link (one per node), "
-    "and a fixed latency (a delay, fitted so the model reproduces the measured node).",
+    "bandwidth (bytes per batch / its bytes/s), the host's own client link (one per host), "
+    "and a fixed latency (a delay, fitted so the model reproduces the measured node). A "
+    "node that kept up (step within 3 % of compute) has no latency to fit: its step's "
+    "excess over compute is the rank's own work per step, serial with compute at every N.",
     "Where the tier's random-read rate at the run's request size is known (the probe's "
     "sample-size random reads through the page cache, as the loaders read; from a probe "
     "without them, its O_DIRECT reads, with a warning; or given), a cycle also visits a "
@@ -66,7 +68,9 @@ ASSUMPTIONS = (
     "Nodes per host (--nodes-per-host; 1 on a cluster): nodes on one host share its client "
     "cache, link and local disk, and its CPU: a queue per host for the host's busy CPU per "
     "batch or staged chunk (measured at the run's node: everything on the host, the tier's "
-    "daemons included) over its cores (Seidmann's multi-server approximation). With a host "
+    "daemons included) over its cores (Seidmann's multi-server approximation); its decode "
+    "part is the same every batch, the rest follows the tier's requests (front-loaded, and "
+    "with the fetch factor). With a host "
     "per node that load is the same at every N and no CPU station is added. A station per "
     "node or host shares its load evenly over its copies (exact on one host).",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
@@ -410,6 +414,8 @@ class ReadModel:
         """The fixed latency per batch that makes the model's step at the measured node count
         the measured step; 0 where the node did not stall (then it cannot be seen)."""
         n = self.node
+        if n.shared_cpu and self._step(n.nodes, 0.0)[0] > n.step_s:
+            return 0.0, self._fit_cpu_share()
         if n.step_s <= n.compute_s * STALLED:
             return 0.0, ("the measured node kept up (step within 3 % of compute), so its "
                          "latency cannot be fitted: 0 s (optimistic); the step's "
@@ -423,6 +429,32 @@ class ReadModel:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if self._step(n.nodes, mid)[0] < n.step_s else (lo, mid)
         return lo, "fitted: the model's step at the measured node count equals the measured step"
+
+    def _fit_cpu_share(self) -> str:
+        """Where the tier's queues and the host's CPU together make the measured node slower
+        than it was, they overlap (the tier's servers or client are that CPU, as on one box):
+        keep the share of the host's CPU per batch with which the model's step at the measured
+        node count is the measured one (latency 0), found by bisection."""
+        n, cpu = self.node, self.node.cpu_s
+        assert cpu is not None
+
+        def step(share: float) -> float:
+            self.node = replace(n, cpu_s=replace(cpu, value=cpu.value * share))
+            return self._step(n.nodes, 0.0)[0]
+
+        if step(0.0) > n.step_s:  # the nearest: none of the host's CPU beside the tier
+            return ("the tier's limits alone make the measured node slower than it was (they "
+                    "are lower bounds, e.g. one client's figures): latency 0 s, and none of "
+                    "the host's CPU beside them")
+        lo, hi = 0.0, 1.0  # step(lo) <= measured < step(hi)
+        for _ in range(BISECT_STEPS):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if step(mid) <= n.step_s else (lo, mid)
+        step(lo)
+        return (f"latency 0 s: the tier's queues and the host's CPU together made the measured "
+                f"node slower than it was, so they overlap (the tier's daemons are that CPU); "
+                f"the CPU station keeps {lo:.0%} of the host's CPU per batch, the share with "
+                "which the model's step at the measured node count is the measured one")
 
     def _io_time(self, nodes: int) -> float:
         """The first batch's read time at `nodes` nodes (every reader starts at once)."""

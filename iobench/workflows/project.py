@@ -771,13 +771,14 @@ def _stage_spread(staging: StagingFigures, tier: TierLimits) -> tuple[StagingMod
 
 
 def _range(m: _Models, nodes: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(AU low, high), (stall low, high) at `nodes` from the spread's models."""
+    """(AU low, high), (stall low, high) at `nodes` from the spread's models and the central
+    one (a refit at an end of the spread can land on the other side of it)."""
     if not m.spread:
         return (), ()
-    epochs = [r.epoch(r.at(nodes)) for r in m.spread]
+    epochs = [r.epoch(r.at(nodes)) for r in (m.read, *m.spread)]
     compute = m.read.steps_per_epoch(nodes) * m.read.node.compute_s
-    return (tuple(sorted(compute / wall for wall, _ in epochs)),
-            tuple(sorted(stall for _, stall in epochs)))
+    aus, stalls = [compute / wall for wall, _ in epochs], [stall for _, stall in epochs]
+    return (min(aus), max(aus)), (min(stalls), max(stalls))
 
 
 def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Point:
