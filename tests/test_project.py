@@ -340,22 +340,6 @@ def test_a_shared_host_cpu_bounds_the_nodes_on_it_and_not_nodes_of_their_own() -
                      _tier(bw=1e15, md=1e12)).bounds()[CPU] == math.inf
 
 
-def test_a_host_cpu_that_overlaps_the_tiers_queues_keeps_the_share_the_node_leaves() -> None:
-    # the tier's bandwidth alone asks 0.008 s of a 0.01 s step; 0.02 CPU-s a batch on one core
-    # would make the measured node (0.011 s a step) twice as slow: they count the same work
-    node = _node(step_s=0.011, compute_s=0.01, workers=1, cpu_s=Figure(0.02, "t"),
-                 nodes_per_host=4)
-    model = ReadModel(node, _tier(bw=3.2e6 / 0.008, md=1e12))
-    assert model.latency_s == 0.0 and "overlap" in model.latency_note
-    assert model.node.cpu_s is not None and 0 < model.node.cpu_s.value < 0.02
-    assert model.at(1).step_s == pytest.approx(0.011, rel=1e-6)
-    assert model.at(2).step_s > 0.011  # the share kept is still shared by two nodes
-    # a tier slower than the node on its own: no share can help; none of the CPU is kept
-    slow = ReadModel(node, _tier(bw=3.2e6 / 0.02, md=1e12))
-    assert "lower bounds" in slow.latency_note
-    assert slow.node.cpu_s is not None and slow.node.cpu_s.value == 0.0
-
-
 def test_staging_copies_on_one_host_share_its_cpu_and_local_disk() -> None:
     # 64 chunks of 16 MiB, 0.05 CPU-s each on 2 cores: a host copies at most 40 chunks/s
     st = StagingFigures(dataset_bytes=64 * 2**24, files=64, threads=4, chunk_bytes=2**24,

@@ -414,47 +414,25 @@ class ReadModel:
         """The fixed latency per batch that makes the model's step at the measured node count
         the measured step; 0 where the node did not stall (then it cannot be seen)."""
         n = self.node
-        if n.shared_cpu and self._step(n.nodes, 0.0)[0] > n.step_s:
-            return 0.0, self._fit_cpu_share()
-        if n.step_s <= n.compute_s * STALLED:
+        kept_up = n.step_s <= n.compute_s * STALLED
+        alone = self._step(n.nodes, 0.0)[0]
+        if alone > n.step_s * (1 + 1e-9) or (alone >= n.step_s and not kept_up):
+            return 0.0, ("the tier's limits alone make the measured node slower than it was "
+                         f"({alone:.4g} s a step against {n.step_s:.4g} s: they are lower "
+                         "bounds, e.g. one client's figures" + (
+                             ", or they and the host's CPU count the same work, as where the "
+                             "tier's daemons run on the host" if n.shared_cpu else "")
+                         + "): latency 0 s")
+        if kept_up:
             return 0.0, ("the measured node kept up (step within 3 % of compute), so its "
                          "latency cannot be fitted: 0 s (optimistic); the step's "
                          f"{self.overhead_s * 1e3:.2f} ms over compute is taken as the rank's "
                          "own work per step (serial with compute, overlapped by reads)")
-        if self._step(n.nodes, 0.0)[0] >= n.step_s:
-            return 0.0, ("the tier's limits alone make the measured node slower than it was "
-                         "(they are lower bounds, e.g. one client's figures): latency 0 s")
         lo, hi = 0.0, n.step_s * max(n.workers, 1)
         for _ in range(BISECT_STEPS):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if self._step(n.nodes, mid)[0] < n.step_s else (lo, mid)
         return lo, "fitted: the model's step at the measured node count equals the measured step"
-
-    def _fit_cpu_share(self) -> str:
-        """Where the tier's queues and the host's CPU together make the measured node slower
-        than it was, they overlap (the tier's servers or client are that CPU, as on one box):
-        keep the share of the host's CPU per batch with which the model's step at the measured
-        node count is the measured one (latency 0), found by bisection."""
-        n, cpu = self.node, self.node.cpu_s
-        assert cpu is not None
-
-        def step(share: float) -> float:
-            self.node = replace(n, cpu_s=replace(cpu, value=cpu.value * share))
-            return self._step(n.nodes, 0.0)[0]
-
-        if step(0.0) > n.step_s:  # the nearest: none of the host's CPU beside the tier
-            return ("the tier's limits alone make the measured node slower than it was (they "
-                    "are lower bounds, e.g. one client's figures): latency 0 s, and none of "
-                    "the host's CPU beside them")
-        lo, hi = 0.0, 1.0  # step(lo) <= measured < step(hi)
-        for _ in range(BISECT_STEPS):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if step(mid) <= n.step_s else (lo, mid)
-        step(lo)
-        return (f"latency 0 s: the tier's queues and the host's CPU together made the measured "
-                f"node slower than it was, so they overlap (the tier's daemons are that CPU); "
-                f"the CPU station keeps {lo:.0%} of the host's CPU per batch, the share with "
-                "which the model's step at the measured node count is the measured one")
 
     def _io_time(self, nodes: int) -> float:
         """The first batch's read time at `nodes` nodes (every reader starts at once)."""

@@ -956,7 +956,10 @@ def _fit_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
         return []
     return [f"the tier's figures alone make the measured node's step {model:.4g} s, it ran "
             f"{n.step_s:.4g} s: the probe met a slower tier than the run did (another load, "
-            "a short test), so the projection is pessimistic; probe again (a longer "
+            "a short test)" + (", or the tier's queues and the host's CPU station count the "
+                               "same work (the tier's daemons on the host)" if n.shared_cpu
+                               else "") + ", so the projection is pessimistic; probe again "
+            "(a longer "
             "--runtime) or give the site's figures (--pfs-iops, --pfs-read-gbs)"]
 
 
