@@ -65,6 +65,9 @@ IOBENCH = [sys.executable, "-m", "iobench"]
 MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
 TARGET = 0.25
+# what a --reproject prints from the measured run rather than from its own command line
+SAVED_CONFIG = ("samples", "batch", "workers", "compute", "shuffle", "epochs", "bandwidth",
+                "open_latency", "read_latency", "gluster")
 GLUSTER = REPO / "scripts" / "pfs" / "local-gluster.sh"
 GLUSTER_EVICT = ["--evict-cmd", f"{GLUSTER} evict"]
 
@@ -501,12 +504,15 @@ def main() -> int:
         runs = {int(n): Path(p) for n, p in doc["runs"].items()}
         meas = {int(n): m for n, m in doc["measured"].items()}
         load_before, load_after = tuple(doc["load_before"]), tuple(doc["load_after"])
+        for k, v in doc.get("config", {}).items():  # the run's, for the printed header
+            setattr(a, k, v)
     else:
         runs, meas = measure(a, nodes, work)
         load_after = os.getloadavg()
         saved.write_text(json.dumps({"runs": {n: str(p) for n, p in runs.items()},
                                      "measured": meas, "load_before": load_before,
-                                     "load_after": load_after}))
+                                     "load_after": load_after,
+                                     "config": {k: getattr(a, k) for k in SAVED_CONFIG}}))
     probes = sorted((res / "probe").glob("probe-*.json"))
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
     log(f"project from N = 1 and {len(probes)} probe(s)")
