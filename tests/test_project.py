@@ -340,6 +340,42 @@ def test_a_shared_host_cpu_bounds_the_nodes_on_it_and_not_nodes_of_their_own() -
                      _tier(bw=1e15, md=1e12)).bounds()[CPU] == math.inf
 
 
+def test_a_part_filled_last_host_is_not_faster_than_a_full_one() -> None:
+    # 8 nodes a host, CPU-bound beyond 2: the job goes at its fullest host's pace, so AU
+    # never rises with N (9 nodes: one full host and one of a node) and the bisection holds
+    node = _node(step_s=0.01, compute_s=0.01, workers=4, cpu_s=Figure(0.01, "t"), host_cpus=2,
+                 nodes_per_host=8)
+    model = ReadModel(node, _tier(bw=1e15, md=1e12))
+    aus = [model.at(n).au for n in range(1, 20)]
+    assert aus == sorted(aus, reverse=True)
+    assert model.at(9).au == pytest.approx(model.at(8).au, rel=0.01)
+    sat = model.saturation(0.9)
+    assert sat is not None and model.at(sat - 1).au >= 0.9 > model.at(sat).au
+    st = StagingFigures(dataset_bytes=64 * 2**24, files=64, threads=4, chunk_bytes=2**24,
+                        cpu_s=0.05, host_cpus=2, nodes_per_host=4)
+    stage = StagingModel(st, _tier(bw=1e15, md=1e12), ops_per_file=1.0)
+    times = [stage.time(n, "replicate") for n in range(1, 10)]
+    assert times == sorted(times)
+
+
+def test_the_per_client_bound_counts_the_fetch_factor_as_the_queue_does() -> None:
+    # k = 2, one host a node: each node's link carries more of the tier's pages as N grows
+    node = _node(step_s=0.01, compute_s=0.01, samples_per_request=Figure(2.0, "t"))
+    model = ReadModel(node, _tier(bw=1e15, md=1e12, client=320e6 / 0.62))  # 62 % at N = 1
+    bound = model.bounds()[CLIENT]
+    assert 1 < bound < math.inf  # full once phi reaches 1 / 0.62: phi(2) = 1.5, phi(3) = 1.67
+    assert bound <= 3
+    sat = model.saturation(0.9)
+    assert sat is not None and sat <= 3 and model.at(sat).bottleneck == CLIENT
+
+
+def test_a_node_without_workers_that_kept_up_is_reproduced_exactly() -> None:
+    node = _node(step_s=0.0102, compute_s=0.01, workers=0)  # 0.1 ms of reads, 0.1 ms else
+    model = ReadModel(node, _tier(bw=3.2e10))
+    assert model.at(1).step_s == pytest.approx(0.0102)
+    assert model.overhead_s < 0.0002  # the reads are the model's, not the overhead's
+
+
 def test_staging_copies_on_one_host_share_its_cpu_and_local_disk() -> None:
     # 64 chunks of 16 MiB, 0.05 CPU-s each on 2 cores: a host copies at most 40 chunks/s
     st = StagingFigures(dataset_bytes=64 * 2**24, files=64, threads=4, chunk_bytes=2**24,
@@ -428,6 +464,8 @@ def test_nodes_on_one_host_share_its_measured_cpu_and_nodes_apart_do_not(
     # at least two nodes' batches of 3 ms over 2 cores a step (the fixture also decodes)
     assert two["bottleneck"] == "cpu" and two["step_s"] >= 2 * 0.003 / 2
     assert two["au_steady"] < 0.8 and two["simulated_au"] < 0.8
+    one = shared["points"][0]  # the simulation holds the decode once, as the model does
+    assert one["simulated_au"] == pytest.approx(one["au"], abs=0.1)
     # the second node's copy waits for the first's core: nearly twice the time
     assert two["stage_replicate_s"] > 1.5 * shared["points"][0]["stage_replicate_s"]
     far = apart["points"][1]  # a host each: no CPU station (the probe's requests remain)

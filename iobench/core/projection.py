@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from iobench.core.errors import ConfigError
 from iobench.core.queueing import DELAY, Network, Solution, Station, solve
@@ -196,6 +197,13 @@ def hosts(nodes: int, per_host: int) -> int:
     return max(1, math.ceil(nodes / per_host))
 
 
+def host_copies(nodes: int, per_host: int) -> float:
+    """The copies of a station per host as the fullest host sees it: `nodes` over the nodes
+    on one full host (a synchronous job goes at its slowest node's pace, and a part-filled
+    last host is not the slowest); 1 while every node fits on one host."""
+    return nodes / max(1, min(nodes, per_host))
+
+
 def fetches_per_request(k: float, caches: int) -> float:
     """Mean fetches of one tier request per epoch when its `k` samples go to `caches` client
     caches at random, each cache fetching it once for its own: the distinct caches among k
@@ -205,7 +213,8 @@ def fetches_per_request(k: float, caches: int) -> float:
     return caches * -math.expm1(k * math.log1p(-1.0 / caches))  # exact at large `caches`
 
 
-def cpu_stations(cpu_s: float | None, cores: int, copies: int, per_host: int) -> list[Station]:
+def cpu_stations(cpu_s: float | None, cores: int, copies: float, per_host: int
+                 ) -> list[Station]:
     """A host's CPU of `cores` cores for `cpu_s` seconds of work per cycle, one per host:
     Seidmann's approximation of a multi-server queue, a queue of `cpu_s / cores` followed by
     a delay of `cpu_s (cores - 1) / cores` (exact for one core). None without a figure, and
@@ -334,7 +343,7 @@ def fit_delivery_latency(node: NodeFigures, tier: TierLimits, readers: int, shar
     return lo
 
 
-def _queue(name: str, demand_s: float, copies: int = 1) -> Station:
+def _queue(name: str, demand_s: float, copies: float = 1) -> Station:
     return Station(name, demand_s, copies=copies)
 
 
@@ -348,7 +357,7 @@ def read_network(node: NodeFigures, tier: TierLimits, nodes: int, latency_s: flo
                 _queue(BANDWIDTH, b / tier.bandwidth_Bps.value)]
     if tier.requests_per_s is not None:
         stations.append(_queue(REQUESTS, request_demand_s(node, tier) * share))
-    per_host = node.hosts(nodes)
+    per_host = host_copies(nodes, node.nodes_per_host)
     if tier.client_Bps is not None:
         stations.append(_queue(CLIENT, b / tier.client_Bps.value, copies=per_host))
     stations += cpu_stations(node.cpu_demand_s(share), node.host_cpus, per_host,
@@ -377,10 +386,12 @@ class ReadModel:
         """`latency`: (seconds per batch, where from) when known apart (a delivery curve,
         `fit_delivery_latency`); else fitted to the measured node's step."""
         self.node, self.tier = node, tier
-        # a node that kept up: its step's small excess over compute is the rank's own work
-        # per step (taking the batch from its workers), serial with compute, overlapped by reads
-        kept_up = node.step_s <= node.compute_s * STALLED
-        self.overhead_s = max(0.0, node.step_s - node.compute_s) if kept_up else 0.0
+        # a node that kept up: its step's small excess over the model's (with no latency) is
+        # the rank's own work per step (taking the batch from its workers), serial with compute
+        # and overlapped by reads; with no workers the model's step already holds the reads
+        self.overhead_s = 0.0
+        if node.step_s <= node.compute_s * STALLED:
+            self.overhead_s = max(0.0, node.step_s - self._step(node.nodes, 0.0)[0])
         self.latency_s, self.latency_note = latency or self._fit_latency()
         self._first_io_s = self._io_time(node.nodes)
 
@@ -487,39 +498,34 @@ class ReadModel:
 
     def bounds(self) -> dict[str, float]:
         """Per resource, the node count where it would be 100 % busy if every node got its
-        demand (the straight line; infinite: never; 1: already at one node)."""
+        demand (the straight line; infinite: never; 1: already at one node). A station's
+        load at x nodes is x over its copies (the nodes on the fullest host for one per host)
+        times a node's demand of it at x, which the hosts' fetch factor raises."""
         n = self.node
         demand = n.ranks_per_node / n.compute_s  # batches/s one node asks for
+
+        def load(name: str, x: float) -> float:
+            nodes = max(1, math.ceil(x))
+            net = read_network(n, self.tier, nodes, 0.0, 0.0, n.fetch_factor(nodes))
+            s = next(q for q in net.queues if q.name == name)
+            return min(x, nodes / s.copies) * demand * s.demand_s  # x, or the fullest host's
+
         out = {}
         for s in read_network(n, self.tier, 1, 0.0, 0.0).queues:
-            per_node = demand * s.demand_s
-            if s.name in PER_HOST:  # full with this many nodes on its host, or never
-                fill = 1.0 / per_node if per_node > 0 else math.inf
-                out[s.name] = max(1.0, fill) if fill <= n.nodes_per_host else math.inf
-            elif s.name in FETCHED:  # each host's cache fetches its own: more bytes with N
-                out[s.name] = _straight_line(per_node, n.fetch_factor)
+            one = load(s.name, 1.0)
+            if one >= 1.0:  # full at one node; a shared station says by how much
+                out[s.name] = 1.0 if s.copies != 1 or s.name in PER_HOST else 1.0 / one
             else:
-                out[s.name] = 1.0 / per_node if per_node > 0 else math.inf
+                out[s.name] = _straight_line(partial(load, s.name))
         return out
 
 
 PER_HOST = (CLIENT, CPU)  # stations one per host in the read network
-FETCHED = (BANDWIDTH, REQUESTS)  # stations whose demand grows with the hosts' fetch factor
 
 
-def _straight_line(per_node: float, factor: Callable[[int], float]) -> float:
-    """The node count x where a shared station is full at every node's demand, `per_node`
-    (its utilisation per node at one host's fetches) times `factor(x)`, the fetch factor that
-    rises with N: 1 / per_node where that is at most one node (no factor there), infinite
-    when not full by `MAX_NODES`."""
-    if per_node <= 0:
-        return math.inf
-    if per_node >= 1.0:
-        return 1.0 / per_node
-
-    def load(x: float) -> float:
-        return x * per_node * factor(math.ceil(x))
-
+def _straight_line(load: Callable[[float], float]) -> float:
+    """The node count x in (1, `MAX_NODES`] where `load(x)`, below 1 at one node and never
+    falling with x, reaches 1 (bisection); infinite when it does not."""
     if load(float(MAX_NODES)) < 1.0:
         return math.inf
     lo, hi = 1.0, float(MAX_NODES)  # load(lo) < 1 <= load(hi)
@@ -542,7 +548,7 @@ class StagingModel:
         stations = [_queue(METADATA, st.files * self.ops_per_file / st.chunks
                            / t.metadata_ops.value),
                     _queue(BANDWIDTH, chunk / t.bandwidth_Bps.value)]
-        per_host = hosts(nodes, st.nodes_per_host)
+        per_host = host_copies(nodes, st.nodes_per_host)
         if t.client_Bps is not None:
             stations.append(_queue(CLIENT, chunk / t.client_Bps.value, copies=per_host))
         stations += cpu_stations(st.cpu_s, st.host_cpus, per_host, st.nodes_per_host)

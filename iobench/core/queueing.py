@@ -25,12 +25,13 @@ SCHWEITZER_MAX_ITER = 10_000
 @dataclass(frozen=True)
 class Station:
     """One service centre: `demand_s` seconds of service per cycle of one customer, spread
-    over `copies` identical stations (each then serves `demand_s / copies` per cycle)."""
+    over `copies` identical stations (each then serves `demand_s / copies` per cycle; a
+    fraction above 1 spreads it unevenly, as the fullest of several copies sees it)."""
 
     name: str
     demand_s: float
     kind: str = QUEUE
-    copies: int = 1
+    copies: float = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.demand_s) and self.demand_s >= 0):

@@ -97,11 +97,13 @@ class _Engine:
 
 
 def _copies(network: Network, nodes: int) -> list[int]:
+    """Each station's copies as servers: a fraction (the fullest host's share of a station
+    per host) is the hosts' count, its ceiling; node i uses copy i mod copies."""
     for s in network.stations:
         if s.copies > nodes:
             raise ConfigError(f"station {s.name} has {s.copies} copies: a simulation takes "
                               f"1 (shared) to one per node ({nodes}; one per host between)")
-    return [s.copies for s in network.stations]
+    return [math.ceil(s.copies) for s in network.stations]
 
 
 def simulate_closed(network: Network, customers: int, cycles: int, seed: int = 0,

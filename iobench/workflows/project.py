@@ -352,7 +352,7 @@ def host_cpu(run: TrainResult) -> tuple[Figure, int] | None:
     for e in run.epochs:
         h = e.host_cpu
         root = next((r for r in e.ranks if r.rank == 0), None)
-        if h is None or root is None:
+        if h is None or root is None or h.cpus < 1:  # no figure, or not a usable one
             continue
         batches = sum(r.steps for r in e.ranks if r.host == root.host)
         if batches > 0:
@@ -567,7 +567,7 @@ def staging_figures(stage: _Stage | None, run: TrainResult, nodes_per_host: int 
                          measured_mode=stage.mode or "replicate", nodes=c.num_nodes,
                          nodes_per_host=nodes_per_host)
     h = stage.host_cpu
-    if h is None or c.num_nodes != 1:
+    if h is None or c.num_nodes != 1 or h.cpus < 1:
         return out
     return replace(out, cpu_s=h.busy_s / out.chunks, host_cpus=h.cpus)
 
@@ -817,6 +817,29 @@ def _saturation(read: ReadModel, threshold: float) -> Saturation:
                       bounds=bounds)
 
 
+def _host_warnings(run: TrainResult, node: NodeFigures, staging: StagingFigures,
+                   stage: _Stage | None) -> list[str]:
+    """Where nodes share a host: what its CPU figures hold beyond reads, and what is missing."""
+    if node.nodes_per_host <= 1:
+        return []
+    out = []
+    device = run.compute.device
+    if run.compute.kind == "model" and (device is None or device.type == "cpu"):
+        out.append("the host's busy CPU per batch includes the model's compute on the CPU "
+                   "(the run trained on it), which the host's CPU station then charges as "
+                   "read work too: the nodes sharing the host are projected slower than they "
+                   "would be; measure with --compute-time, or on an accelerator")
+    if node.cpu_s is None:
+        out.append("the training result holds no host_cpu figure (made before iobench "
+                   "recorded it, or /proc/stat unreadable): the nodes sharing a host share no "
+                   "CPU in this projection; train again to measure it")
+    if stage is not None and staging.cpu_s is None:
+        out.append("the stage result gives no host CPU per chunk (made before iobench "
+                   "recorded it, or on several nodes): the staging copies sharing a host "
+                   "share no CPU in this projection; stage again on one node")
+    return out
+
+
 def _warnings(node: NodeFigures, tier: TierLimits, n_probes: int, read: str | None
               ) -> list[str]:
     out = []
@@ -883,7 +906,8 @@ def project(cfg: ProjectConfig,
         points=tuple(points), saturation=_saturation(read, cfg.threshold),
         warnings=tuple(_warnings(node, tier, len(probes),
                                  request_rate(probes, cfg, node.sample_bytes).read)
-                       + _curve_warnings(read, curve) + _fit_warnings(read, curve)))
+                       + _curve_warnings(read, curve) + _fit_warnings(read, curve)
+                       + _host_warnings(run, node, staging, stage)))
 
 
 def _read_models(node: NodeFigures, tier: TierLimits, curve: DeliveryCurve | None
@@ -1002,13 +1026,15 @@ def simulator(cfg: ProjectConfig, service: Service
     def simulate(model: ReadModel, nodes: int) -> tuple[float, float]:
         n = model.node
         shape = TrainingShape(nodes=nodes, ranks_per_node=n.ranks_per_node, workers=n.workers,
-                              compute_s=n.compute_s, worker_cpu_s=n.worker_cpu_s,
+                              compute_s=n.compute_s + model.overhead_s,
+                              # the decode is inside a shared host's CPU station
+                              worker_cpu_s=0.0 if n.shared_cpu else n.worker_cpu_s,
                               steps=cfg.simulate_steps)
         net = read_network(n, model.tier, nodes, model.latency_s, 0.0, n.fetch_factor(nodes))
         step = simulate_training(shape, net, seed=cfg.seed, service=service)
         compute = (sum(service.compute_s) / len(service.compute_s) if service.compute_s
                    else n.compute_s)
-        step = max(step, compute)
+        step = max(step, compute + model.overhead_s)
         first, steps = model.first_batch(nodes), model.steps_per_epoch(nodes)
         stall = first + (steps - 1) * (step - compute)
         return steps * compute / (steps * compute + stall), stall

@@ -172,13 +172,13 @@ def measure(a: argparse.Namespace, counts: list[int], files: list[tuple[str, int
           f"samples of {files[0][2]} bytes in {len(files)} files, {a.repeat} cold epochs per N "
           f"(medians); k = {k:.3f} samples per read at N = {counts[0]}")
     print("| readers (own mount each) | reads per epoch | over N=1 measured | "
-          "H (1 - (1 - 1/H)^k) | err |")
+          "H (1 - (1 - 1/H)^k) | its error |")
     print("|---|---|---|---|---|")
     for n in counts:
         r = statistics.median(reads[n])
         want = fetches_per_request(k, n) / fetches_per_request(k, counts[0])
         print(f"| {n} | {r:,.0f} [{min(reads[n]):,.0f}-{max(reads[n]):,.0f}] | {r / base:.3f} | "
-              f"{want:.3f} | {(r / base - want) / want:+.1%} |")
+              f"{want:.3f} | {(want - r / base) / (r / base):+.1%} |")  # (model - meas) / meas
     print(json.dumps({"k": k, "reads": reads}))
     return 0
 
