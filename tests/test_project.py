@@ -476,6 +476,19 @@ def test_nodes_on_one_host_share_its_measured_cpu_and_nodes_apart_do_not(
     assert "--nodes-per-host 0 must be >= 1" in capsys.readouterr().err
 
 
+def test_nodes_on_a_host_without_its_cpu_figure_are_warned_of(tmp_path: Path) -> None:
+    res = tmp_path / "res"
+    train = _train(tmp_path)  # a result from before host_cpu
+    stage = _with_host_cpu(_stage(tmp_path), 0.04, cpus=0)  # not usable
+    assert main(["project", "--train", str(train), "--probe", str(_probe(tmp_path)), "--stage",
+                 str(stage), "--nodes-per-host", "2", "--nodes", "1,3", "--no-plot",
+                 "--simulate-max-nodes", "0", "--results", str(res)]) == 0
+    doc = json.loads(next(res.glob("projection-*.json")).read_text())
+    assert any("holds no host_cpu figure" in w for w in doc["warnings"])
+    assert any("gives no host CPU per chunk" in w for w in doc["warnings"])
+    assert "host CPU per batch" not in {f["name"] for f in doc["figures"]}
+
+
 def test_the_command_prints_the_table_assumptions_and_writes_a_projection(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     res = tmp_path / "res"
