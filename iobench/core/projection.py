@@ -76,6 +76,10 @@ ASSUMPTIONS = (
     "node or host shares its load evenly over its copies (exact on one host).",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
+    "The compute per step is the measured node's: a collective across the nodes each step "
+    "(the gradients' all-reduce, which grows with N; with one rank measured, any per-step "
+    "synchronisation at all) is not added, and the first step waits for the mean first "
+    "batch, not the slowest rank's.",
     "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "
     "measured step (over epochs and repetitions), or, with a diagnose result, with the "
     "latency of its fastest and slowest worker count; the tier's figures are taken as exact.",
