@@ -217,6 +217,18 @@ def test_a_node_that_kept_up_keeps_its_small_per_step_excess_at_every_n() -> Non
     assert stalled.overhead_s == 0.0  # a stalled node's excess is the fitted latency's
 
 
+def test_a_given_per_step_synchronisation_adds_to_every_step_beyond_the_measured_node() -> None:
+    sync = Figure(0.002, "given", given=True)
+    model = ReadModel(_node(step_s=0.0101, compute_s=0.01, step_sync=sync), _tier(bw=1e12))
+    assert model.at(1).step_s == pytest.approx(0.0101)  # the measured node: as it ran
+    assert model.at(2).step_s == pytest.approx(0.0121)  # serial with compute, beyond it
+    assert model.at(64).step_s == pytest.approx(0.0121)
+    slow = ReadModel(_node(step_s=0.04, compute_s=0.01, step_sync=sync), _tier(bw=1e8))
+    # where the reads set the step, the synchronisation waits inside it
+    assert slow.at(4).step_s == pytest.approx(ReadModel(_node(step_s=0.04, compute_s=0.01),
+                                                        _tier(bw=1e8)).at(4).step_s)
+
+
 def test_metadata_and_per_client_limits_are_found_first_when_they_are_lower() -> None:
     meta = ReadModel(_node(step_s=0.01, ops=1.0), _tier(bw=1e12, md=32 / 0.01 * 5))  # 5 nodes
     assert meta.at(20).bottleneck == METADATA
@@ -487,6 +499,20 @@ def test_nodes_on_a_host_without_its_cpu_figure_are_warned_of(tmp_path: Path) ->
     assert any("holds no host_cpu figure" in w for w in doc["warnings"])
     assert any("gives no host CPU per chunk" in w for w in doc["warnings"])
     assert "host CPU per batch" not in {f["name"] for f in doc["figures"]}
+
+
+def test_the_per_step_synchronisation_is_given_listed_and_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = tmp_path / "res"
+    argv = ["project", "--train", str(_train(tmp_path)), "--probe", str(_probe(tmp_path)),
+            "--nodes", "1,2", "--no-plot", "--simulate-max-nodes", "0", "--results", str(res)]
+    assert main([*argv, "--step-sync-ms", "1.5"]) == 0
+    doc = json.loads(next(res.glob("projection-*.json")).read_text())
+    fig = {f["name"]: f for f in doc["figures"]}["per-step synchronisation beyond the measured run"]
+    assert fig["value"] == pytest.approx(0.0015) and fig["given"]
+    capsys.readouterr()
+    assert main([*argv, "--step-sync-ms", "-1"]) == 2
+    assert "--step-sync-ms -1.0 must be >= 0" in capsys.readouterr().err
 
 
 def test_the_command_prints_the_table_assumptions_and_writes_a_projection(

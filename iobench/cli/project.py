@@ -73,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="nodes that share one host: its CPU, client cache and link, and local "
                         "disk (default 1, a cluster; a one-box validation's virtual nodes "
                         "share one)")
+    p.add_argument("--step-sync-ms", type=float, default=None, metavar="MS",
+                   help="a synchronisation of every rank each step that the measured run did "
+                        "not pay (the gradients' all-reduce across nodes; any at all when one "
+                        "rank was measured), given, not measured: added to the step beyond "
+                        "the measured node count (default: none)")
     p.add_argument("--threshold", type=float, default=0.90, metavar="AU",
                    help="AU below which the tier no longer keeps up (default 0.90, MLPerf "
                         "Storage's)")
@@ -102,7 +107,8 @@ def config_from_args(args: argparse.Namespace) -> ProjectConfig:
         client_Bps=args.client_gbs * 1e9 if args.client_gbs else None,
         ops_per_sample=args.ops_per_sample, threshold=args.threshold,
         simulate_max_nodes=args.simulate_max_nodes, simulate_steps=args.simulate_steps,
-        seed=args.seed, nodes_per_host=args.nodes_per_host)
+        seed=args.seed, nodes_per_host=args.nodes_per_host,
+        step_sync_s=args.step_sync_ms / 1e3 if args.step_sync_ms is not None else None)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -77,9 +77,10 @@ ASSUMPTIONS = (
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
     "The compute per step is the measured node's: a collective across the nodes each step "
-    "(the gradients' all-reduce, which grows with N; with one rank measured, any per-step "
-    "synchronisation at all) is not added, and the first step waits for the mean first "
-    "batch, not the slowest rank's.",
+    "(the gradients' all-reduce; with one rank measured, any per-step synchronisation at "
+    "all) is added only as given (--step-sync-ms, the same at every N beyond the measured "
+    "one, serial with compute), and the first step waits for the mean first batch, not the "
+    "slowest rank's.",
     "The [spread] of AU and stall: the model fitted again to the fastest and the slowest "
     "measured step (over epochs and repetitions), or, with a diagnose result, with the "
     "latency of its fastest and slowest worker count; the tier's figures are taken as exact.",
@@ -140,6 +141,9 @@ class NodeFigures:
     cpu_s: Figure | None = None
     host_cpus: int = 1
     nodes_per_host: int = 1
+    # given: seconds a step waits for a synchronisation of every rank (an all-reduce) that
+    # the measured run, of fewer ranks, did not (None: none added)
+    step_sync: Figure | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples", "host_cpus",
@@ -162,6 +166,13 @@ class NodeFigures:
     @property
     def batch_bytes(self) -> float:
         return self.batch_size * self.sample_bytes
+
+    def sync_s(self, nodes: int) -> float:
+        """The per-step synchronisation at `nodes` nodes: the given figure where the job has
+        more ranks than the measured run, else none (the measured step holds its own)."""
+        if self.step_sync is None or nodes <= self.nodes:
+            return 0.0
+        return self.step_sync.value
 
     @property
     def shared_cpu(self) -> bool:
@@ -421,9 +432,10 @@ class ReadModel:
         n = self.node
         net = read_network(n, self.tier, nodes, latency_s, self._think(), share)
         sol = solve(net, nodes * n.readers)
+        serial = self.overhead_s + n.sync_s(nodes)  # the rank's own, outside the readers
         if n.prefetch:
-            return max(n.compute_s + self.overhead_s, sol.cycle_s / n.workers), sol
-        return sol.cycle_s + self.overhead_s, sol
+            return max(n.compute_s + serial, sol.cycle_s / n.workers), sol
+        return sol.cycle_s + serial, sol
 
     def _fit_latency(self) -> tuple[float, str]:
         """The fixed latency per batch that makes the model's step at the measured node count

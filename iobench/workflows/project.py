@@ -123,6 +123,7 @@ class ProjectConfig:
     # nodes that share one host (its CPU, client cache and link, local disk): 1 on a
     # cluster; a one-box validation's N virtual nodes share one
     nodes_per_host: int = 1
+    step_sync_s: float | None = None  # given: a per-step all-reduce beyond the measured run
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", parse_nodes(self.nodes))
@@ -133,6 +134,9 @@ class ProjectConfig:
             raise ConfigError(f"--ops-per-sample {self.ops_per_sample!r} must be >= 0")
         if not 0 < self.threshold < 1:
             raise ConfigError(f"--threshold {self.threshold} must be in (0, 1)")
+        if self.step_sync_s is not None and not (math.isfinite(self.step_sync_s)
+                                                 and self.step_sync_s >= 0):
+            raise ConfigError(f"--step-sync-ms {self.step_sync_s * 1e3!r} must be >= 0")
         if self.nodes_per_host < 1:
             raise ConfigError(f"--nodes-per-host {self.nodes_per_host} must be >= 1")
         if self.simulate_max_nodes < 0 or self.simulate_steps < 1:
@@ -715,6 +719,9 @@ def _figures(node: NodeFigures, tier: TierLimits, staging: StagingFigures) -> li
         out.append(fig("staging time", staging.measured_s, "s",
                        f"measured: the stage result ({staging.measured_mode}, "
                        f"{staging.nodes} node(s))"))
+    if node.step_sync is not None:
+        out.append(fig("per-step synchronisation beyond the measured run", node.step_sync.value,
+                       "s", node.step_sync.source, True))
     return out + _host_figures(node, staging)
 
 
@@ -877,7 +884,10 @@ def project(cfg: ProjectConfig,
     cpu = host_cpu(run)
     node = replace(node, samples_per_request=samples_per_request(run, tier),
                    cpu_s=cpu[0] if cpu else None, host_cpus=cpu[1] if cpu else 1,
-                   nodes_per_host=cfg.nodes_per_host)
+                   nodes_per_host=cfg.nodes_per_host,
+                   step_sync=None if cfg.step_sync_s is None else Figure(
+                       cfg.step_sync_s, "--step-sync-ms: a synchronisation of every rank per "
+                       "step beyond the measured run's, given", given=True))
     staging = staging_figures(stage, run, cfg.nodes_per_host)
     curve = (delivery_curve(cfg.diagnose, _load_diagnose(cfg.diagnose, run), node, tier)
              if cfg.diagnose is not None else None)
@@ -1026,7 +1036,7 @@ def simulator(cfg: ProjectConfig, service: Service
     def simulate(model: ReadModel, nodes: int) -> tuple[float, float]:
         n = model.node
         shape = TrainingShape(nodes=nodes, ranks_per_node=n.ranks_per_node, workers=n.workers,
-                              compute_s=n.compute_s + model.overhead_s,
+                              compute_s=n.compute_s + model.overhead_s + n.sync_s(nodes),
                               # the decode is inside a shared host's CPU station
                               worker_cpu_s=0.0 if n.shared_cpu else n.worker_cpu_s,
                               steps=cfg.simulate_steps)
@@ -1034,7 +1044,7 @@ def simulator(cfg: ProjectConfig, service: Service
         step = simulate_training(shape, net, seed=cfg.seed, service=service)
         compute = (sum(service.compute_s) / len(service.compute_s) if service.compute_s
                    else n.compute_s)
-        step = max(step, compute + model.overhead_s)
+        step = max(step, compute + model.overhead_s + n.sync_s(nodes))
         first, steps = model.first_batch(nodes), model.steps_per_epoch(nodes)
         stall = first + (steps - 1) * (step - compute)
         return steps * compute / (steps * compute + stall), stall

@@ -13,7 +13,11 @@ nodes would). The script:
    measures one client (`train`, and `stage` of one node);
 3. projects N = 1, 2, 4 from those alone (`iobench project`: the probes'
    medians, their least and greatest in the [spread]; `--reproject` again
-   from a finished run's WORK/measured.json);
+   from a finished run's WORK/measured.json), with the N clients as nodes of
+   one host (`--nodes-per-host`) and the per-step synchronisation that every
+   N > 1 pays and N = 1 does not (`--step-sync-ms`), measured without the
+   tier: two ranks' steady step less one rank's, both from the local copy
+   with a warm cache;
 4. measures N = 2 and 4: training (`mpiexec -n N`), staging replicated (N
    `iobench stage` processes at once, each a full copy, through a
    `--direct-io` remount so that no process reads another's pages from the
@@ -217,6 +221,25 @@ def train(a: argparse.Namespace, mnt: Path, out: Path, n: int, tier: Tier
                    "--trace", out / "trace.trace", *(GLUSTER_EVICT if a.gluster else [])], tier)
     (path,) = out.glob("*.json")
     return path, cpu
+
+
+def step_sync(a: argparse.Namespace, backing: Path, work: Path) -> float:
+    """The per-step synchronisation two ranks pay and one does not (`train` all-reduces every
+    step when there are several), without the tier: the steady step of `mpiexec -n 2` less
+    that of one rank, both reading the local copy with a warm cache."""
+    steps = []
+    for n in (1, 2):
+        log(f"train from the local copy, warm, {n} rank(s): the per-step synchronisation")
+        out = work / f"sync-{n}"
+        shutil.rmtree(out, ignore_errors=True)
+        run([MPIEXEC, "-n", n, *IOBENCH, "train", "--loader", "hdf5", "--storage", backing,
+             "--warm-cache", "--compute-time", a.compute, "--epochs", a.epochs, "--batch-size",
+             a.batch, "--workers", a.workers, "--shuffle", a.shuffle, "--results", out])
+        doc = one(out)
+        steps.append(statistics.median(
+            max((r["wall_s"] - (r["first_batch_s"] or 0)) / r["steps"] for r in e["ranks"])
+            for e in doc["epochs"]))
+    return max(0.0, steps[1] - steps[0])
 
 
 def first_half(trace: Path) -> float:
@@ -504,14 +527,16 @@ def main() -> int:
         runs = {int(n): Path(p) for n, p in doc["runs"].items()}
         meas = {int(n): m for n, m in doc["measured"].items()}
         load_before, load_after = tuple(doc["load_before"]), tuple(doc["load_after"])
+        sync = doc.get("step_sync_s")  # runs before it was measured: none given
         for k, v in doc.get("config", {}).items():  # the run's, for the printed header
             setattr(a, k, v)
     else:
         runs, meas = measure(a, nodes, work)
+        sync = step_sync(a, backing, work)
         load_after = os.getloadavg()
         saved.write_text(json.dumps({"runs": {n: str(p) for n, p in runs.items()},
                                      "measured": meas, "load_before": load_before,
-                                     "load_after": load_after,
+                                     "load_after": load_after, "step_sync_s": sync,
                                      "config": {k: getattr(a, k) for k in SAVED_CONFIG}}))
     probes = sorted((res / "probe").glob("probe-*.json"))
     (stage1,) = (work / "stage-1-0").glob("stage-*.json")
@@ -522,7 +547,9 @@ def main() -> int:
            "--nodes", a.nodes, "--simulate-max-nodes", max(nodes), "--results", res / "proj",
            # the N clients are processes of this one box: they share its CPU, its client
            # cache (one mount) and its local disk, as nodes of one host
-           "--nodes-per-host", max(nodes)]
+           "--nodes-per-host", max(nodes),
+           # measured without the tier (step_sync): what every N > 1 pays and N = 1 did not
+           *(("--step-sync-ms", f"{sync * 1e3:.4f}") if sync is not None else ())]
     projection_text = run(cmd)
     proj = one(res / "proj", "projection-*.json")
     print_report(a, proj, meas, (load_before, load_after))
@@ -551,7 +578,8 @@ def print_report(a: argparse.Namespace, proj: dict[str, Any], meas: dict[int, di
           + ", ".join(f"N={n}: {m['spread_stall']:.2f}" for n, m in sorted(meas.items())))
     for f in proj["figures"]:
         if f["name"].startswith(("samples per tier request", "tier request rate",
-                                 "tier read bandwidth", "host CPU", "host cores")):
+                                 "tier read bandwidth", "host CPU", "host cores",
+                                 "per-step synchronisation")):
             print(f"{f['name']} = {f['value']:.4g} {f['unit']} ({f['source']})")
     print("\n".join(cpu_table(meas, a.gluster)))
     for w in cpu_warnings(meas, proj):
