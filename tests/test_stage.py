@@ -123,6 +123,13 @@ def test_stage_roundtrip_and_resume_under_mpi(tmp_path, mode):
     assert doc["stage_bytes"] == SIZES[0] + SIZES[1] + SIZES[2]
 
 
+class _Done:
+    """A completed MPI request (what `Ibarrier` returns, tested until done)."""
+
+    def Test(self) -> bool:
+        return True
+
+
 class _ThreadComm:
     """Enough of an MPI communicator for ranks that are threads (emulated nodes)."""
 
@@ -133,6 +140,10 @@ class _ThreadComm:
 
     def Barrier(self) -> None:  # mpi4py spells it so
         self._barrier.wait()
+
+    def Ibarrier(self) -> _Done:  # the barrier at once; the request is then complete
+        self._barrier.wait()
+        return _Done()
 
     def allgather(self, obj: object) -> list[object]:
         self._slots[self.rank.value] = obj

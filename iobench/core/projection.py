@@ -228,14 +228,14 @@ def fetches_per_request(k: float, caches: int) -> float:
     return caches * -math.expm1(k * math.log1p(-1.0 / caches))  # exact at large `caches`
 
 
-def cpu_stations(cpu_s: float | None, cores: int, copies: float, per_host: int
+def cpu_stations(cpu_s: float | None, cores: int, copies: float, nodes_per_host: int
                  ) -> list[Station]:
-    """A host's CPU of `cores` cores for `cpu_s` seconds of work per cycle, one per host:
-    Seidmann's approximation of a multi-server queue, a queue of `cpu_s / cores` followed by
-    a delay of `cpu_s (cores - 1) / cores` (exact for one core). None without a figure, and
-    none when every node has a host of its own (`per_host` 1): its load is then the same at
-    every N, and the fitted latency holds it already."""
-    if not cpu_s or per_host <= 1:
+    """A host's CPU of `cores` cores for `cpu_s` seconds of work per cycle, `copies` of it
+    (`host_copies`): Seidmann's approximation of a multi-server queue, a queue of
+    `cpu_s / cores` followed by a delay of `cpu_s (cores - 1) / cores` (exact for one core).
+    None without a figure, and none when every node has a host of its own: its load is then
+    the same at every N, and the fitted latency holds it already."""
+    if not cpu_s or nodes_per_host <= 1:
         return []
     out = [Station(CPU, cpu_s / cores, copies=copies)]
     if cores > 1:
@@ -530,7 +530,7 @@ class ReadModel:
         for s in read_network(n, self.tier, 1, 0.0, 0.0).queues:
             one = load(s.name, 1.0)
             if one >= 1.0:  # full at one node; a shared station says by how much
-                out[s.name] = 1.0 if s.copies != 1 or s.name in PER_HOST else 1.0 / one
+                out[s.name] = 1.0 if s.name in PER_HOST else 1.0 / one
             else:
                 out[s.name] = _straight_line(partial(load, s.name))
         return out

@@ -109,6 +109,8 @@ class World:
 
 
 END_JOB_FORWARD_S = 0.5  # a failed rank's pause between its error line and MPI_Abort
+LEAVE_GRACE_S = 10.0  # an interrupted rank waits this long for its peers to stop as well
+_leaving: Any = None  # a copy of MPI's world communicator, used only to leave together
 POLL_FIRST_S, POLL_MAX_S = 50e-6, 2e-3  # a waiting rank's sleeps between its looks
 
 
@@ -117,18 +119,12 @@ def wait_politely(comm: Any) -> None:
     collectives poll at 100 % of a core (measured: a rank waiting 2 s in allgather used
     2.0 CPU-s), which on a host whose cores the other ranks' copy threads, loader workers or
     the tier's daemons need steals them from the work being measured. A nonblocking barrier,
-    tested every 50 us doubling to 2 ms, costs at most that after the last rank arrives. A
-    communicator without one (an in-process stand-in) goes straight to its collective."""
-    ibarrier = getattr(comm, "Ibarrier", None)
-    if ibarrier is None:
-        return
-    req = ibarrier()
+    tested every 50 us doubling to 2 ms, costs at most that after the last rank arrives."""
+    req = comm.Ibarrier()
     delay = POLL_FIRST_S
     while not req.Test():
         time.sleep(delay)
         delay = min(delay * 2, POLL_MAX_S)
-LEAVE_GRACE_S = 10.0  # an interrupted rank waits this long for its peers to stop as well
-_leaving: Any = None  # a copy of MPI's world communicator, used only to leave together
 
 
 def leave_after_interrupt(code: int, grace_s: float = LEAVE_GRACE_S) -> None:

@@ -1035,8 +1035,9 @@ def simulator(cfg: ProjectConfig, service: Service
     """(epoch AU, stall per epoch) at N nodes by the discrete-event simulation of `cfg`."""
     def simulate(model: ReadModel, nodes: int) -> tuple[float, float]:
         n = model.node
+        serial = model.overhead_s + n.sync_s(nodes)  # the rank's own, beside the compute
         shape = TrainingShape(nodes=nodes, ranks_per_node=n.ranks_per_node, workers=n.workers,
-                              compute_s=n.compute_s + model.overhead_s + n.sync_s(nodes),
+                              compute_s=n.compute_s + serial,
                               # the decode is inside a shared host's CPU station
                               worker_cpu_s=0.0 if n.shared_cpu else n.worker_cpu_s,
                               steps=cfg.simulate_steps)
@@ -1044,7 +1045,7 @@ def simulator(cfg: ProjectConfig, service: Service
         step = simulate_training(shape, net, seed=cfg.seed, service=service)
         compute = (sum(service.compute_s) / len(service.compute_s) if service.compute_s
                    else n.compute_s)
-        step = max(step, compute + model.overhead_s + n.sync_s(nodes))
+        step = max(step, compute + serial)
         first, steps = model.first_batch(nodes), model.steps_per_epoch(nodes)
         stall = first + (steps - 1) * (step - compute)
         return steps * compute / (steps * compute + stall), stall
