@@ -5,10 +5,10 @@ from `iobench train --stage-to`. Under `mpiexec` every node receives the files
 its ranks will read (all of them in `replicate` mode; in `shard` mode only the
 data files `sampling.files_for_rank` gives its ranks, plus labels and index
 files), and the ranks of a node split that node's files, balanced by bytes.
-Each rank copies with several worker processes (`_stage_pool`; one thread of
-its own with `threads=1`), a batch of small files or one large file at a time,
-16 MiB sequential reads and writes, computing sha256 while copying (no second
-pass) and checking it against the manifest (`verify`; else sizes only, and the
+Each rank copies with several worker processes (`_stage_pool`, started before
+the timed copy; one thread of its own with `threads=1`), a batch of small files
+or one large file at a time, 16 MiB sequential reads and writes, computing
+sha256 while copying (no second pass) and checking it against the manifest (`verify`; else sizes only, and the
 kernel copies). Files land under a temporary name, a batch's are fsynced
 together and then renamed, so a file under its final name is always complete
 and on the device; a rerun skips files that are already complete and correct.
@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import mmap
 import os
 import socket
 import stat
@@ -66,6 +67,7 @@ from iobench.core.progress import LogProgress
 from iobench.core.results import STAGE_SCHEMA, STAGE_SCHEMA_VERSION, now_iso
 from iobench.core.spread import spread
 from iobench.core.world import World, agree
+from iobench.workflows import _stage_pool
 
 SCHEMA, SCHEMA_VERSION = STAGE_SCHEMA, STAGE_SCHEMA_VERSION  # iobench.core.results says each version
 MiB = 2**20
@@ -507,7 +509,9 @@ def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: S
     small files/s per rank on this project's test machine); a batch's fsyncs in flight
     together share commits (docs/results.md, section 9)."""
     if local.buf is None:  # in the copying thread or worker process, at its first batch
-        local.buf = memoryview(bytearray(cfg.buffer_bytes))
+        # anonymous pages, each faulted in when a read first fills it: no zeroing of the
+        # whole buffer (bytearray's 16 MiB memset cost every worker ~5 ms of CPU)
+        local.buf = memoryview(mmap.mmap(-1, cfg.buffer_bytes))
         local.tag = f"{PARTIAL}{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
     t0 = time.perf_counter()
     copied: list[_Copied] = []
@@ -953,24 +957,35 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
                                    else None)
     fresh = _empty_dir(plan.dest_root)  # nothing staged there: no stat per file
-    io0 = procio.tree_io() if plan.note is None else None
-    world.barrier()
-    cpu0 = hostcpu.read()  # the host's busy CPU over stage_s's window (rank 0's is kept)
-    t0 = time.perf_counter_ns()
-    io = None
+    pool: _stage_pool.Pool[list[FileEntry]] | None = None
     try:
-        if error is None:
-            error, io_end = _copy_share(plan, counters, lock, progress, fresh, cold.in_copy)
-            io = io_end - io0 if io0 is not None and io_end is not None else None
+        if error is None:  # the copy workers start before the window: stage_s times the copy
+            pool = _start_workers(plan, lock, fresh, cold.in_copy)
     except Exception as e:
-        error = error or e
+        error = e
+    try:
+        io0 = procio.tree_io() if plan.note is None else None
+        world.barrier()
+        cpu0 = hostcpu.read()  # the host's busy CPU over stage_s's window (rank 0's is kept)
+        t0 = time.perf_counter_ns()
+        io = None
+        try:
+            if error is None:
+                error, io_end = _copy_share(plan, pool, counters, lock, progress, fresh,
+                                            cold.in_copy)
+                io = io_end - io0 if io0 is not None and io_end is not None else None
+        except Exception as e:
+            error = error or e
+        finally:
+            progress.close()
+        rank_s = (time.perf_counter_ns() - t0) / 1e9
+        agree(world, error, "staging")
+        world.barrier()
+        stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
+        host_cpu = hostcpu.record(cpu0, hostcpu.read())
     finally:
-        progress.close()
-    rank_s = (time.perf_counter_ns() - t0) / 1e9
-    agree(world, error, "staging")
-    world.barrier()
-    stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
-    host_cpu = hostcpu.record(cpu0, hostcpu.read())
+        if pool is not None:
+            pool.close()  # after the window, as their start was before it
     counters.evict_s += _drop_pages(plan)  # untimed
     evicted = _evict_report(cold, counters, world)
     gathered = world.allgather(({"rank": world.rank, "node": world.node,
@@ -998,27 +1013,16 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
             "per_rank_full": per_rank, "counters": total}
 
 
-def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress: _Progress,
-                fresh: bool, source: str | None
-                ) -> tuple[BaseException | None, procio.IoCounters | None]:
-    """Copy this rank's files: in one thread of this process (`threads` 1), else in that many
-    worker processes (`_stage_pool`); `source` as `_Local.source`. The first error (None
-    when all went well), and the OS's I/O counters of this process and its workers at the
-    end (None: not counted)."""
+def _start_workers(plan: _Plan, lock: threading.Lock, fresh: bool, source: str | None
+                   ) -> _stage_pool.Pool[list[FileEntry]] | None:
+    """This rank's copy worker processes (`_stage_pool`), forked and waiting for batches;
+    None with `threads` 1 (this process copies in one thread of its own). `source` as
+    `_Local.source`. Forking them costs CPU per worker, not per byte (tens of ms for 16
+    on a 2-core host: docs/results.md, section 14), so they start before the timed copy."""
     cfg = plan.cfg
-    batches = _batches(plan.mine, batch_files(cfg.threads))
-    src, dst = plan.source.root, plan.dest_root
     if cfg.threads == 1:
-        local = _Local(fresh, source=source)
-        try:
-            error = _copy_all(batches, lambda b: _stage_batch(b, src, dst, cfg, counters, lock,
-                                                              progress, local),
-                              1, progress.stop)
-        finally:
-            _end_sync(local)
-        return error, procio.tree_io() if plan.note is None else None
-    from iobench.workflows import _stage_pool
-
+        return None
+    src, dst = plan.source.root, plan.dest_root
     shared = _stage_pool.Shared(cfg.threads)
     worker_local = _Local(fresh, source=source)  # each worker's own copy, from the fork
 
@@ -1027,21 +1031,43 @@ def _copy_share(plan: _Plan, counters: _Counters, lock: threading.Lock, progress
         _stage_batch(batch, src, dst, cfg, mine, lock, _WorkerProgress(shared, slot), worker_local)
         return asdict(mine)
 
+    return _stage_pool.Pool(cfg.threads, work, shared)
+
+
+def _copy_share(plan: _Plan, pool: _stage_pool.Pool[list[FileEntry]] | None,
+                counters: _Counters, lock: threading.Lock, progress: _Progress,
+                fresh: bool, source: str | None
+                ) -> tuple[BaseException | None, procio.IoCounters | None]:
+    """Copy this rank's files: in one thread of this process (`pool` None: `threads` 1),
+    else in `pool`'s worker processes (`_start_workers`); `source` as `_Local.source`. The
+    first error (None when all went well), and the OS's I/O counters of this process and its
+    workers at the end (None: not counted)."""
+    cfg = plan.cfg
+    batches = _batches(plan.mine, batch_files(cfg.threads))
+    if pool is None:
+        src, dst = plan.source.root, plan.dest_root
+        local = _Local(fresh, source=source)
+        try:
+            error = _copy_all(batches, lambda b: _stage_batch(b, src, dst, cfg, counters, lock,
+                                                              progress, local),
+                              1, progress.stop)
+        finally:
+            _end_sync(local)
+        return error, procio.tree_io() if plan.note is None else None
     seen = [0]
 
     def poll() -> None:  # the bar follows the workers' bytes; an interrupt stops them
-        done = shared.copied()
+        done = pool.shared.copied()
         progress.show(done - seen[0])
         seen[0] = done
         if pending():
-            shared.stop()
+            pool.shared.stop()
         check()  # an interrupt whose raise Python dropped (in a weakref callback)
 
-    with _stage_pool.Pool(cfg.threads, work, shared) as pool:
-        error = pool.run(batches, lambda d: counters.add(**d), poll)
-        poll()
-        # the workers are still alive: their reads are counted with this process's
-        return error, procio.tree_io() if plan.note is None else None
+    error = pool.run(batches, lambda d: counters.add(**d), poll)
+    poll()
+    # the workers are still alive: their reads are counted with this process's
+    return error, procio.tree_io() if plan.note is None else None
 
 
 class _WorkerProgress:
