@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +353,29 @@ def test_a_shared_host_cpu_bounds_the_nodes_on_it_and_not_nodes_of_their_own() -
                      _tier(bw=1e15, md=1e12)).bounds()[CPU] == math.inf
 
 
+def test_nodes_that_share_a_host_bring_their_start_up_cpu_to_its_cores_at_once() -> None:
+    # a tier and a steady CPU demand far from their limits: the first read's time does not
+    # move, so the first batch moves by the start-up burst alone, (m - 1) x 0.3 CPU-s / 2
+    # cores for m nodes on the host, no more beyond the host's 4
+    node = _node(step_s=0.01, compute_s=0.01, workers=2, cpu_s=Figure(1e-6, "t"), host_cpus=2,
+                 nodes_per_host=4, first_cpu_s=0.3)
+    model = ReadModel(node, _tier(bw=1e15, md=1e12))
+    assert model.first_batch(1) == pytest.approx(0.05)  # the measured one
+    assert model.first_batch(2) == pytest.approx(0.05 + 0.15, rel=1e-3)
+    assert model.first_batch(4) == pytest.approx(0.05 + 0.45, rel=1e-3)
+    assert model.first_batch(64) == pytest.approx(0.05 + 0.45, rel=1e-3)  # 4 a host
+    # measured at two nodes on the host: 0.15 CPU-s each; one node alone starts sooner
+    two = ReadModel(replace(node, nodes=2), _tier(bw=1e15, md=1e12))
+    assert two.first_batch(4) == pytest.approx(0.05 + 2 * 0.3 / 2 / 2, rel=1e-3)
+    # a host per node, or no figure: the start-up stays each node's own
+    for other in (replace(node, nodes_per_host=1), replace(node, first_cpu_s=None)):
+        assert ReadModel(other, _tier(bw=1e15, md=1e12)).first_batch(4) == pytest.approx(
+            0.05, rel=1e-3)
+    # where the first read's queueing moves it more, that holds (they overlap)
+    slow = ReadModel(replace(node, first_cpu_s=1e-4), _tier(bw=4e6, md=1e12))
+    assert slow.first_batch(4) > 0.05 + 3 * 1e-4 / 2
+
+
 def test_a_part_filled_last_host_is_not_faster_than_a_full_one() -> None:
     # 8 nodes a host, CPU-bound beyond 2: the job goes at its fullest host's pace, so AU
     # never rises with N (9 nodes: one full host and one of a node) and the bisection holds
@@ -440,10 +464,12 @@ def _stage(tmp_path: Path, dataset: str = "cifar10") -> Path:
     return path
 
 
-def _with_host_cpu(path: Path, busy_s: float, cpus: int = 2) -> Path:
+def _with_host_cpu(path: Path, busy_s: float, cpus: int = 2, first: float | None = None
+                   ) -> Path:
     doc = json.loads(path.read_text())
     for e in doc.get("epochs", []):
-        e["host_cpu"] = {"busy_s": busy_s, "cpus": cpus, "source": "test"}
+        e["host_cpu"] = {"busy_s": busy_s, "cpus": cpus, "source": "test",
+                         **({"first_batch_busy_s": first} if first is not None else {})}
     if "epochs" not in doc:
         doc["host_cpu"] = {"busy_s": busy_s, "cpus": cpus, "source": "test"}
     path.write_text(json.dumps(doc))
@@ -486,6 +512,25 @@ def test_nodes_on_one_host_share_its_measured_cpu_and_nodes_apart_do_not(
     assert main(["project", "--train", str(train), "--nodes-per-host", "0", "--probe",
                  str(_probe(tmp_path)), "--no-plot", "--results", str(tmp_path / "r")]) == 2
     assert "--nodes-per-host 0 must be >= 1" in capsys.readouterr().err
+
+
+def test_the_host_cpu_until_the_first_batch_is_no_steady_work(tmp_path: Path) -> None:
+    # 2 batches an epoch, 6 ms of the host's CPU, 4 ms of it until the first batch: the
+    # steady figure is the 2 ms after it over the one batch after it
+    train = _with_host_cpu(_train(tmp_path, step_s=0.002, compute_s=0.002), 0.006,
+                           first=0.004)
+    res = tmp_path / "res"
+    assert main(["project", "--train", str(train), "--probe", str(_probe(tmp_path)),
+                 "--nodes-per-host", "2", "--nodes", "1,2", "--no-plot",
+                 "--simulate-max-nodes", "0", "--results", str(res)]) == 0
+    doc = json.loads(next(res.glob("projection-*.json")).read_text())
+    figs = {f["name"]: f for f in doc["figures"]}
+    assert figs["host CPU per batch"]["value"] == pytest.approx(0.002)
+    assert figs["host CPU until the first batch"]["value"] == pytest.approx(0.004)
+    one, two = ({**p, "first": p["stall_s"] - (p["steps_per_epoch"] - 1)
+                 * (p["step_s"] - 0.002)} for p in doc["points"])
+    # the second node's start-up on the host's 2 cores: 2 ms more before the first batch
+    assert two["first"] >= one["first"] + 0.004 / 2 - 1e-9
 
 
 def test_nodes_on_a_host_without_its_cpu_figure_are_warned_of(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from iobench.core.manifest import FileEntry, Manifest
 from iobench.core.world import World
 from iobench.loaders.base import Batch, Loader
 from iobench.workflows.train import TrainConfig, emulate_compute, run
-from wrappers import ShadowClock
+from wrappers import ShadowClock, Wrapped
 
 N = 256
 
@@ -130,6 +131,39 @@ def _assert_host_cpu(epochs: list[dict], wall_s: float) -> None:
         assert 0 <= cpu["busy_s"] <= (wall_s + 0.02) * cpu["cpus"], (cpu, wall_s)
         assert "/proc/stat" in cpu["source"]
         assert Epoch.from_dict(ep).host_cpu.busy_s == cpu["busy_s"]
+        # its part until the first step's batch: within the epoch's, and read when the first
+        # batch came (a fetch that sleeps 30 ms, no CPU, cannot lift it over the whole)
+        assert 0 <= cpu["first_batch_busy_s"] <= cpu["busy_s"], cpu
+        assert Epoch.from_dict(ep).host_cpu.first_batch_busy_s == cpu["first_batch_busy_s"]
+
+
+class _Busy(Wrapped):
+    """Burns `first_s` of CPU before each epoch's first batch and `rest_s` before each other:
+    a loader whose start-up is CPU work."""
+
+    def __init__(self, inner: Loader, first_s: float, rest_s: float) -> None:
+        super().__init__(inner)
+        self.first_s, self.rest_s = first_s, rest_s
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        for i, batch in enumerate(self.inner.epoch(epoch)):
+            t = time.thread_time()
+            while time.thread_time() - t < (self.first_s if i == 0 else self.rest_s):
+                pass
+            yield batch
+
+
+def test_the_host_cpu_until_the_first_batch_is_its_own_figure(storage: Path) -> None:
+    """`host_cpu.first_batch_busy_s` holds the CPU spent before the first step's batch (0.3
+    CPU-s) and not the later batches' (5 x 0.1 CPU-s). The host's whole busy CPU counts other
+    work too (a test beside this one), so only lower bounds hold."""
+    def made(manifest, config, rank, world):
+        return _Busy(NpyLoader(manifest, config, rank, world), 0.3, 0.1)
+
+    doc = run(_cfg(storage, compute_time_s=0.01, epochs=1, max_steps=6), made, World())
+    cpu = doc["epochs"][0]["host_cpu"]
+    assert cpu["first_batch_busy_s"] >= 0.28, cpu  # read after the first batch, not before
+    assert cpu["busy_s"] - cpu["first_batch_busy_s"] >= 0.45, cpu  # nor at the epoch's end
 
 
 def test_model_run_against_a_shadow_clock_and_result(storage: Path, tmp_path: Path) -> None:

@@ -405,6 +405,9 @@ class HostCpuRecord(Record):
     busy_s: float  # CPU seconds, all CPUs summed
     cpus: int
     source: str
+    # train: the part of busy_s from the epoch's start to its first step's batch (every
+    # rank's first batch: the step waits for all; the loaders' start-up and first reads)
+    first_batch_busy_s: float | None = key(default=None, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -348,25 +348,37 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
         step_range=(min(steps), max(steps)))
 
 
-def host_cpu(run: TrainResult) -> tuple[Figure, int] | None:
-    """The host's busy CPU seconds per batch read (median epoch) and its cores, from each
-    epoch's `host_cpu` (rank 0's host, over the epoch's steps) over the batches its ranks
-    read; None where the run has none (older results, no /proc/stat)."""
-    per_batch, cores = [], 0
+def host_cpu(run: TrainResult) -> tuple[Figure, int, float | None] | None:
+    """The host's busy CPU seconds per batch read (median epoch), its cores, and its busy CPU
+    until the first step's batch (median epoch; None where not recorded), from each epoch's
+    `host_cpu` (rank 0's host, over the epoch's steps). Where the first batch's part is
+    recorded the per-batch figure is the rest's, over the batches after each rank's first:
+    the loaders' start-up is no steady work. None where the run has none (older results, no
+    /proc/stat)."""
+    per_batch, firsts, cores = [], [], 0
     for e in run.epochs:
         h = e.host_cpu
         root = next((r for r in e.ranks if r.rank == 0), None)
         if h is None or root is None or h.cpus < 1:  # no figure, or not a usable one
             continue
-        batches = sum(r.steps for r in e.ranks if r.host == root.host)
-        if batches > 0:
+        mine = [r for r in e.ranks if r.host == root.host]
+        batches = sum(r.steps for r in mine)
+        first = h.first_batch_busy_s
+        if first is not None and batches > len(mine) and 0 <= first <= h.busy_s:
+            per_batch.append((h.busy_s - first) / (batches - len(mine)))
+            firsts.append(first)
+            cores = h.cpus
+        elif batches > 0:
             per_batch.append(h.busy_s / batches)
             cores = h.cpus
     if not per_batch:
         return None
+    whole = ("the batches its ranks read" if len(firsts) < len(per_batch) else
+             "the batches after each rank's first, less its CPU until the first step's batch")
     return (Figure(_median(per_batch), "measured: the host's busy CPU over each epoch "
                    f"(/proc/stat: everything on the host, the tier's daemons included) over "
-                   f"the batches its ranks read (median of {len(per_batch)} epochs)"), cores)
+                   f"{whole} (median of {len(per_batch)} epochs)"), cores,
+            _median(firsts) if len(firsts) == len(per_batch) else None)
 
 
 def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
@@ -742,6 +754,13 @@ def _host_figures(node: NodeFigures, staging: StagingFigures) -> list[InputFigur
                             source=node.cpu_s.source + use, given=False),
                 InputFigure(name="host cores", value=node.host_cpus, unit="cores",
                             source="measured: /proc/stat of the training's host", given=False)]
+    if node.first_cpu_s is not None:
+        out.append(InputFigure(
+            name="host CPU until the first batch", value=node.first_cpu_s, unit="s",
+            source="measured: the host's busy CPU from each epoch's start to its first step's "
+                   "batch (median epoch: the loaders' start-up and first reads)"
+                   + ("; nodes that share a host bring it to its cores at once" if shared
+                      else "; no station: every node has its own"), given=False))
     if staging.cpu_s is not None:
         out.append(InputFigure(name="host CPU per staged chunk", value=staging.cpu_s, unit="s",
                                source="measured: the stage result's host busy CPU over its "
@@ -884,6 +903,7 @@ def project(cfg: ProjectConfig,
     cpu = host_cpu(run)
     node = replace(node, samples_per_request=samples_per_request(run, tier),
                    cpu_s=cpu[0] if cpu else None, host_cpus=cpu[1] if cpu else 1,
+                   first_cpu_s=cpu[2] if cpu else None,
                    nodes_per_host=cfg.nodes_per_host,
                    step_sync=None if cfg.step_sync_s is None else Figure(
                        cfg.step_sync_s, "--step-sync-ms: a synchronisation of every rank per "

@@ -656,6 +656,8 @@ class _Run:
         self.t_run = time.perf_counter()
         self.run_id = new_run_id(world.hostname)  # named by its start time
         self._last_live = 0  # when `hooks.live` was last called (perf_counter ns)
+        # rank 0's host's busy CPU when the epoch's first step had every rank's first batch
+        self._first_cpu: hostcpu.HostCpu | None = None
         # a real model's last batch (on the device), then its compute-only rate on it
         self._last_batch: tuple[torch.Tensor, torch.Tensor, Any] | None = None
         self.demand: dict[str, Any] | None = None
@@ -772,8 +774,12 @@ class _Run:
         compute.reset()
         if self.ckpt is not None:
             self.ckpt.epoch_start()
+        self._first_cpu = None
         clock, timing = self._steps(rep, epoch, loader, compute)
         host_cpu = hostcpu.record(cpu0, hostcpu.read()) if world.is_root else None
+        first = hostcpu.record(cpu0, self._first_cpu)
+        if host_cpu is not None and first is not None:  # its part until the first batch
+            host_cpu["first_batch_busy_s"] = first["busy_s"]
         io = procio.tree_io() - io0
         tier = None
         if tier0 is not None and self.hooks.counters is not None:
@@ -854,6 +860,8 @@ class _Run:
         self._at(f"waiting for the other ranks' batch {step + 1}", step)
         compute.wait_for_all_ranks()
         t_ready = clock.batch_ready()
+        if step == 0 and self.world.is_root:  # the start-up's and first reads' CPU
+            self._first_cpu = hostcpu.read()
         if (self.hooks.live is not None
                 and t_ready - self._last_live >= self.hooks.live_interval_ns):
             self.hooks.live(epoch, step + 1, steps_total, clock)
