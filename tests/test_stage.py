@@ -178,6 +178,50 @@ def stage_on_thread_nodes(cfg: StageConfig, nodes: int = 2) -> dict[int, dict]:
     return docs
 
 
+def test_copy_workers_that_cannot_start_on_one_rank_stop_every_rank_before_the_copy(
+        tmp_path, monkeypatch):
+    """Two nodes (threads); one rank's copy workers cannot start (no fork): both ranks raise
+    before any copy, the failing one naming the fix, the other the failing rank, and no
+    rank copies its share first."""
+    from iobench.core.errors import DistributedError
+    from iobench.workflows import _stage_pool
+
+    _dataset(tmp_path)
+    real, calls, lock = _stage_pool.Pool, [], threading.Lock()
+
+    def first_fails(*a, **k):
+        with lock:
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError(11, "Resource temporarily unavailable")
+        return real(*a, **k)
+
+    monkeypatch.setattr(_stage_pool, "Pool", first_fails)
+    comm, errors = _ThreadComm(2), {}
+    cfg = StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "node{node}", threads=2)
+
+    def rank(r: int) -> None:
+        comm.rank.value = r
+        w = World(rank=r, size=2, local_rank=0, local_size=1, node=r, num_nodes=2,
+                  launcher="mpi", hostname=f"host{r}", _comm=comm)
+        try:
+            stage_dataset(cfg, w)
+        except BaseException as e:
+            errors[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(errors) == [0, 1], errors
+    kinds = sorted(type(e).__name__ for e in errors.values())
+    assert kinds == sorted([StorageError.__name__, DistributedError.__name__]), errors
+    assert any("lower --threads" in str(e) for e in errors.values()), errors
+    assert any("starting the copy failed on rank" in str(e) for e in errors.values()), errors
+    assert not list(tmp_path.glob("node*/cifar10-files/*.bin"))  # nobody copied first
+
+
 def test_shard_puts_on_each_node_only_its_ranks_files(tmp_path):
     """Two nodes (emulated by threads, `{node}` in --to): each gets its ranks' files only."""
     m = _dataset(tmp_path)

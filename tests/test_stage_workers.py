@@ -395,31 +395,30 @@ def test_a_local_source_is_evicted_in_a_pass_before_the_copy(tmp_path):
 def test_stage_s_times_the_copy_not_the_workers_start_or_stop(tmp_path, monkeypatch):
     """The copy workers are forked before the timed window and joined after it: forking
     costs CPU per worker, not per byte (docs/metrics.md, "Staging"). A start and a stop
-    made 1 s slow each leave a copy of 150 small files well under 1 s."""
+    made 3 s slow each leave a copy of 150 small files well under 3 s."""
     from iobench.workflows import _stage_pool
 
     m = make_dataset(tmp_path / "src" / "cifar10-files", SMALL)
 
     class SlowPool(_stage_pool.Pool):  # type: ignore[type-arg]
         def __init__(self, *a, **k):
-            time.sleep(1.0)
+            time.sleep(3.0)
             super().__init__(*a, **k)
 
         def close(self):
-            time.sleep(1.0)
+            time.sleep(3.0)
             super().close()
 
     monkeypatch.setattr(_stage_pool, "Pool", SlowPool)
     doc = stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
                                     threads=2))
-    assert doc["stage_s"] < 0.9, doc["stage_s"]
+    assert doc["stage_s"] < 2.5, doc["stage_s"]
     _assert_exact(m, tmp_path / "dst" / "cifar10-files")
 
 
 def test_workers_that_cannot_start_fail_the_stage_with_one_error(tmp_path, monkeypatch):
-    """A pool that cannot start (no fork, no memory) is the staging's error on every rank,
-    raised after the collective start of the copy (no rank is left waiting), and nothing
-    lands under a final name."""
+    """A pool that cannot start (no fork, no memory) is the staging's error, naming the fix,
+    and nothing lands under a final name (two ranks: tests/test_stage.py)."""
     from iobench.workflows import _stage_pool
 
     make_dataset(tmp_path / "src" / "cifar10-files", SMALL)
@@ -428,7 +427,7 @@ def test_workers_that_cannot_start_fail_the_stage_with_one_error(tmp_path, monke
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
     monkeypatch.setattr(_stage_pool, "Pool", refuse)
-    with pytest.raises(IobenchError, match="Resource temporarily unavailable"):
+    with pytest.raises(IobenchError, match="cannot start 2 copy worker processes.*--threads"):
         stage_dataset(StageConfig("cifar10", "files", tmp_path / "src", tmp_path / "dst",
                                   threads=2))
     assert not [p for p in (tmp_path / "dst").rglob("*.bin")]

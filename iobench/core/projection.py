@@ -491,23 +491,25 @@ class ReadModel:
         return max(1, math.ceil(n.epoch_samples / (nodes * n.ranks_per_node * n.batch_size)))
 
     def first_batch(self, nodes: int) -> float:
-        """The first batch's wait (s): the measured one, moved by the larger of the change in
-        the first read's time from the measured node count to `nodes` and the host's start-up
-        burst (`start_burst`): both delay it, and they overlap."""
-        moved = max(self._io_time(nodes) - self._first_io_s, self.start_burst(nodes))
-        return max(0.0, self.node.first_batch_s + moved)
+        """The first batch's wait (s): the measured one, moved by the change in the larger of
+        the first read's time (every reader starting at once) and the host's start-up burst
+        (`start_burst`) from the measured node count to `nodes`: both delay it, and they
+        overlap."""
+        n = self.node
+        then = max(self._first_io_s, self.start_burst(n.nodes))
+        return max(0.0, n.first_batch_s + max(self._io_time(nodes), self.start_burst(nodes))
+                   - then)
 
     def start_burst(self, nodes: int) -> float:
-        """Seconds more (or fewer) that the nodes on the fullest host take to their first
-        batch than the measured ones: where nodes share a host they start at once, and each
-        brings the host's CPU until the first batch measured per node (`first_cpu_s`) to the
-        same cores, `(m - m0) c_f / (m0 p)` for m nodes on it against m0 measured. 0 without
-        a CPU station or that figure."""
+        """Seconds the host's cores take for the start-up of the nodes on the fullest host:
+        where nodes share a host they start at once, each bringing the host's CPU until the
+        first batch measured per node (`first_cpu_s`, at m0 nodes on it), `m c_f / (m0 p)`
+        for m nodes. 0 without a CPU station or that figure."""
         n = self.node
         if not n.shared_cpu or n.first_cpu_s is None:
             return 0.0
         m0, m = min(n.nodes, n.nodes_per_host), min(nodes, n.nodes_per_host)
-        return (m - m0) * n.first_cpu_s / m0 / n.host_cpus
+        return m * n.first_cpu_s / m0 / n.host_cpus
 
     def epoch(self, op: Operating) -> tuple[float, float]:
         """(epoch wall, stall per epoch) in seconds at an operating point: the first batch,

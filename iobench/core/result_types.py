@@ -405,8 +405,8 @@ class HostCpuRecord(Record):
     busy_s: float  # CPU seconds, all CPUs summed
     cpus: int
     source: str
-    # train: the part of busy_s from the epoch's start to its first step's batch (every
-    # rank's first batch: the step waits for all; the loaders' start-up and first reads)
+    # train: the part of busy_s from the epoch's start to its first step's batch on rank 0
+    # (every rank's where ranks synchronise each step; the loaders' start-up, first reads)
     first_batch_busy_s: float | None = key(default=None, optional=True)
 
 

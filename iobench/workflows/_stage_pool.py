@@ -7,8 +7,8 @@ so none idles), adds up what each batch returns, and follows the copied bytes
 through a shared array the workers add to (a progress bar, without a message per
 chunk). Workers ignore SIGINT and SIGTERM: the parent decides. After an error or
 an interrupt it raises the shared stop flag; each worker stops at its next chunk
-or file, removes its batch's temporary files, and exits; the parent waits for
-every one of them before it returns or re-raises. A worker dies with its parent
+or file, removes its batch's temporary files, and exits; `close` (the caller's,
+after its timed copy) waits for every one of them. A worker dies with its parent
 (PR_SET_PDEATHSIG) should the parent be killed outright.
 """
 

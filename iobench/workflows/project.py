@@ -350,12 +350,12 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
 
 def host_cpu(run: TrainResult) -> tuple[Figure, int, float | None] | None:
     """The host's busy CPU seconds per batch read (median epoch), its cores, and its busy CPU
-    until the first step's batch (median epoch; None where not recorded), from each epoch's
-    `host_cpu` (rank 0's host, over the epoch's steps). Where the first batch's part is
-    recorded the per-batch figure is the rest's, over the batches after each rank's first:
-    the loaders' start-up is no steady work. None where the run has none (older results, no
-    /proc/stat)."""
-    per_batch, firsts, cores = [], [], 0
+    until the first step's batch (median epoch; None unless every usable epoch recorded it),
+    from each epoch's `host_cpu` (rank 0's host, over the epoch's steps). With the first
+    batch's part the per-batch figure is the rest's, over the batches after each rank's
+    first: the loaders' start-up is no steady work. None where the run has none (older
+    results, no /proc/stat)."""
+    usable = []  # (busy_s, first_batch_busy_s, batches, ranks on the host, cores)
     for e in run.epochs:
         h = e.host_cpu
         root = next((r for r in e.ranks if r.rank == 0), None)
@@ -363,22 +363,21 @@ def host_cpu(run: TrainResult) -> tuple[Figure, int, float | None] | None:
             continue
         mine = [r for r in e.ranks if r.host == root.host]
         batches = sum(r.steps for r in mine)
-        first = h.first_batch_busy_s
-        if first is not None and batches > len(mine) and 0 <= first <= h.busy_s:
-            per_batch.append((h.busy_s - first) / (batches - len(mine)))
-            firsts.append(first)
-            cores = h.cpus
-        elif batches > 0:
-            per_batch.append(h.busy_s / batches)
-            cores = h.cpus
-    if not per_batch:
+        if batches > 0:
+            usable.append((h.busy_s, h.first_batch_busy_s, batches, len(mine), h.cpus))
+    if not usable:
         return None
-    whole = ("the batches its ranks read" if len(firsts) < len(per_batch) else
-             "the batches after each rank's first, less its CPU until the first step's batch")
+    split = all(f is not None and 0 <= f <= b and n > r for b, f, n, r, _ in usable)
+    if split:
+        per_batch = [(b - (f or 0.0)) / (n - r) for b, f, n, r, _ in usable]
+        whole = "the batches after each rank's first, less its CPU until the first step's batch"
+    else:
+        per_batch = [b / n for b, _, n, _, _ in usable]
+        whole = "the batches its ranks read"
     return (Figure(_median(per_batch), "measured: the host's busy CPU over each epoch "
                    f"(/proc/stat: everything on the host, the tier's daemons included) over "
-                   f"{whole} (median of {len(per_batch)} epochs)"), cores,
-            _median(firsts) if len(firsts) == len(per_batch) else None)
+                   f"{whole} (median of {len(per_batch)} epochs)"), usable[-1][4],
+            _median([f or 0.0 for _, f, _, _, _ in usable]) if split else None)
 
 
 def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
@@ -759,8 +758,9 @@ def _host_figures(node: NodeFigures, staging: StagingFigures) -> list[InputFigur
             name="host CPU until the first batch", value=node.first_cpu_s, unit="s",
             source="measured: the host's busy CPU from each epoch's start to its first step's "
                    "batch (median epoch: the loaders' start-up and first reads)"
-                   + ("; nodes that share a host bring it to its cores at once" if shared
-                      else "; no station: every node has its own"), given=False))
+                   + ("; nodes that share a host bring it to its cores at once"
+                      if node.shared_cpu else "; not used: every node has a host of its own"
+                      if not shared else "; not used: no host CPU per batch"), given=False))
     if staging.cpu_s is not None:
         out.append(InputFigure(name="host CPU per staged chunk", value=staging.cpu_s, unit="s",
                                source="measured: the stage result's host busy CPU over its "

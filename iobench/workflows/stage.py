@@ -511,7 +511,8 @@ def _stage_batch(batch: list[FileEntry], src_root: Path, dest_root: Path, cfg: S
     if local.buf is None:  # in the copying thread or worker process, at its first batch
         # anonymous pages, each faulted in when a read first fills it: no zeroing of the
         # whole buffer (bytearray's 16 MiB memset cost every worker ~5 ms of CPU)
-        local.buf = memoryview(mmap.mmap(-1, cfg.buffer_bytes))
+        local.buf = memoryview(mmap.mmap(-1, cfg.buffer_bytes,
+                                         flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
         local.tag = f"{PARTIAL}{socket.gethostname()}-{os.getpid()}-{threading.get_ident()}"
     t0 = time.perf_counter()
     copied: list[_Copied] = []
@@ -954,38 +955,23 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
     progress = _Progress(cfg.progress and world.rank == 0, plan.my_bytes,
                          f"{label} (rank 0 of {world.size})" if world.size > 1 else label,
                          log=cfg.log_progress and world.rank == 0)
-    error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
-                                   else None)
-    fresh = _empty_dir(plan.dest_root)  # nothing staged there: no stat per file
     pool: _stage_pool.Pool[list[FileEntry]] | None = None
     try:
-        if error is None:  # the copy workers start before the window: stage_s times the copy
-            pool = _start_workers(plan, lock, fresh, cold.in_copy)
-    except Exception as e:
-        error = e
-    try:
-        io0 = procio.tree_io() if plan.note is None else None
-        world.barrier()
-        cpu0 = hostcpu.read()  # the host's busy CPU over stage_s's window (rank 0's is kept)
-        t0 = time.perf_counter_ns()
-        io = None
+        error: BaseException | None = (_clear_leftovers(plan, counters) if plan.node_leader
+                                       else None)
+        fresh = _empty_dir(plan.dest_root)  # nothing staged there: no stat per file
         try:
-            if error is None:
-                error, io_end = _copy_share(plan, pool, counters, lock, progress, fresh,
-                                            cold.in_copy)
-                io = io_end - io0 if io0 is not None and io_end is not None else None
+            if error is None:  # the copy workers start before the window: stage_s times the copy
+                pool = _start_workers(plan, lock, fresh, cold.in_copy)
         except Exception as e:
-            error = error or e
-        finally:
-            progress.close()
-        rank_s = (time.perf_counter_ns() - t0) / 1e9
-        agree(world, error, "staging")
-        world.barrier()
-        stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
-        host_cpu = hostcpu.record(cpu0, hostcpu.read())
+            error = e
+        agree(world, error, "starting the copy")  # every rank, or none, copies
+        window = _timed_copy(plan, world, pool, counters, lock, progress, fresh, cold.in_copy)
     finally:
+        progress.close()
         if pool is not None:
             pool.close()  # after the window, as their start was before it
+    rank_s, stage_s, host_cpu, io = window
     counters.evict_s += _drop_pages(plan)  # untimed
     evicted = _evict_report(cold, counters, world)
     gathered = world.allgather(({"rank": world.rank, "node": world.node,
@@ -1013,6 +999,32 @@ def _copy_once(plan: _Plan, world: World, repeat: int) -> dict[str, Any]:
             "per_rank_full": per_rank, "counters": total}
 
 
+def _timed_copy(plan: _Plan, world: World, pool: _stage_pool.Pool[list[FileEntry]] | None,
+                counters: _Counters, lock: threading.Lock, progress: _Progress, fresh: bool,
+                source: str | None
+                ) -> tuple[float, float, dict[str, Any] | None, procio.IoCounters | None]:
+    """The timed window, a collective: every rank's copy of its share, from one barrier to
+    the next. This rank's seconds, `stage_s` (the slowest rank's), the host's busy CPU over
+    it, and this rank's OS I/O counters over it (None: not counted). Errors are raised on
+    every rank."""
+    io0 = procio.tree_io() if plan.note is None else None
+    world.barrier()
+    cpu0 = hostcpu.read()  # the host's busy CPU over stage_s's window (rank 0's is kept)
+    t0 = time.perf_counter_ns()
+    io = None
+    error: BaseException | None = None
+    try:
+        error, io_end = _copy_share(plan, pool, counters, lock, progress, fresh, source)
+        io = io_end - io0 if io0 is not None and io_end is not None else None
+    except Exception as e:
+        error = e
+    rank_s = (time.perf_counter_ns() - t0) / 1e9
+    agree(world, error, "staging")
+    world.barrier()
+    stage_s = (time.perf_counter_ns() - t0) / 1e9  # the slowest rank sets the pace
+    return rank_s, stage_s, hostcpu.record(cpu0, hostcpu.read()), io
+
+
 def _start_workers(plan: _Plan, lock: threading.Lock, fresh: bool, source: str | None
                    ) -> _stage_pool.Pool[list[FileEntry]] | None:
     """This rank's copy worker processes (`_stage_pool`), forked and waiting for batches;
@@ -1031,7 +1043,11 @@ def _start_workers(plan: _Plan, lock: threading.Lock, fresh: bool, source: str |
         _stage_batch(batch, src, dst, cfg, mine, lock, _WorkerProgress(shared, slot), worker_local)
         return asdict(mine)
 
-    return _stage_pool.Pool(cfg.threads, work, shared)
+    try:
+        return _stage_pool.Pool(cfg.threads, work, shared)
+    except OSError as e:  # no fork, no memory, a process limit
+        raise StorageError(f"cannot start {cfg.threads} copy worker processes ({e}): lower "
+                           "--threads (1 copies in this process)") from e
 
 
 def _copy_share(plan: _Plan, pool: _stage_pool.Pool[list[FileEntry]] | None,

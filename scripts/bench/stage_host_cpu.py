@@ -6,9 +6,10 @@
 A projection of nodes that share a host takes the host's busy CPU per staged chunk
 from one node's stage result (`iobench project --nodes-per-host`). That holds only if
 one copy costs the host the same CPU whether one rank with 4 workers or 4 ranks with
-4 each copy it. Each config runs `iobench stage --repeat 3` from a cold source (`S` a
-shard: one copy over `mpiexec -n R` ranks; `R` a replicate: R processes at once, each a
-whole copy) with W workers each (`RxW`), and prints the median over every repetition of
+4 each copy it. Each config copies from a cold source with W copy workers a rank
+(`RxW`): `S`, a shard, is one copy over `mpiexec -n R` ranks, `iobench stage --repeat 3`;
+`R`, a replicate, is R processes at once, each a whole copy, once (each would evict the
+tier during the others'). It prints the median over every repetition of
 `stage_s` and of the host's busy CPU per copy (the result's `host_cpu`; for `R`, the
 longest window's over R copies), with the CPU seconds of the GlusterFS bricks and of the
 FUSE client of the source's mount (`pgrep`; 0 elsewhere) over each whole command.
@@ -64,7 +65,8 @@ def one(kind: str, ranks: int, workers: int, code: str | None, a: argparse.Names
     results = [a.work / f"{tag}-r{i}" for i in range(copies)]
     for p in dests + results:
         shutil.rmtree(p, ignore_errors=True)
-    opts = ["--no-progress", "--threads", str(workers), "--repeat", "3",
+    # R: copies evict the shared tier in each other's, so once each (project_validate's rule)
+    opts = ["--no-progress", "--threads", str(workers), "--repeat", "1" if kind == "R" else "3",
             *(["--evict-cmd", a.evict_cmd] if a.evict_cmd else [])]
     iob = [sys.executable, "-m", "iobench", "stage", "--from", str(a.src)]
     client = f"glusterfs .*{mount_of(a.src)}$"
