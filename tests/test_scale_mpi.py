@@ -131,3 +131,45 @@ def test_a_rank_waiting_in_a_collective_sleeps_rather_than_spins(tmp_path: Path)
     docs = {i: json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1)}
     assert docs[0]["got"] == docs[1]["got"] == [0, 1]
     assert docs[1]["cpu_s"] < 0.5  # spinning would be about 1.5
+
+
+GEN_WAITER = """
+import json, pathlib, sys, time
+from iobench.core.world import get_world
+from iobench.workflows import generate
+w = get_world()
+slow = int(sys.argv[2])  # the rank whose task takes 1.5 s (asleep: no CPU of its own)
+
+def task(writer, root, t):
+    if t == slow:
+        time.sleep(1.5)
+    return (t, 1, 10, False)
+
+generate._run_task = task
+t0 = time.process_time()
+done, err = generate._run_mpi(None, pathlib.Path(sys.argv[1]), [0, 1], w, None, 20)
+out = pathlib.Path(sys.argv[1]) / f"gen-{slow}-{w.rank}.json"
+out.write_text(json.dumps({"done": sorted(d[0] for d in done), "err": err is not None,
+                           "cpu_s": time.process_time() - t0}))
+"""
+
+
+@pytest.mark.parametrize("slow", [0, 1])
+def test_generate_ranks_waiting_for_the_others_sleep_rather_than_spin(tmp_path: Path,
+                                                                      slow: int) -> None:
+    """`generate` under MPI: rank 0 gathers the others' finished tasks, then broadcasts the
+    outcome. A rank done first waits 1.5 s for the other (rank 1 in the broadcast, rank 0
+    for the last messages) asleep, not in MPICH's polling, and rank 0 still has every task."""
+    import subprocess
+
+    exe = mpiexec_path()
+    if exe is None:
+        pytest.skip("mpiexec not found (install the `mpich` extra)")
+    script = tmp_path / "gen_waiter.py"
+    script.write_text(GEN_WAITER)
+    r = subprocess.run([exe, "-n", "2", sys.executable, str(script), str(tmp_path), str(slow)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    docs = {i: json.loads((tmp_path / f"gen-{slow}-{i}.json").read_text()) for i in (0, 1)}
+    assert docs[0]["done"] == [0, 1] and not docs[0]["err"] and not docs[1]["err"]
+    assert docs[1 - slow]["cpu_s"] < 0.5, docs  # spinning would be about 1.5

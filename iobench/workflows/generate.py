@@ -28,7 +28,7 @@ from iobench.core.formats import DEFAULT_FORMAT, FORMATS, NPZ, parse_compression
 from iobench.core.interrupts import check
 from iobench.core.jsonio import write_json_atomic
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest
-from iobench.core.world import World
+from iobench.core.world import POLL_FIRST_S, POLL_MAX_S, World, wait_politely
 from iobench.generators import get_writer, synthesis_version
 from iobench.generators.base import Task, Writer, sha256_file
 from iobench.generators.synth import SYNTHESIS_VERSION, has_depth_spread, synthesis_version_of
@@ -629,6 +629,7 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
                 err = e
                 break
         comm.send(err, dest=0, tag=_TAG_DONE)
+        wait_politely(comm)  # asleep while rank 0 finishes (a blocking bcast spins a core)
         err = comm.bcast(None, root=0)
         return [], err
     from mpi4py import MPI
@@ -637,9 +638,20 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
     done_bytes, pending = 0, world.size - 1
 
     def drain(block: bool) -> None:
+        """Take the other ranks' messages that came; with `block`, until every rank is done,
+        sleeping between looks (a blocking receive polls at a full core, which the ranks
+        still writing on this host need)."""
         nonlocal done_bytes, pending, err
         st = MPI.Status()
-        while pending and (block or comm.iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)):
+        delay = POLL_FIRST_S
+        while pending:
+            if not comm.iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):
+                if not block:
+                    return
+                time.sleep(delay)
+                delay = min(delay * 2, POLL_MAX_S)
+                continue
+            delay = POLL_FIRST_S
             msg = comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
             if st.Get_tag() == _TAG_DONE:
                 pending -= 1
@@ -664,6 +676,7 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
                 progress(done_bytes, est)
         drain(block=False)
     drain(block=True)
+    wait_politely(comm)
     comm.bcast(err, root=0)
     return results, err
 
