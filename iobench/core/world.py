@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -120,9 +120,14 @@ def wait_politely(comm: Any) -> None:
     2.0 CPU-s), which on a host whose cores the other ranks' copy threads, loader workers or
     the tier's daemons need steals them from the work being measured. A nonblocking barrier,
     tested every 50 us doubling to 2 ms, costs at most that after the last rank arrives."""
-    req = comm.Ibarrier()
+    sleep_until(comm.Ibarrier().Test)
+
+
+def sleep_until(ready: Callable[[], bool]) -> None:
+    """Return once `ready()` is true, asking every 50 us doubling to 2 ms and sleeping in
+    between (MPI's own blocking waits poll at a full core: `wait_politely`)."""
     delay = POLL_FIRST_S
-    while not req.Test():
+    while not ready():
         time.sleep(delay)
         delay = min(delay * 2, POLL_MAX_S)
 

@@ -28,7 +28,7 @@ from iobench.core.formats import DEFAULT_FORMAT, FORMATS, NPZ, parse_compression
 from iobench.core.interrupts import check
 from iobench.core.jsonio import write_json_atomic
 from iobench.core.manifest import MANIFEST_NAME, FileEntry, Manifest
-from iobench.core.world import POLL_FIRST_S, POLL_MAX_S, World, wait_politely
+from iobench.core.world import World, sleep_until, wait_politely
 from iobench.generators import get_writer, synthesis_version
 from iobench.generators.base import Task, Writer, sha256_file
 from iobench.generators.synth import SYNTHESIS_VERSION, has_depth_spread, synthesis_version_of
@@ -643,15 +643,14 @@ def _run_mpi(writer: Writer, root: Path, tasks: list[Task], world: World,
         still writing on this host need)."""
         nonlocal done_bytes, pending, err
         st = MPI.Status()
-        delay = POLL_FIRST_S
+        def came() -> bool:
+            return bool(comm.iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG))
+
         while pending:
-            if not comm.iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG):
+            if not came():
                 if not block:
                     return
-                time.sleep(delay)
-                delay = min(delay * 2, POLL_MAX_S)
-                continue
-            delay = POLL_FIRST_S
+                sleep_until(came)
             msg = comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
             if st.Get_tag() == _TAG_DONE:
                 pending -= 1

@@ -8,8 +8,8 @@ files), and the ranks of a node split that node's files, balanced by bytes.
 Each rank copies with several worker processes (`_stage_pool`, started before
 the timed copy; one thread of its own with `threads=1`), a batch of small files
 or one large file at a time, 16 MiB sequential reads and writes, computing
-sha256 while copying (no second pass) and checking it against the manifest (`verify`; else sizes only, and the
-kernel copies). Files land under a temporary name, a batch's are fsynced
+sha256 while copying (no second pass) and checking it against the manifest
+(`verify`; else sizes only, and the kernel copies). Files land under a temporary name, a batch's are fsynced
 together and then renamed, so a file under its final name is always complete
 and on the device; a rerun skips files that are already complete and correct.
 The destination manifest is written last, so a dataset that has a manifest at
