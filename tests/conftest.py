@@ -122,7 +122,8 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory):
 # Modules whose tests time things tightly (emulated steps within 5 %, shadow clocks, signals
 # at exact points, AU against a bandwidth) or evict the whole page cache (drop_caches).
 # `make test` runs every other module in parallel (pytest-xdist, one module per process at
-# a time, so the GlusterFS and Slurm modules each keep their service to themselves) and
+# a time; the Slurm module keeps its service to itself, and the GlusterFS modules take the
+# volume one at a time, test_gluster.py's LOCK) and
 # these afterwards, alone, so no other test's load or eviction skews them.
 SERIAL_MODULES = frozenset({
     "test_cache", "test_honesty", "test_interrupts", "test_pfs", "test_search",

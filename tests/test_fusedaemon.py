@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,14 @@ from test_gluster import gluster  # noqa: F401  (fixture: the one-box GlusterFS 
 from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from iobench.core import cache
-from iobench.core.fusedaemon import FuseDaemon, ReadCost, calibrate, find_daemon, reads_and_bytes
+from iobench.core.fusedaemon import (
+    FuseDaemon,
+    ReadCost,
+    Uncalibrated,
+    calibrate,
+    find_daemon,
+    reads_and_bytes,
+)
 from iobench.core.result_types import TrainResult
 from iobench.pfs import stats_for
 from result_docs import real_result
@@ -87,8 +95,8 @@ def test_emulated_tiers_counters_agree_with_its_daemons_proc_counts(pfs, tmp_pat
     s0 = stats_for(mp)
     cost = calibrate(daemon, mp / "f")
     s1 = stats_for(mp)
-    assert s0 is not None and s1 is not None and cost is not None
-    assert s1["counters"]["read_requests"] - s0["counters"]["read_requests"] == 3 * 32
+    assert s0 is not None and s1 is not None and isinstance(cost, ReadCost)
+    assert s1["counters"]["read_requests"] - s0["counters"]["read_requests"] == 2 * 32  # two rounds alike
     assert cost.replies_per_read == 1.0 and cost.read_bytes == 4096
     cache.evict([mp / "f"])
     s0 = stats_for(mp)
@@ -109,6 +117,65 @@ def test_emulated_tiers_counters_agree_with_its_daemons_proc_counts(pfs, tmp_pat
     assert requests <= reads <= requests + 8  # open, getattr, flush, release, ...
     assert served <= got <= served + 8 * 256  # their replies' bytes
 
+
+
+@dataclass(frozen=True)
+class _Shared(FuseDaemon):
+    """A daemon whose mount another reader uses while each calibration round is counted:
+    before round k's second reading, the open file `other` is read at 3 k pages never read
+    before (real FUSE reads, answered like the calibration's own; 3 apart a round, so an
+    open's or a getattr's reply landing in one round or the next cannot make two agree)."""
+
+    other: int = -1
+    readings: list[int] = field(default_factory=list)
+
+    def counters(self) -> dict[str, int]:
+        self.readings.append(len(self.readings))
+        k = len(self.readings) // 2
+        if len(self.readings) % 2 == 0:
+            for i in range(3 * k):
+                os.pread(self.other, 4096, (3 * k * k + i) * 2 * 4096)
+        return super().counters()
+
+
+@pytest.mark.fuse
+def test_calibration_refuses_rounds_that_another_reader_disturbed(pfs, tmp_path: Path  # noqa: F811
+                                                                  ) -> None:
+    """Another reader on the mount adds its replies to the calibration's rounds, a
+    different number each round: no two agree, so there is no cost a read and the reason
+    names the mount and the rounds' counts. The same daemon undisturbed gives 1 write a read."""
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    (backing / "f").write_bytes(os.urandom(8 << 20))
+    (backing / "other").write_bytes(os.urandom(8 << 20))
+    h = pfs(backing)
+    mp = Path(h.mountpoint)
+    found = find_daemon(mp, pid=h.pid)
+    assert found is not None
+    other = os.open(mp / "other", os.O_RDONLY)
+    try:
+        os.posix_fadvise(other, 0, 0, os.POSIX_FADV_RANDOM)
+        busy = _Shared(pid=found.pid, mount_point=found.mount_point, name=found.name,
+                       other=other)
+        cost = calibrate(busy, mp / "f")
+    finally:
+        os.close(other)
+    assert isinstance(cost, Uncalibrated), cost
+    assert cost.reason.startswith("no two of 6 rounds of 32 reads agreed") and str(mp) in cost.reason
+    assert len(busy.readings) == 12  # every round was counted
+    quiet = calibrate(found, mp / "f")
+    assert isinstance(quiet, ReadCost) and quiet.replies_per_read == 1.0
+
+
+def test_calibration_needs_two_rounds_of_the_file() -> None:
+    """A file too small for two rounds of reads two pages apart, or one that is gone, is no
+    calibration, with the reason."""
+    daemon = FuseDaemon(pid=os.getpid(), mount_point="/", name="python")
+    small = Path(__file__)
+    cost = calibrate(daemon, small)
+    assert isinstance(cost, Uncalibrated) and "too small for two rounds" in cost.reason
+    gone = calibrate(daemon, small.with_name("no-such-file"))
+    assert isinstance(gone, Uncalibrated) and "no-such-file" in gone.reason
 
 def test_project_takes_k_from_the_daemons_replies_when_the_tier_has_no_counters() -> None:
     """With no request counters, k comes from the daemon's replies (median epoch), and
@@ -156,6 +223,30 @@ def test_train_records_the_daemons_replies_beside_the_emulated_tiers_counters(
         assert t["source"].startswith("the FUSE daemon's replies") and mp in t["source"]
         assert t["daemon_replies"] >= t["read_requests"] > 0, t
         assert t["daemon_reply_bytes"] >= t["bytes_served"] > 0, t
+
+
+@pytest.mark.fuse
+def test_train_says_why_the_daemon_was_not_calibrated(pfs, tmp_path: Path) -> None:  # noqa: F811
+    """Data files too small to calibrate on (64 samples of 3 kB): the replies are still
+    recorded, with no cost a read, and the run's warnings say why."""
+    import json
+
+    from conftest import cli
+    from iobench.workflows.generate import GenerateConfig, generate_dataset
+
+    backing = tmp_path / "backing"
+    generate_dataset(GenerateConfig(dataset="cifar10", format="hdf5", storage=backing,
+                                    samples=256, samples_per_file=64, seed=1))
+    mp = pfs(backing, "passthrough").mountpoint
+    res = tmp_path / "res"
+    assert cli("train", "--loader", "hdf5", "--storage", mp, "--model", "none",
+               "--epochs", "1", "--workers", "1", "--results", res) == 0
+    doc = json.loads(next(res.glob("*.json")).read_text())
+    (ep,) = doc["epochs"]
+    t = ep["tier_bytes"]
+    assert t["replies_per_read"] is None and t["daemon_replies"] >= t["read_requests"] > 0, t
+    (w,) = [w for w in doc["warnings"] if w.startswith("the FUSE daemon's writes per read")]
+    assert "too small for two rounds of 32 reads" in w, w
 
 
 @pytest.mark.fuse

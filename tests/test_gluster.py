@@ -10,6 +10,7 @@ of the `glusterfsd` processes): the kernel counts nothing for the FUSE client.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.fuse  # GlusterFS: root, FUSE and the glusterfs package
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "pfs" / "local-gluster.sh"
 EVICT = f"{SCRIPT} evict"
+LOCK = Path("/var/tmp/iobench-gluster.lock")  # held by the module using the volume
 OFF = ("performance.quick-read", "performance.io-cache", "performance.read-ahead",
        "performance.readdir-ahead", "performance.open-behind", "performance.nl-cache")
 
@@ -48,19 +50,24 @@ def _mount_from(stdout: str) -> Path:
 @pytest.fixture(scope="module")
 def gluster() -> Iterator[Path]:
     """The mount point of the one-box volume (skips with the script's reason where it cannot
-    run: not root, packages missing, no FUSE)."""
+    run: not root, packages missing, no FUSE). One module at a time holds it (`LOCK`): the
+    parallel pass runs modules side by side, and the client's daemon counts the replies of
+    every process using the mount (test_fusedaemon), and a module that brought the volume
+    up brings it down."""
     if not SCRIPT.is_file():
         pytest.skip(f"{SCRIPT} is missing")
-    was_up = _script("status").returncode == 0
-    r = _script("up")
-    if r.returncode != 0:
-        pytest.skip(f"one-box GlusterFS unavailable: {r.stderr.strip().splitlines()[-1:]}")
-    mnt = _mount_from(r.stdout)
-    try:
-        yield mnt
-    finally:
-        if not was_up:
-            _script("down")
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        was_up = _script("status").returncode == 0
+        r = _script("up")
+        if r.returncode != 0:
+            pytest.skip(f"one-box GlusterFS unavailable: {r.stderr.strip().splitlines()[-1:]}")
+        mnt = _mount_from(r.stdout)
+        try:
+            yield mnt
+        finally:
+            if not was_up:
+                _script("down")
 
 
 @pytest.fixture

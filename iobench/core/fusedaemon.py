@@ -7,12 +7,14 @@ a release) with one write to /dev/fuse, so the daemon's own `syscw` and
 `wchar` count its replies and their bytes. A daemon may also write elsewhere
 (GlusterFS's client writes one request to a brick for each read it cannot
 serve from its own caches), so `calibrate` measures what one read of a known
-size costs in writes, and `bytes_per_read` turns an epoch's writes into
-reads. Metadata replies (lookups, opens, getattrs, releases) count as reads
-there, so the figure over-counts reads by them and under-states the bytes a
-read holds; the daemon serves every process on the host that uses the
-mount, so other readers' replies count too. Where no daemon is found or its
-/proc is unreadable, everything here is None: never a guess.
+size costs in writes (two rounds alike: other traffic on the mount makes
+them differ), and `reads_and_bytes` turns an epoch's writes into reads.
+Metadata replies (lookups, opens, getattrs, releases) count as reads there,
+so the figure over-counts reads by them and under-states the bytes a read
+holds; the daemon serves every process on the host that uses the mount, so
+other readers' replies count too. Where no daemon is found or its /proc is
+unreadable, everything here is None, and an uncalibrated cost says why:
+never a guess.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from iobench.core.procio import read_io
 
 PAGE = 4096  # bytes one calibration read asks for: one page, one FUSE read with readahead off
 CALIBRATION_READS = 32  # reads per calibration round
-CALIBRATION_ROUNDS = 3  # rounds; the least per-read cost is kept (other traffic only adds)
-
+CALIBRATION_ROUNDS = 6  # rounds at most: it stops at the first two that agree
 
 @dataclass(frozen=True)
 class FuseDaemon:
@@ -52,6 +53,13 @@ class ReadCost:
     replies_per_read: float  # the daemon's writes per read (1: its reply alone)
     overhead_bytes: float  # bytes it wrote per read beyond the data (reply header, requests)
     read_bytes: int  # the data one calibration read returned
+
+
+@dataclass(frozen=True)
+class Uncalibrated:
+    """Why `calibrate` found no cost a read."""
+
+    reason: str
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -123,40 +131,52 @@ def _round(daemon: FuseDaemon, fd: int, offsets: list[int]) -> tuple[int, int, i
             b["daemon_reply_bytes"] - a["daemon_reply_bytes"], got)
 
 
-def calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | None:
-    """What one read costs the daemon in writes and bytes, from single-page reads of `file`
-    (on its mount) far apart, with readahead off and the file's client pages dropped, so
-    that each read is one FUSE read; the open and close are outside the counted span.
-    None when the file is too small (under 2 x 32 x 3 pages), unreadable, or the daemon
-    went away."""
+def calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | Uncalibrated:
+    """What one read costs the daemon in writes and bytes, from rounds of single-page reads
+    of `file` (on its mount) far apart, with readahead off and the file's client pages
+    dropped, so that each read is one FUSE read; the open and close are outside the
+    counted rounds. An idle daemon answers every round alike, so the cost is taken from
+    the first two rounds that agree exactly, each with at least one write a read (fewer:
+    another reader's pages served some). Other processes using the mount add their
+    replies to some rounds, or pages to the client's cache, and the rounds disagree.
+    `Uncalibrated`, with the reason, when the file is too small (under 2 x 32 x 2 pages),
+    unreadable, the daemon went away, or no two of up to 6 rounds agreed: never a guess."""
     try:
         return _calibrate(daemon, file)
-    except OSError:  # the file unreadable or gone: no calibration, never a guess
-        return None
+    except OSError as e:  # the file unreadable or gone
+        return Uncalibrated(f"{file}: {e.strerror or e}")
 
 
-def _calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | None:
+def _calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | Uncalibrated:
     size = Path(file).stat().st_size
-    step = (size // (CALIBRATION_READS * CALIBRATION_ROUNDS)) // PAGE * PAGE
-    if step < 2 * PAGE:
-        return None
+    n = CALIBRATION_READS
+    rounds = min(CALIBRATION_ROUNDS, size // (2 * PAGE * n))
+    if rounds < 2:
+        return Uncalibrated(f"{file} is {size:,} bytes: too small for two rounds of {n} "
+                            f"reads {2 * PAGE:,} bytes apart")
+    step = (size // (n * rounds)) // PAGE * PAGE
+    seen: list[tuple[int, int, int]] = []
     fd = os.open(file, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        rounds = [_round(daemon, fd, [(i * CALIBRATION_ROUNDS + r) * step
-                                      for i in range(CALIBRATION_READS)])
-                  for r in range(CALIBRATION_ROUNDS)]
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # leave no pages of ours behind
+        for r in range(rounds):
+            got = _round(daemon, fd, [(i * rounds + r) * step for i in range(n)])
+            if got is None:
+                return Uncalibrated(f"the daemon (pid {daemon.pid}) went away or its "
+                                    "/proc/PID/io became unreadable")
+            if got[0] >= n and got in seen:
+                writes, wbytes, data = got
+                return ReadCost(replies_per_read=writes / n,
+                                overhead_bytes=max(0.0, (wbytes - data) / n),
+                                read_bytes=data // n)
+            seen.append(got)
     finally:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # leave no pages of ours behind
         os.close(fd)
-    done = [r for r in rounds if r is not None]
-    if not done:
-        return None
-    writes, wbytes, data = min(done)
-    n = CALIBRATION_READS
-    return ReadCost(replies_per_read=writes / n, overhead_bytes=max(0.0, (wbytes - data) / n),
-                    read_bytes=data // n)
+    return Uncalibrated(f"no two of {rounds} rounds of {n} reads agreed (daemon writes: "
+                        f"{', '.join(str(w) for w, _, _ in seen)}): other processes were "
+                        f"using {daemon.mount_point}")
 
 
 def reads_and_bytes(replies: int, reply_bytes: int, cost: ReadCost) -> tuple[float, float] | None:

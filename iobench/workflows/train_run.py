@@ -20,7 +20,7 @@ import torch
 from iobench.core import distributed, faults, results
 from iobench.core.dataref import DatasetRef, resolve
 from iobench.core.errors import ConfigError, IobenchError
-from iobench.core.fusedaemon import FuseDaemon, ReadCost, calibrate, find_daemon
+from iobench.core.fusedaemon import FuseDaemon, ReadCost, Uncalibrated, calibrate, find_daemon
 from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock
@@ -180,11 +180,21 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
     counters, tier = emulated_tier(dataset)
     if tier is not None and world.is_root and hooks.tier is not None:
         hooks.tier(tier)
-    daemon = fuse_daemon(dataset, tier, config.warm_cache) if world.is_root else None
-    counters = with_daemon(counters, daemon)
+    found = fuse_daemon(dataset, tier, config.warm_cache) if world.is_root else None
+    world.barrier()  # the ranks open no file while rank 0 calibrates the daemon
     warnings = _datasize_warning(dataset.manifest, workload, world)
+    daemon: tuple[FuseDaemon, ReadCost | None] | None = None
+    if found is not None:
+        fuse, cost = found
+        if isinstance(cost, Uncalibrated):
+            warnings.append("the FUSE daemon's writes per read are not calibrated, so its replies "
+                            f"are recorded but not turned into reads: {cost.reason}")
+            cost = None
+        daemon = (fuse, cost)
+    counters = with_daemon(counters, daemon)
     if warnings and world.is_root and hooks.warning is not None:
-        hooks.warning(warnings[0])
+        for w in warnings:
+            hooks.warning(w)
     factory = _Factory(config, staging["shuffle_scope"] if staging else None, warnings,
                        hooks.warning if world.is_root else None)
     started = hooks.started
@@ -199,11 +209,12 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
 
 
 def fuse_daemon(dataset: DatasetRef, tier: dict[str, Any] | None, warm: bool = False
-                ) -> tuple[FuseDaemon, ReadCost | None] | None:
+                ) -> tuple[FuseDaemon, ReadCost | Uncalibrated | None] | None:
     """The FUSE daemon serving the dataset's mount on this host (the emulated tier's own pid
     when it is one), and what one read costs in its writes, from the largest of the first
-    data files (not with `warm`: the calibration drops that file's pages, which a warm run
-    keeps); None where there is no such daemon or its /proc is unreadable."""
+    data files (None with `warm`: the calibration drops that file's pages, which a warm
+    run keeps; `Uncalibrated` with its reason where it could not be measured); None where
+    there is no such daemon or its /proc is unreadable."""
     daemon = find_daemon(dataset.root, pid=int(tier["pid"]) if tier and tier.get("pid")
                          else None)
     if daemon is None:

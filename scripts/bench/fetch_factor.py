@@ -37,7 +37,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from iobench.core.fusedaemon import calibrate, find_daemon
+from iobench.core.fusedaemon import Uncalibrated, calibrate, find_daemon
 from iobench.core.projection import fetches_per_request
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,9 +158,12 @@ def measure(a: argparse.Namespace, counts: list[int], files: list[tuple[str, int
     costs = []
     for d in dirs:
         daemon = find_daemon(str(d))
-        cost = calibrate(daemon, d / files[0][0]) if daemon else None
-        if cost is None:
-            sys.exit(f"{d}: could not calibrate its FUSE daemon's replies per read")
+        if daemon is None:
+            sys.exit(f"{d}: no FUSE daemon serving it found on this host")
+        cost = calibrate(daemon, d / files[0][0])
+        if isinstance(cost, Uncalibrated):
+            sys.exit(f"{d}: could not calibrate its FUSE daemon's replies per read: "
+                     f"{cost.reason}")
         costs.append(cost.replies_per_read)
     reads: dict[int, list[float]] = {n: [] for n in counts}
     for rep in range(a.repeat):  # interleaved: every N once per repetition
