@@ -29,6 +29,7 @@ PAGE = 4096  # bytes one calibration read asks for: one page, one FUSE read with
 CALIBRATION_READS = 32  # reads per calibration round
 CALIBRATION_ROUNDS = 6  # rounds at most: it stops at the first two that agree
 
+
 @dataclass(frozen=True)
 class FuseDaemon:
     """The process serving one FUSE mount: its pid, the mount point and its command name."""
