@@ -93,7 +93,7 @@ def test_emulated_tiers_counters_agree_with_its_daemons_proc_counts(pfs, tmp_pat
     daemon = find_daemon(mp, pid=h.pid)
     assert daemon is not None and daemon.pid == h.pid
     s0 = stats_for(mp)
-    cost = calibrate(daemon, mp / "f")
+    cost = calibrate(daemon, [mp / "f"])
     s1 = stats_for(mp)
     assert s0 is not None and s1 is not None and isinstance(cost, ReadCost)
     assert s1["counters"]["read_requests"] - s0["counters"]["read_requests"] == 2 * 32  # two rounds alike
@@ -157,25 +157,44 @@ def test_calibration_refuses_rounds_that_another_reader_disturbed(pfs, tmp_path:
         os.posix_fadvise(other, 0, 0, os.POSIX_FADV_RANDOM)
         busy = _Shared(pid=found.pid, mount_point=found.mount_point, name=found.name,
                        other=other)
-        cost = calibrate(busy, mp / "f")
+        cost = calibrate(busy, [mp / "f"])
     finally:
         os.close(other)
     assert isinstance(cost, Uncalibrated), cost
     assert cost.reason.startswith("no two of 6 rounds of 32 reads agreed") and str(mp) in cost.reason
     assert len(busy.readings) == 12  # every round was counted
-    quiet = calibrate(found, mp / "f")
+    quiet = calibrate(found, [mp / "f"])
     assert isinstance(quiet, ReadCost) and quiet.replies_per_read == 1.0
 
 
-def test_calibration_needs_two_rounds_of_the_file() -> None:
-    """A file too small for two rounds of reads two pages apart, or one that is gone, is no
-    calibration, with the reason."""
+def test_calibration_needs_two_rounds_of_pages() -> None:
+    """Files holding too few pages two apart for two rounds of reads, or one that is gone,
+    are no calibration, with the reason."""
     daemon = FuseDaemon(pid=os.getpid(), mount_point="/", name="python")
     small = Path(__file__)
-    cost = calibrate(daemon, small)
-    assert isinstance(cost, Uncalibrated) and "too small for two rounds" in cost.reason
-    gone = calibrate(daemon, small.with_name("no-such-file"))
+    cost = calibrate(daemon, [small, small.with_name("conftest.py")])
+    assert isinstance(cost, Uncalibrated), cost
+    assert cost.reason.startswith("the 2 data file(s) read hold ") and "too few" in cost.reason
+    gone = calibrate(daemon, [small.with_name("no-such-file")])
     assert isinstance(gone, Uncalibrated) and "no-such-file" in gone.reason
+
+
+@pytest.mark.fuse
+def test_calibration_reads_one_page_of_each_of_many_small_files(pfs, tmp_path: Path  # noqa: F811
+                                                                ) -> None:
+    """A dataset of one small file a sample (3,000 bytes each) is calibrated one read a
+    file: the emulated tier's daemon, 1 write and its 16-byte header a read."""
+    backing = tmp_path / "backing"
+    backing.mkdir()
+    for i in range(100):
+        (backing / f"s{i:03d}").write_bytes(os.urandom(3000))
+    h = pfs(backing)
+    mp = Path(h.mountpoint)
+    daemon = find_daemon(mp, pid=h.pid)
+    assert daemon is not None
+    cost = calibrate(daemon, sorted(mp.iterdir()))
+    assert cost == ReadCost(replies_per_read=1.0, overhead_bytes=16.0, read_bytes=3000), cost
+
 
 def test_project_takes_k_from_the_daemons_replies_when_the_tier_has_no_counters() -> None:
     """With no request counters, k comes from the daemon's replies (median epoch), and
@@ -215,14 +234,16 @@ def test_train_records_the_daemons_replies_beside_the_emulated_tiers_counters(
 
 @pytest.mark.fuse
 def test_train_says_why_the_daemon_was_not_calibrated(pfs, tmp_path: Path) -> None:  # noqa: F811
-    """Data files too small to calibrate on (64 samples of 3 kB): the replies are still
-    recorded, with no cost a read, and the run's warnings say why."""
-    _, doc = _train_on_emulated_tier(pfs, tmp_path, 256, 64, "--epochs", "1")
+    """A dataset too small to calibrate on (one file of 128 samples of 3 kB: 48 pages two
+    apart): the replies are still recorded, with no cost a read, and the run's warnings
+    say why."""
+    _, doc = _train_on_emulated_tier(pfs, tmp_path, 128, 128, "--epochs", "1",
+                                     "--batch-size", "16")
     (ep,) = doc["epochs"]
     t = ep["tier_bytes"]
     assert t["replies_per_read"] is None and t["daemon_replies"] >= t["read_requests"] > 0, t
     (w,) = [w for w in doc["warnings"] if w.startswith("the FUSE daemon's writes per read")]
-    assert "too small for two rounds of 32 reads" in w, w
+    assert "too few for two rounds of 32 reads" in w, w
 
 
 def _train_on_emulated_tier(pfs, tmp_path: Path, samples: int, per_file: int,  # noqa: F811

@@ -20,6 +20,7 @@ never a guess.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,10 +122,11 @@ def find_daemon(path: str | os.PathLike[str], pid: int | None = None) -> FuseDae
                       name=os.path.basename(args[0]) if args else "?")
 
 
-def _round(daemon: FuseDaemon, fd: int, offsets: list[int]) -> tuple[int, int, int] | None:
-    """The daemon's writes and bytes over single-page reads at `offsets`, and the data."""
+def _round(daemon: FuseDaemon, reads: list[tuple[int, int]]) -> tuple[int, int, int] | None:
+    """The daemon's writes and bytes over single-page reads at (fd, offset) `reads`, and
+    the data they returned."""
     a = daemon.counters()
-    got = sum(len(os.pread(fd, PAGE, off)) for off in offsets)
+    got = sum(len(os.pread(fd, PAGE, off)) for fd, off in reads)
     b = daemon.counters()
     if not a or not b:
         return None
@@ -132,52 +134,67 @@ def _round(daemon: FuseDaemon, fd: int, offsets: list[int]) -> tuple[int, int, i
             b["daemon_reply_bytes"] - a["daemon_reply_bytes"], got)
 
 
-def calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | Uncalibrated:
+def _pages(sizes: list[int]) -> list[tuple[int, int]]:
+    """(file index, offset) of pages at least two apart, spread over each file (a file
+    under two pages: its offset 0)."""
+    return [(i, j * (size // max(1, size // (2 * PAGE))) // PAGE * PAGE)
+            for i, size in enumerate(sizes) if size > 0
+            for j in range(max(1, size // (2 * PAGE)))]
+
+
+def calibrate(daemon: FuseDaemon, files: Sequence[str | os.PathLike[str]]
+              ) -> ReadCost | Uncalibrated:
     """What one read costs the daemon in writes and bytes, from rounds of single-page reads
-    of `file` (on its mount) far apart, with readahead off and the file's client pages
-    dropped, so that each read is one FUSE read; the open and close are outside the
-    counted rounds. An idle daemon answers every round alike, so the cost is taken from
-    the first two rounds that agree exactly, each with at least one write a read (fewer:
-    another reader's pages served some). Other processes using the mount add their
-    replies to some rounds, or pages to the client's cache, and the rounds disagree.
-    `Uncalibrated`, with the reason, when the file is too small (under 2 x 32 x 2 pages),
-    unreadable, the daemon went away, or no two of up to 6 rounds agreed: never a guess."""
+    of `files` (on its mount: one big file, or many small ones) far apart, with readahead
+    off and the files' client pages dropped, so that each read is one FUSE read; the opens
+    and closes are outside the counted rounds. An idle daemon answers every round alike,
+    so the cost is taken from the first two rounds with the same writes and the same bytes
+    beyond the data, each with at least one write a read (fewer: another reader's pages
+    served some). Other processes using the mount add their replies to some rounds, or
+    pages to the client's cache, and the rounds disagree. `Uncalibrated`, with the reason,
+    when the files hold too few pages two apart (under 2 x 32), are unreadable, the daemon
+    went away, or no two of up to 6 rounds agreed: never a guess."""
     try:
-        return _calibrate(daemon, file)
-    except OSError as e:  # the file unreadable or gone
-        return Uncalibrated(f"{file}: {e.strerror or e}")
+        return _calibrate(daemon, [Path(f) for f in files])
+    except OSError as e:  # a file unreadable or gone
+        return Uncalibrated(f"{e.filename or 'a data file'}: {e.strerror or e}")
 
 
-def _calibrate(daemon: FuseDaemon, file: str | os.PathLike[str]) -> ReadCost | Uncalibrated:
-    size = Path(file).stat().st_size
+def _calibrate(daemon: FuseDaemon, files: list[Path]) -> ReadCost | Uncalibrated:
     n = CALIBRATION_READS
-    rounds = min(CALIBRATION_ROUNDS, size // (2 * PAGE * n))
+    pages = _pages([f.stat().st_size for f in files])
+    rounds = min(CALIBRATION_ROUNDS, len(pages) // n)
     if rounds < 2:
-        return Uncalibrated(f"{file} is {size:,} bytes: too small for two rounds of {n} "
-                            f"reads {2 * PAGE:,} bytes apart")
-    step = (size // (n * rounds)) // PAGE * PAGE
-    seen: list[tuple[int, int, int]] = []
-    fd = os.open(file, os.O_RDONLY)
+        return Uncalibrated(f"the {len(files)} data file(s) read hold {len(pages)} pages two "
+                            f"apart: too few for two rounds of {n} reads")
+    # n x rounds of them, evenly over all; round r reads every rounds-th from the r-th
+    places = [pages[j * len(pages) // (n * rounds)] for j in range(n * rounds)]
+    fds: dict[int, int] = {}
+    seen: list[tuple[int, int]] = []
+    writes: list[int] = []
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for i in sorted({i for i, _ in places}):
+            fds[i] = os.open(files[i], os.O_RDONLY)
+            os.posix_fadvise(fds[i], 0, 0, os.POSIX_FADV_RANDOM)
+            os.posix_fadvise(fds[i], 0, 0, os.POSIX_FADV_DONTNEED)
         for r in range(rounds):
-            got = _round(daemon, fd, [(i * rounds + r) * step for i in range(n)])
+            got = _round(daemon, [(fds[i], off) for i, off in places[r::rounds]])
             if got is None:
                 return Uncalibrated(f"the daemon (pid {daemon.pid}) went away or its "
                                     "/proc/PID/io became unreadable")
-            if got[0] >= n and got in seen:
-                writes, wbytes, data = got
-                return ReadCost(replies_per_read=writes / n,
-                                overhead_bytes=max(0.0, (wbytes - data) / n),
-                                read_bytes=data // n)
-            seen.append(got)
+            cost = (got[0], got[1] - got[2])  # writes, bytes beyond the data
+            if got[0] >= n and cost in seen:
+                return ReadCost(replies_per_read=got[0] / n,
+                                overhead_bytes=max(0.0, cost[1] / n), read_bytes=got[2] // n)
+            seen.append(cost)
+            writes.append(got[0])
     finally:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # leave no pages of ours behind
-        os.close(fd)
+        for fd in fds.values():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # leave no pages of ours behind
+            os.close(fd)
     return Uncalibrated(f"no two of {rounds} rounds of {n} reads agreed (daemon writes: "
-                        f"{', '.join(str(w) for w, _, _ in seen)}): other processes were "
-                        f"using {daemon.mount_point}")
+                        f"{', '.join(map(str, writes))}): other processes were using "
+                        f"{daemon.mount_point}")
 
 
 def reads_and_bytes(replies: int, reply_bytes: int, cost: ReadCost) -> tuple[float, float] | None:

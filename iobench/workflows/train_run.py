@@ -20,7 +20,15 @@ import torch
 from iobench.core import distributed, faults, results
 from iobench.core.dataref import DatasetRef, resolve
 from iobench.core.errors import ConfigError, IobenchError
-from iobench.core.fusedaemon import FuseDaemon, ReadCost, Uncalibrated, calibrate, find_daemon
+from iobench.core.fusedaemon import (
+    CALIBRATION_READS,
+    CALIBRATION_ROUNDS,
+    FuseDaemon,
+    ReadCost,
+    Uncalibrated,
+    calibrate,
+    find_daemon,
+)
 from iobench.core.interrupts import Interrupted, act_now
 from iobench.core.manifest import Manifest
 from iobench.core.metrics import EpochClock
@@ -211,19 +219,19 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
 def fuse_daemon(dataset: DatasetRef, tier: dict[str, Any] | None, warm: bool = False
                 ) -> tuple[FuseDaemon, ReadCost | Uncalibrated | None] | None:
     """The FUSE daemon serving the dataset's mount on this host (the emulated tier's own pid
-    when it is one), and what one read costs in its writes, from the largest of the first
-    data files (None with `warm`: the calibration drops that file's pages, which a warm
+    when it is one), and what one read costs in its writes, from pages of the first 192
+    data files (one file's, or one each of many small ones; None with `warm`: the calibration drops that file's pages, which a warm
     run keeps; `Uncalibrated` with its reason where it could not be measured); None where
     there is no such daemon or its /proc is unreadable."""
     daemon = find_daemon(dataset.root, pid=int(tier["pid"]) if tier and tier.get("pid")
                          else None)
     if daemon is None:
         return None
-    files = list(dataset.manifest.data_files[:16])
+    m = dataset.manifest
+    files = [m.path_of(e) for e in m.data_files[:CALIBRATION_READS * CALIBRATION_ROUNDS]]
     if not files or warm:
         return daemon, None
-    biggest = max(files, key=lambda e: e.bytes)
-    return daemon, calibrate(daemon, dataset.manifest.path_of(biggest))
+    return daemon, calibrate(daemon, files)
 
 
 def with_daemon(counters: Callable[[], dict[str, int]] | None,

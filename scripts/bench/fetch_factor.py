@@ -160,7 +160,7 @@ def measure(a: argparse.Namespace, counts: list[int], files: list[tuple[str, int
         daemon = find_daemon(str(d))
         if daemon is None:
             sys.exit(f"{d}: no FUSE daemon serving it found on this host")
-        cost = calibrate(daemon, d / files[0][0])
+        cost = calibrate(daemon, [d / files[0][0]])
         if isinstance(cost, Uncalibrated):
             sys.exit(f"{d}: could not calibrate its FUSE daemon's replies per read: "
                      f"{cost.reason}")
