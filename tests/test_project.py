@@ -28,6 +28,7 @@ from iobench.core.projection import (
     TierLimits,
     break_even_epochs,
     fetches_per_request,
+    pipeline_wall,
     read_network,
     request_demand_s,
     requests_per_batch,
@@ -184,11 +185,19 @@ def _tier(bw: float = 1e9, md: float = 1e5, client: float | None = None,
 
 @pytest.mark.parametrize("workers", [0, 2, 4])
 def test_the_fitted_latency_reproduces_the_measured_node(workers: int) -> None:
+    """The model's epoch at the measured node count is the measured one: its first batch,
+    then 99 steps of the measured 0.025 s; with workers the steady step is a little longer
+    (the first batches, one a worker, were read at once: a head start the epoch spends)."""
     node = _node(step_s=0.025, workers=workers)
     model = ReadModel(node, _tier())
     assert model.latency_s > 0
-    assert model.at(1).step_s == pytest.approx(0.025, rel=1e-6)
-    assert model.at(1).bottleneck == LATENCY  # 3.2 MB a batch at 1 GB/s: the queue idles
+    op = model.at(1)
+    assert model.epoch(op)[0] == pytest.approx(0.05 + 0.01 + 99 * 0.025, rel=1e-6)
+    if workers:
+        assert 0.025 < op.step_s < 0.025 * 1.02
+    else:
+        assert op.step_s == pytest.approx(0.025, rel=1e-6)
+    assert op.bottleneck == LATENCY  # 3.2 MB a batch at 1 GB/s: the queue idles
 
 
 def test_a_node_that_kept_up_fits_no_latency_and_keeps_up_until_the_bandwidth_bound() -> None:
@@ -296,6 +305,47 @@ def test_epochs_split_the_dataset_over_the_nodes() -> None:
     assert model.steps_per_epoch(10_000) == 1
     wall, stall = model.epoch(model.at(4))
     assert wall == pytest.approx(25 * 0.01 + stall)
+
+
+def test_the_loader_pipeline_known_answers() -> None:
+    """`pipeline_wall` by hand. Two workers, two batches in flight each, reads of 0.4 s
+    a batch, compute 0.1 s, first batch at 0.5 s: batches 0 and 1 come in the first wave
+    (0.5), 2 and 3 at 0.9, 4 and 5 at 1.3 (4 asked for at 0.5, when batch 0 was taken),
+    so the steps take them at 0.5, 0.6, 0.9, 1.0, 1.3, 1.4 and the epoch ends at 1.5; the
+    steady step is a cycle over the workers, 0.2 s."""
+    assert pipeline_wall((0.4,), 0.5, 6, 0.1, 0.1, 2) == pytest.approx(1.5)
+    assert pipeline_wall((0.4,), 0.5, 1006, 0.1, 0.1, 2) == pytest.approx(1.5 + 1000 * 0.2)
+    # reads faster than compute: the first batch, then compute alone
+    assert pipeline_wall((0.15,), 0.5, 10, 0.1, 0.1, 2) == pytest.approx(0.5 + 10 * 0.1)
+    # no more steps than workers: every batch came in the first wave
+    assert pipeline_wall((9.0,), 0.5, 2, 0.12, 0.1, 2) == pytest.approx(0.5 + 0.12 + 0.1)
+    # fewer steps than parts: a batch takes the mean cycle of the parts it spans (batch 1,
+    # the epoch's second half: (0.4 + 0.0) / 2 after the first, one worker)
+    assert pipeline_wall((0.8, 0.0, 0.4, 0.0), 0.3, 2, 0.0, 0.0, 1) == pytest.approx(0.5)
+    # the batches in flight bound the lead the readers build where reads get slower
+    slow_later = (0.01,) * 8 + (0.5,) * 8
+    assert pipeline_wall(slow_later, 0.1, 64, 0.1, 0.1, 2, prefetch=50) \
+        < pipeline_wall(slow_later, 0.1, 64, 0.1, 0.1, 2)
+    with pytest.raises(ConfigError, match="workers"):
+        pipeline_wall((0.4,), 0.5, 6, 0.1, 0.1, 0)
+
+
+def test_a_short_front_loaded_epoch_reads_its_first_batches_at_once() -> None:
+    """Where the epoch's first parts are slow (k = 4) and it has few steps, the loader's
+    first wave (one batch a worker, read together with the first) takes their wait off the
+    steps: the stall is below the first batch plus every step at the mean step, which a
+    long epoch approaches. A measured epoch of no more steps than workers has no pipeline
+    to fit (`pipelined` false) and says so."""
+    node = _node(step_s=0.012, compute_s=0.01, workers=4,
+                 samples_per_request=Figure(4.0, "test"))
+    model = ReadModel(node, _tier(bw=1e9))
+    for n in (4, 8):
+        op = model.at(n)
+        steps = model.steps_per_epoch(n)
+        _, stall = model.epoch(op)
+        assert stall < model.first_batch(n) + (steps - 1) * (op.step_s - node.compute_s)
+    few = ReadModel(replace(node, epoch_samples=32 * 4), _tier(bw=1e9))
+    assert not few.pipelined and "every batch came in the first wave" in few.latency_note
 
 
 def test_staging_fitted_to_a_measured_copy_and_shared_by_many_nodes() -> None:

@@ -30,6 +30,7 @@ MAX_NODES = 10_000_000  # the saturation search's ceiling
 STALLED = 1.03  # a measured step this much above the compute time counts as stalled
 BISECT_STEPS = 60
 SEGMENTS = 16  # parts of an epoch whose tier bytes differ (the client cache's front-loading)
+PREFETCH = 2  # batches in flight per loader worker (iobench's loaders: LoaderConfig.prefetch)
 
 ASSUMPTIONS = (
     "PROJECTION, not a measurement: a closed queueing network solved by mean-value analysis "
@@ -74,6 +75,11 @@ ASSUMPTIONS = (
     "with the fetch factor). With a host "
     "per node that load is the same at every N and no CPU station is added. A station per "
     "node or host shares its load evenly over its copies (exact on one host).",
+    "With workers, each rank's epoch runs through its loader: the first batch and one "
+    "batch a worker are read at once when the epoch starts; after them, worker w makes "
+    "batches w, w + W, ... each in its part's reader cycle, with 2 batches in flight a "
+    "worker, and a step takes its batch once the previous step ended and the batch is "
+    "ready (docs/projection.md, 'Per epoch').",
     "All nodes progress at the mean rate: the slowest node of a synchronous job (bursts, "
     "stragglers) is what the discrete-event simulation adds, where it ran.",
     "The compute per step is the measured node's: a collective across the nodes each step "
@@ -395,6 +401,33 @@ class Operating:
     solution: Solution
     utilization: dict[str, float]
     bottleneck: str  # the most used queue, or the latency when the step waits on no queue
+    cycles: tuple[float, ...]  # a reader's cycle (s) in each part of the epoch
+
+
+def pipeline_wall(cycles: tuple[float, ...], first_s: float, steps: int, step_floor_s: float,
+                  compute_s: float, workers: int, prefetch: int = PREFETCH) -> float:
+    """One rank's epoch (s) through a loader of `workers` workers (docs/projection.md, "Per
+    epoch"): worker w makes batches w, w + W, ... in turn, each taking the reader cycle of
+    its part of the epoch (`cycles`, equal parts; the mean of those it spans); the first W
+    are ready at the first batch (every reader starts at once); batch i is asked for when
+    batch i - W x prefetch is taken (that many in flight); the step takes batch i at the
+    later of the previous step's end (`step_floor_s` after it: compute and the rank's own
+    work) and its being ready; the epoch ends with the last step's compute."""
+    if workers < 1 or steps < 1 or not cycles:
+        raise ConfigError(f"a loader pipeline needs workers ({workers}), steps ({steps}) "
+                          f"and part cycles ({len(cycles)}) >= 1")
+    parts, ahead = len(cycles), workers * prefetch
+    ready, taken = [0.0] * steps, [0.0] * steps
+    for i in range(steps):
+        if i < workers:
+            ready[i] = first_s
+        else:
+            lo = i * parts // steps
+            span = cycles[lo:max(lo + 1, (i + 1) * parts // steps)]
+            asked = taken[i - ahead] if i >= ahead else 0.0
+            ready[i] = max(ready[i - workers], asked) + sum(span) / len(span)
+        taken[i] = first_s if i == 0 else max(taken[i - 1] + step_floor_s, ready[i])
+    return taken[-1] + compute_s
 
 
 class ReadModel:
@@ -411,6 +444,10 @@ class ReadModel:
         self.overhead_s = 0.0
         if node.step_s <= node.compute_s * STALLED:
             self.overhead_s = max(0.0, node.step_s - self._step(node.nodes, 0.0)[0])
+        # the loader's pipeline (`pipeline_wall`) where the workers prefetch and the measured
+        # epoch had more steps than a rank has workers: with no more, every batch came in the
+        # first wave, which shows nothing of the steady reads to fit it to
+        self.pipelined = node.prefetch and self.steps_per_epoch(node.nodes) > node.workers
         self.latency_s, self.latency_note = latency or self._fit_latency()
         self._first_io_s = self._io_time(node.nodes)
 
@@ -421,13 +458,30 @@ class ReadModel:
         decode = 0.0 if n.shared_cpu else n.worker_cpu_s
         return decode if n.prefetch else n.compute_s + decode
 
+    def _parts(self, nodes: int, latency_s: float) -> list[tuple[float, Solution]]:
+        """Each part of the epoch at `nodes` nodes: its step time (s) and its solution."""
+        fetched = self.node.fetch_factor(nodes)
+        return [self._part_step(nodes, latency_s, share * fetched)
+                for share in self.node.epoch_shares(nodes)]
+
     def _step(self, nodes: int, latency_s: float) -> tuple[float, Solution]:
         """Mean step time (s) over the epoch's parts at `nodes` nodes, and the first part's
         solution (the epoch's start, where the first batch is read)."""
-        fetched = self.node.fetch_factor(nodes)
-        parts = [self._part_step(nodes, latency_s, share * fetched)
-                 for share in self.node.epoch_shares(nodes)]
+        parts = self._parts(nodes, latency_s)
         return sum(step for step, _ in parts) / len(parts), parts[0][1]
+
+    def _wall(self, nodes: int, cycles: tuple[float, ...], step_s: float,
+              first_s: float) -> float:
+        """The epoch's wall (s) at `nodes` nodes after a first batch of `first_s`: with
+        workers, their pipeline over the parts' reader cycles (`pipeline_wall`); without
+        (or `pipelined` false), the mean step `step_s` after the first."""
+        n = self.node
+        steps = self.steps_per_epoch(nodes)
+        if not self.pipelined:
+            return first_s + n.compute_s + (steps - 1) * step_s
+        return pipeline_wall(cycles, first_s, steps,
+                             n.compute_s + self.overhead_s + n.sync_s(nodes), n.compute_s,
+                             n.workers)
 
     def _part_step(self, nodes: int, latency_s: float, share: float) -> tuple[float, Solution]:
         """Step time (s) where a batch takes `share` of the mean tier bytes: with prefetch,
@@ -442,14 +496,24 @@ class ReadModel:
         return sol.cycle_s + serial, sol
 
     def _fit_latency(self) -> tuple[float, str]:
-        """The fixed latency per batch that makes the model's step at the measured node count
-        the measured step; 0 where the node did not stall (then it cannot be seen)."""
+        """The fixed latency per batch that makes the model's epoch at the measured node count
+        the measured one (its first batch, then its steady step); 0 where the node did not
+        stall (then it cannot be seen)."""
         n = self.node
         kept_up = n.step_s <= n.compute_s * STALLED
-        alone = self._step(n.nodes, 0.0)[0]
-        if alone > n.step_s * (1 + 1e-9) or (alone >= n.step_s and not kept_up):
+        steps = self.steps_per_epoch(n.nodes)
+        measured = n.first_batch_s + n.compute_s + (steps - 1) * n.step_s
+
+        def wall(latency_s: float) -> float:
+            parts = self._parts(n.nodes, latency_s)
+            return self._wall(n.nodes, tuple(sol.cycle_s for _, sol in parts),
+                              sum(step for step, _ in parts) / len(parts), n.first_batch_s)
+
+        alone = wall(0.0)
+        if alone > measured * (1 + 1e-9) or (alone >= measured and not kept_up):
             return 0.0, ("the tier's limits alone make the measured node slower than it was "
-                         f"({alone:.4g} s a step against {n.step_s:.4g} s: they are lower "
+                         f"({(alone - n.first_batch_s - n.compute_s) / max(1, steps - 1):.4g} "
+                         f"s a step against {n.step_s:.4g} s: they are lower "
                          "bounds, e.g. one client's figures" + (
                              ", or they and the host's CPU count the same work, as where the "
                              "tier's daemons run on the host" if n.shared_cpu else "")
@@ -460,10 +524,18 @@ class ReadModel:
                          f"{self.overhead_s * 1e3:.2f} ms over compute is taken as the rank's "
                          "own work per step (serial with compute, overlapped by reads)")
         lo, hi = 0.0, n.step_s * max(n.workers, 1)
+        for _ in range(BISECT_STEPS):  # the first wave's head start hides some: look further
+            if wall(hi) >= measured:
+                break
+            lo, hi = hi, hi * 2
         for _ in range(BISECT_STEPS):
             mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self._step(n.nodes, mid)[0] < n.step_s else (lo, mid)
-        return lo, "fitted: the model's step at the measured node count equals the measured step"
+            lo, hi = (mid, hi) if wall(mid) < measured else (lo, mid)
+        return lo, ("fitted: the model's epoch at the measured node count equals the "
+                    "measured one" + ("" if self.pipelined or not n.prefetch else (
+                        f" (its {steps} step(s) a rank, no more than its {n.workers} "
+                        "workers: every batch came in the first wave, so steps are the "
+                        "mean step, not the loader's pipeline)")))
 
     def _io_time(self, nodes: int) -> float:
         """The first batch's read time at `nodes` nodes (every reader starts at once)."""
@@ -475,7 +547,8 @@ class ReadModel:
         if nodes < 1:
             raise ConfigError(f"node count {nodes} must be >= 1")
         n = self.node
-        step, sol = self._step(nodes, self.latency_s)
+        parts = self._parts(nodes, self.latency_s)
+        step, sol = sum(s for s, _ in parts) / len(parts), parts[0][1]
         batches_per_s = nodes * n.ranks_per_node / step
         util = {s.name: batches_per_s * s.demand_s / s.copies
                 for s in read_network(n, self.tier, nodes, self.latency_s, 0.0,
@@ -484,7 +557,8 @@ class ReadModel:
         if util[top] < BUSY and step > n.compute_s * STALLED:
             top = LATENCY
         return Operating(nodes=nodes, step_s=step, au=min(1.0, n.compute_s / step),
-                         solution=sol, utilization=util, bottleneck=top)
+                         solution=sol, utilization=util, bottleneck=top,
+                         cycles=tuple(s.cycle_s for _, s in parts))
 
     def steps_per_epoch(self, nodes: int) -> int:
         n = self.node
@@ -513,11 +587,9 @@ class ReadModel:
 
     def epoch(self, op: Operating) -> tuple[float, float]:
         """(epoch wall, stall per epoch) in seconds at an operating point: the first batch,
-        then steady steps."""
-        n = self.node
-        steps = self.steps_per_epoch(op.nodes)
-        stall = self.first_batch(op.nodes) + (steps - 1) * (op.step_s - n.compute_s)
-        return steps * n.compute_s + stall, stall
+        then the steps (with workers, their pipeline over the epoch's parts)."""
+        wall = self._wall(op.nodes, op.cycles, op.step_s, self.first_batch(op.nodes))
+        return wall, wall - self.steps_per_epoch(op.nodes) * self.node.compute_s
 
     def saturation(self, threshold: float) -> int | None:
         """The least node count whose AU falls below `threshold` (None: not below

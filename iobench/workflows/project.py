@@ -631,6 +631,7 @@ class Point(Record):
     stage_shard_range_s: tuple[float, ...] = key(default=(), optional=True)
     simulated_au: float | None = key(default=None, optional=True)
     simulated_stall_s: float | None = key(default=None, optional=True)
+    first_batch_s: float | None = key(default=None, optional=True)  # in `stall_s`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -832,7 +833,8 @@ def _point(m: _Models, nodes: int, simulated: tuple[float, float] | None) -> Poi
         au_range=au_range, stall_range_s=stall_range,
         stage_replicate_range_s=rep_range, stage_shard_range_s=shard_range,
         simulated_au=simulated[0] if simulated else None,
-        simulated_stall_s=simulated[1] if simulated else None)
+        simulated_stall_s=simulated[1] if simulated else None,
+        first_batch_s=m.read.first_batch(nodes))
 
 
 def _saturation(read: ReadModel, threshold: float) -> Saturation:

@@ -338,22 +338,23 @@ def err(pred: float, meas: float) -> str:
 
 
 def table(proj: dict[str, Any], meas: dict[int, dict[str, float]]) -> list[str]:
-    """Predicted vs measured per N; the first batch apart (its share of the stall)."""
+    """Predicted vs measured per N; the first batch apart (its share of the stall), and the
+    epoch's mean step after it, (wall - first batch) / steps, as train's is measured."""
     pts = {p["nodes"]: p for p in proj["points"]}
-    compute = next(f["value"] for f in proj["figures"] if f["name"] == "compute per step")
     out = ["| N | stall/epoch s pred | meas | err | first batch s pred | meas | AU pred | meas "
            "| err | step s pred | meas | err | sim AU | stage repl s pred | meas | err "
            "| stage shard s pred | meas | err |", "|---|" + "---|" * 18]
     for n, m in sorted(meas.items()):
         p = pts[n]
-        first = p["stall_s"] - (p["steps_per_epoch"] - 1) * (p["step_s"] - compute)
+        first = p["first_batch_s"]
+        step = (p["epoch_s"] - first) / p["steps_per_epoch"]
         sim = "-" if p.get("simulated_au") is None else f"{p['simulated_au']:.2f}"
         out.append(
             f"| {n} | {spanned(p, 'stall_s', 'stall_range_s', m['stall_s'])} | {m['stall_s']:.2f} "
             f"| {err(p['stall_s'], m['stall_s'])} "
             f"| {first:.2f} | {m['first_s']:.2f} "
             f"| {p['au']:.2f} | {m['au']:.2f} | {err(p['au'], m['au'])} "
-            f"| {p['step_s']:.3f} | {m['step_s']:.3f} | {err(p['step_s'], m['step_s'])} "
+            f"| {step:.3f} | {m['step_s']:.3f} | {err(step, m['step_s'])} "
             f"| {sim} | {spanned(p, 'stage_replicate_s', 'stage_replicate_range_s', m['replicate_s'])} "
             f"| {m['replicate_s']:.2f} "
             f"| {err(p['stage_replicate_s'], m['replicate_s'])} "
