@@ -26,8 +26,10 @@ nodes would). The script:
    projection's staging input) are each the median of three cold copies
    (`--repeat 3`), the N replicating processes copy once (each would evict
    the tier during the others' copies);
-5. prints predicted vs measured stall per epoch, AU, steady step and staging
-   time per N, with the error (target: within 25 %), and the box's load;
+5. prints predicted vs measured stall per epoch, first batch, AU, the
+   epoch's mean step after its first batch ((wall - first batch) / steps,
+   as train's step is measured) and staging time per N, with the error
+   (target: within 25 %), and the box's load;
 6. and, per N, what tells a CPU-bound run from a tier-bound one: the cores
    the training's processes, the tier's daemon and the whole box used while
    the tier served (from /proc every 0.5 s), and the share of rank 0's steady
