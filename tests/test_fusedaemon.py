@@ -215,6 +215,11 @@ def test_project_takes_k_from_the_daemons_replies_when_the_tier_has_no_counters(
     for e in doc["epochs"]:
         e["tier_bytes"]["replies_per_read"] = None
     assert samples_per_request(TrainResult.from_dict(doc), tier) is None
+    # one file a sample: a request holds one sample at most, whatever the replies say (each
+    # file's open, getattr, flush and release count as reads there)
+    doc["dataset"]["format"] = "files"
+    k = samples_per_request(TrainResult.from_dict(doc), tier)
+    assert k is not None and k.value == 1.0 and "one file a sample" in k.source
 
 
 @pytest.mark.fuse

@@ -382,11 +382,16 @@ def host_cpu(run: TrainResult) -> tuple[Figure, int, float | None] | None:
 
 def samples_per_request(run: TrainResult, tier: TierLimits) -> Figure | None:
     """k, the samples one tier request holds in a shuffled epoch (the client cache's
-    front-loading, docs/projection.md): the run's measured bytes per tier request (the
-    emulated tier's counters, median epoch) over the sample bytes, else the probe's request
-    size over them; None (every batch alike) unless the run shuffled globally."""
+    front-loading, docs/projection.md): 1 for a format of one file a sample; else the run's
+    measured bytes per tier request (the emulated tier's counters, else the FUSE daemon's
+    replies; median epoch) over the sample bytes, else the probe's request size over them;
+    None (every batch alike) unless the run shuffled globally."""
     if run.config.shuffle != "global":
         return None
+    fmt = run.dataset.format
+    if fmt in FORMATS and FORMATS[fmt].per_sample_files:
+        return Figure(1.0, f"format {fmt}: one file a sample, so a tier request holds one "
+                      "sample at most")
     sample = run.dataset.total_bytes / run.dataset.num_samples
     sizes = [t.bytes_served / t.read_requests for t in (e.tier_bytes for e in run.epochs)
              if t is not None and t.bytes_served is not None and t.read_requests]
