@@ -75,7 +75,9 @@ ASSUMPTIONS = (
     "with the fetch factor). With a host "
     "per node that load is the same at every N and no CPU station is added. A station per "
     "node or host shares its load evenly over its copies (exact on one host).",
-    "With workers, each rank's epoch runs through its loader: the first batch and one "
+    "With PyTorch DataLoader process workers, each rank's epoch runs through its loader "
+    "(other workers, DALI's or threads: the first batch, then the mean step): the first "
+    "batch and one "
     "batch a worker are read at once when the epoch starts; after them, worker w makes "
     "batches w, w + W, ... each in its part's reader cycle, with 2 batches in flight a "
     "worker, and a step takes its batch once the previous step ended and the batch is "
@@ -154,6 +156,9 @@ class NodeFigures:
     # given: seconds a step waits for a synchronisation of every rank (an all-reduce) that
     # the measured run, of fewer ranks, did not (None: none added)
     step_sync: Figure | None = None
+    # the workers are PyTorch DataLoader processes (each makes whole batches in turn, 2 in
+    # flight): what the loader's pipeline models; DALI and thread workers are not
+    process_workers: bool = True
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node", "batch_size", "epoch_samples", "host_cpus",
@@ -444,10 +449,12 @@ class ReadModel:
         self.overhead_s = 0.0
         if node.step_s <= node.compute_s * STALLED:
             self.overhead_s = max(0.0, node.step_s - self._step(node.nodes, 0.0)[0])
-        # the loader's pipeline (`pipeline_wall`) where the workers prefetch and the measured
-        # epoch had more steps than a rank has workers: with no more, every batch came in the
-        # first wave, which shows nothing of the steady reads to fit it to
-        self.pipelined = node.prefetch and self.steps_per_epoch(node.nodes) > node.workers
+        # the loader's pipeline (`pipeline_wall`) where PyTorch DataLoader process workers
+        # prefetch and the measured epoch had more steps than a rank has workers: with no
+        # more, every batch came in the first wave, which shows nothing of the steady reads
+        # to fit it to; DALI's threads and iobench's thread pool fetch otherwise
+        self.pipelined = (node.prefetch and node.process_workers
+                          and self.steps_per_epoch(node.nodes) > node.workers)
         self.latency_s, self.latency_note = latency or self._fit_latency()
         self._first_io_s = self._io_time(node.nodes)
 
@@ -502,7 +509,7 @@ class ReadModel:
         n = self.node
         kept_up = n.step_s <= n.compute_s * STALLED
         steps = self.steps_per_epoch(n.nodes)
-        measured = n.first_batch_s + n.compute_s + (steps - 1) * n.step_s
+        measured = n.first_batch_s + steps * n.step_s  # the step: (wall - first batch) / steps
 
         def wall(latency_s: float) -> float:
             parts = self._parts(n.nodes, latency_s)
@@ -512,8 +519,8 @@ class ReadModel:
         alone = wall(0.0)
         if alone > measured * (1 + 1e-9) or (alone >= measured and not kept_up):
             return 0.0, ("the tier's limits alone make the measured node slower than it was "
-                         f"({(alone - n.first_batch_s - n.compute_s) / max(1, steps - 1):.4g} "
-                         f"s a step against {n.step_s:.4g} s: they are lower "
+                         f"({(alone - n.first_batch_s) / steps:.4g} s a step against "
+                         f"{n.step_s:.4g} s: they are lower "
                          "bounds, e.g. one client's figures" + (
                              ", or they and the host's CPU count the same work, as where the "
                              "tier's daemons run on the host" if n.shared_cpu else "")
@@ -528,14 +535,18 @@ class ReadModel:
             if wall(hi) >= measured:
                 break
             lo, hi = hi, hi * 2
+        else:
+            return 0.0, (f"the measured epoch's {steps} step(s) a rank show no steady read to "
+                         "fit (every batch came with the first): latency 0 s (optimistic)")
         for _ in range(BISECT_STEPS):
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if wall(mid) < measured else (lo, mid)
         return lo, ("fitted: the model's epoch at the measured node count equals the "
                     "measured one" + ("" if self.pipelined or not n.prefetch else (
-                        f" (its {steps} step(s) a rank, no more than its {n.workers} "
-                        "workers: every batch came in the first wave, so steps are the "
-                        "mean step, not the loader's pipeline)")))
+                        " (steps at the mean step, not through the loader's pipeline: "
+                        + (f"its {steps} step(s) a rank, no more than its {n.workers} "
+                           "workers, came in the first wave)" if n.process_workers else
+                           "its workers are not PyTorch DataLoader processes)"))))
 
     def _io_time(self, nodes: int) -> float:
         """The first batch's read time at `nodes` nodes (every reader starts at once)."""
@@ -584,6 +595,12 @@ class ReadModel:
             return 0.0
         m0, m = min(n.nodes, n.nodes_per_host), min(nodes, n.nodes_per_host)
         return m * n.first_cpu_s / m0 / n.host_cpus
+
+    def epoch_step(self, op: Operating) -> float:
+        """The epoch's mean step after its first batch, (wall - first batch) / steps: a
+        node's step as `train` measures it (the steady step, `op.step_s`, is longer where the
+        first wave's head start or the first step's compute takes some off)."""
+        return (self.epoch(op)[0] - self.first_batch(op.nodes)) / self.steps_per_epoch(op.nodes)
 
     def epoch(self, op: Operating) -> tuple[float, float]:
         """(epoch wall, stall per epoch) in seconds at an operating point: the first batch,

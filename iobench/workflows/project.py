@@ -340,6 +340,8 @@ def node_figures(run: TrainResult, ops_per_sample: float | None) -> NodeFigures:
     return NodeFigures(
         nodes=world.num_nodes, ranks_per_node=max(1, world.size // world.num_nodes),
         batch_size=run.config.batch_size, workers=run.config.workers,
+        process_workers=(run.config.loader != "dali"
+                         and (run.config.worker_type or "process") == "process"),
         compute_s=_median(computes), step_s=_median(steps),
         worker_cpu_s=_median(workers_cpu) if workers_cpu else 0.0,
         first_batch_s=_median(firsts), sample_bytes=ds.total_bytes / ds.num_samples,
@@ -999,7 +1001,7 @@ def _curve_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
     if curve is None:
         return []
     n = read.node
-    model = read.at(n.nodes).step_s
+    model = read.epoch_step(read.at(n.nodes))
     if abs(model - n.step_s) <= 0.25 * n.step_s:
         return []
     return [f"with the delivery curve's latency the model's step at the measured node count "
@@ -1012,7 +1014,7 @@ def _fit_warnings(read: ReadModel, curve: DeliveryCurve | None) -> list[str]:
     """Without a delivery curve: whether the tier's figures alone make the measured node
     slower than it ran (more than 10 %), so that no latency could be fitted."""
     n = read.node
-    model = read.at(n.nodes).step_s
+    model = read.epoch_step(read.at(n.nodes))
     if curve is not None or model <= 1.1 * n.step_s:
         return []
     return [f"the tier's figures alone make the measured node's step {model:.4g} s, it ran "
