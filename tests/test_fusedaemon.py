@@ -20,6 +20,9 @@ from test_pfs import fuse_usable, pfs  # noqa: F401  (fixtures)
 
 from iobench.core import cache
 from iobench.core.fusedaemon import (
+    DISAGREED,
+    TOO_SMALL,
+    UNREADABLE,
     FuseDaemon,
     ReadCost,
     Uncalibrated,
@@ -96,7 +99,9 @@ def test_emulated_tiers_counters_agree_with_its_daemons_proc_counts(pfs, tmp_pat
     cost = calibrate(daemon, [mp / "f"])
     s1 = stats_for(mp)
     assert s0 is not None and s1 is not None and isinstance(cost, ReadCost)
-    assert s1["counters"]["read_requests"] - s0["counters"]["read_requests"] == 2 * 32  # two rounds alike
+    # two rounds alike (more where a stray reply, e.g. an earlier release, disturbed one)
+    calibrated = s1["counters"]["read_requests"] - s0["counters"]["read_requests"]
+    assert calibrated % 32 == 0 and 2 * 32 <= calibrated <= 6 * 32, calibrated
     assert cost.replies_per_read == 1.0 and cost.read_bytes == 4096
     cache.evict([mp / "f"])
     s0 = stats_for(mp)
@@ -116,7 +121,6 @@ def test_emulated_tiers_counters_agree_with_its_daemons_proc_counts(pfs, tmp_pat
     reads, got = found
     assert requests <= reads <= requests + 8  # open, getattr, flush, release, ...
     assert served <= got <= served + 8 * 256  # their replies' bytes
-
 
 
 @dataclass(frozen=True)
@@ -160,8 +164,8 @@ def test_calibration_refuses_rounds_that_another_reader_disturbed(pfs, tmp_path:
         cost = calibrate(busy, [mp / "f"])
     finally:
         os.close(other)
-    assert isinstance(cost, Uncalibrated), cost
-    assert cost.reason.startswith("no two of 6 rounds of 32 reads agreed") and str(mp) in cost.reason
+    assert isinstance(cost, Uncalibrated) and cost.kind == DISAGREED, cost
+    assert "no two of 6 rounds of 32 reads agreed" in cost.reason and str(mp) in cost.reason
     assert len(busy.readings) == 12  # every round was counted
     quiet = calibrate(found, [mp / "f"])
     assert isinstance(quiet, ReadCost) and quiet.replies_per_read == 1.0
@@ -173,10 +177,11 @@ def test_calibration_needs_two_rounds_of_pages() -> None:
     daemon = FuseDaemon(pid=os.getpid(), mount_point="/", name="python")
     small = Path(__file__)
     cost = calibrate(daemon, [small, small.with_name("conftest.py")])
-    assert isinstance(cost, Uncalibrated), cost
-    assert cost.reason.startswith("the 2 data file(s) read hold ") and "too few" in cost.reason
+    assert isinstance(cost, Uncalibrated) and cost.kind == TOO_SMALL, cost
+    assert cost.reason.startswith("the 2 data file(s) read hold ")
     gone = calibrate(daemon, [small.with_name("no-such-file")])
-    assert isinstance(gone, Uncalibrated) and "no-such-file" in gone.reason
+    assert isinstance(gone, Uncalibrated) and gone.kind == UNREADABLE, gone
+    assert "no-such-file" in gone.reason
 
 
 @pytest.mark.fuse

@@ -15,9 +15,11 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -31,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "pfs" / "local-gluster.sh"
 EVICT = f"{SCRIPT} evict"
 LOCK = Path("/var/tmp/iobench-gluster.lock")  # held by the module using the volume
+LOCK_WAIT_S = 1800.0  # the longest another module may hold it
 OFF = ("performance.quick-read", "performance.io-cache", "performance.read-ahead",
        "performance.readdir-ahead", "performance.open-behind", "performance.nl-cache")
 
@@ -47,6 +50,21 @@ def _mount_from(stdout: str) -> Path:
     return Path(line.split("=", 1)[1])
 
 
+def _take(lock: IO[str], wait_s: float = LOCK_WAIT_S) -> None:
+    """Hold `lock` exclusively, waiting for another module's hold up to `wait_s` seconds;
+    then fail, naming the lock."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{lock.name}: another test module has held the GlusterFS volume for "
+                            f"over {wait_s:.0f} s (a hung run? its pid holds the lock)")
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def gluster() -> Iterator[Path]:
     """The mount point of the one-box volume (skips with the script's reason where it cannot
@@ -56,8 +74,10 @@ def gluster() -> Iterator[Path]:
     up brings it down."""
     if not SCRIPT.is_file():
         pytest.skip(f"{SCRIPT} is missing")
+    if os.geteuid() != 0:
+        pytest.skip("the one-box GlusterFS needs root")
     with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _take(lock)  # released when the file closes
         was_up = _script("status").returncode == 0
         r = _script("up")
         if r.returncode != 0:
@@ -276,3 +296,13 @@ def test_probe_of_the_real_tier_and_its_profile(pfs: Path, tmp_path: Path) -> No
     prof = load_profile(str(pfile))
     assert prof.name.startswith("probe:") and "fuse.glusterfs" in prof.imitates
     assert prof.metadata_ms > 0 and prof.read_ms > 0 and prof.bandwidth_MBps > 0
+
+
+def test_a_module_waiting_for_the_volume_fails_naming_the_lock(tmp_path: Path) -> None:
+    """Another module's hold past the wait is one clear failure, not a hang; a free lock is
+    taken at once."""
+    path = tmp_path / "lock"
+    with open(path, "a") as held, open(path, "a") as waiting:
+        _take(held, wait_s=0.0)
+        with pytest.raises(pytest.fail.Exception, match="held the GlusterFS volume"):
+            _take(waiting, wait_s=0.2)

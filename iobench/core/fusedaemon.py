@@ -20,8 +20,10 @@ never a guess.
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 from iobench.core.procio import read_io
@@ -57,10 +59,15 @@ class ReadCost:
     read_bytes: int  # the data one calibration read returned
 
 
+TOO_SMALL, UNREADABLE, GONE, DISAGREED = "too-small", "unreadable", "gone", "disagreed"
+
+
 @dataclass(frozen=True)
 class Uncalibrated:
-    """Why `calibrate` found no cost a read."""
+    """Why `calibrate` found no cost a read: its kind (too-small, unreadable, gone,
+    disagreed) and the reason in words, naming the value."""
 
+    kind: str
     reason: str
 
 
@@ -124,7 +131,11 @@ def find_daemon(path: str | os.PathLike[str], pid: int | None = None) -> FuseDae
 
 def _round(daemon: FuseDaemon, reads: list[tuple[int, int]]) -> tuple[int, int, int] | None:
     """The daemon's writes and bytes over single-page reads at (fd, offset) `reads`, and
-    the data they returned."""
+    the data they returned. Each file's attributes are refreshed first (an fstat), so that
+    no read in the span asks for them (the kernel does once they are older than the
+    mount's attribute timeout)."""
+    for fd in {fd for fd, _ in reads}:
+        os.fstat(fd)
     a = daemon.counters()
     got = sum(len(os.pread(fd, PAGE, off)) for fd, off in reads)
     b = daemon.counters()
@@ -134,12 +145,20 @@ def _round(daemon: FuseDaemon, reads: list[tuple[int, int]]) -> tuple[int, int, 
             b["daemon_reply_bytes"] - a["daemon_reply_bytes"], got)
 
 
-def _pages(sizes: list[int]) -> list[tuple[int, int]]:
-    """(file index, offset) of pages at least two apart, spread over each file (a file
-    under two pages: its offset 0)."""
-    return [(i, j * (size // max(1, size // (2 * PAGE))) // PAGE * PAGE)
-            for i, size in enumerate(sizes) if size > 0
-            for j in range(max(1, size // (2 * PAGE)))]
+def _places(sizes: list[int], want: int) -> list[tuple[int, int]]:
+    """`want` (file index, offset) pages spread evenly over all the pages the files hold at
+    least two apart (a file under two pages: its offset 0, an empty one none); found per
+    page by bisection over the files' running counts, never listing them all."""
+    counts = [max(1, size // (2 * PAGE)) if size > 0 else 0 for size in sizes]
+    ends = list(accumulate(counts))
+    total = ends[-1] if ends else 0
+    out = []
+    for j in range(want):
+        g = j * total // want
+        i = bisect_right(ends, g)
+        slot = g - (ends[i - 1] if i else 0)
+        out.append((i, slot * (sizes[i] // counts[i]) // PAGE * PAGE))
+    return out
 
 
 def calibrate(daemon: FuseDaemon, files: Sequence[str | os.PathLike[str]]
@@ -151,50 +170,59 @@ def calibrate(daemon: FuseDaemon, files: Sequence[str | os.PathLike[str]]
     so the cost is taken from the first two rounds with the same writes and the same bytes
     beyond the data, each with at least one write a read (fewer: another reader's pages
     served some). Other processes using the mount add their replies to some rounds, or
-    pages to the client's cache, and the rounds disagree. `Uncalibrated`, with the reason,
-    when the files hold too few pages two apart (under 2 x 32), are unreadable, the daemon
-    went away, or no two of up to 6 rounds agreed: never a guess."""
+    pages to the client's cache, and the rounds disagree. `Uncalibrated`, with its kind
+    and reason, when the files hold too few pages two apart (under 2 x 32), are
+    unreadable, the daemon went away, or no two of up to 6 rounds agreed: never a guess."""
     try:
         return _calibrate(daemon, [Path(f) for f in files])
     except OSError as e:  # a file unreadable or gone
-        return Uncalibrated(f"{e.filename or 'a data file'}: {e.strerror or e}")
+        return Uncalibrated(UNREADABLE, f"{e.filename or 'a data file'}: {e.strerror or e}")
 
 
 def _calibrate(daemon: FuseDaemon, files: list[Path]) -> ReadCost | Uncalibrated:
     n = CALIBRATION_READS
-    pages = _pages([f.stat().st_size for f in files])
-    rounds = min(CALIBRATION_ROUNDS, len(pages) // n)
+    sizes = [f.stat().st_size for f in files]
+    total = sum(max(1, size // (2 * PAGE)) for size in sizes if size > 0)
+    rounds = min(CALIBRATION_ROUNDS, total // n)
     if rounds < 2:
-        return Uncalibrated(f"the {len(files)} data file(s) read hold {len(pages)} pages two "
-                            f"apart: too few for two rounds of {n} reads")
-    # n x rounds of them, evenly over all; round r reads every rounds-th from the r-th
-    places = [pages[j * len(pages) // (n * rounds)] for j in range(n * rounds)]
+        return Uncalibrated(TOO_SMALL, f"the {len(files)} data file(s) read hold {total} pages "
+                            f"two apart: too few for two rounds of {n} reads")
+    places = _places(sizes, n * rounds)  # round r reads every rounds-th from the r-th
     fds: dict[int, int] = {}
-    seen: list[tuple[int, int]] = []
-    writes: list[int] = []
     try:
         for i in sorted({i for i, _ in places}):
             fds[i] = os.open(files[i], os.O_RDONLY)
             os.posix_fadvise(fds[i], 0, 0, os.POSIX_FADV_RANDOM)
             os.posix_fadvise(fds[i], 0, 0, os.POSIX_FADV_DONTNEED)
-        for r in range(rounds):
-            got = _round(daemon, [(fds[i], off) for i, off in places[r::rounds]])
-            if got is None:
-                return Uncalibrated(f"the daemon (pid {daemon.pid}) went away or its "
-                                    "/proc/PID/io became unreadable")
-            cost = (got[0], got[1] - got[2])  # writes, bytes beyond the data
-            if got[0] >= n and cost in seen:
-                return ReadCost(replies_per_read=got[0] / n,
-                                overhead_bytes=max(0.0, cost[1] / n), read_bytes=got[2] // n)
-            seen.append(cost)
-            writes.append(got[0])
+        return _rounds(daemon, [[(fds[i], off) for i, off in places[r::rounds]]
+                                for r in range(rounds)])
     finally:
         for fd in fds.values():
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # leave no pages of ours behind
-            os.close(fd)
-    return Uncalibrated(f"no two of {rounds} rounds of {n} reads agreed (daemon writes: "
-                        f"{', '.join(map(str, writes))}): other processes were using "
-                        f"{daemon.mount_point}")
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # leave no pages of ours
+            finally:
+                os.close(fd)
+
+
+def _rounds(daemon: FuseDaemon, rounds: list[list[tuple[int, int]]]) -> ReadCost | Uncalibrated:
+    """The cost a read from the first two rounds alike (module docstring)."""
+    n = len(rounds[0])
+    seen: list[tuple[int, int]] = []
+    writes: list[int] = []
+    for reads in rounds:
+        got = _round(daemon, reads)
+        if got is None:
+            return Uncalibrated(GONE, f"the daemon (pid {daemon.pid}) went away or its "
+                                "/proc/PID/io became unreadable")
+        cost = (got[0], got[1] - got[2])  # writes, bytes beyond the data
+        if got[0] >= n and cost in seen:
+            return ReadCost(replies_per_read=got[0] / n,
+                            overhead_bytes=max(0.0, cost[1] / n), read_bytes=got[2] // n)
+        seen.append(cost)
+        writes.append(got[0])
+    return Uncalibrated(DISAGREED, f"no two of {len(rounds)} rounds of {n} reads agreed "
+                        f"(daemon writes: {', '.join(map(str, writes))}): other processes "
+                        f"were using {daemon.mount_point}")
 
 
 def reads_and_bytes(replies: int, reply_bytes: int, cost: ReadCost) -> tuple[float, float] | None:

@@ -188,6 +188,7 @@ def _train(config: TrainConfig, dataset: DatasetRef, world: World,
     counters, tier = emulated_tier(dataset)
     if tier is not None and world.is_root and hooks.tier is not None:
         hooks.tier(tier)
+    world.barrier()  # the ranks' own reads of the mount (the tier's stats) come first
     found = fuse_daemon(dataset, tier, config.warm_cache) if world.is_root else None
     world.barrier()  # the ranks open no file while rank 0 calibrates the daemon
     warnings = _datasize_warning(dataset.manifest, workload, world)
@@ -220,9 +221,10 @@ def fuse_daemon(dataset: DatasetRef, tier: dict[str, Any] | None, warm: bool = F
                 ) -> tuple[FuseDaemon, ReadCost | Uncalibrated | None] | None:
     """The FUSE daemon serving the dataset's mount on this host (the emulated tier's own pid
     when it is one), and what one read costs in its writes, from pages of the first 192
-    data files (one file's, or one each of many small ones; None with `warm`: the calibration drops that file's pages, which a warm
-    run keeps; `Uncalibrated` with its reason where it could not be measured); None where
-    there is no such daemon or its /proc is unreadable."""
+    data files (one file's, or one each of many small ones; None with `warm`: the
+    calibration drops those files' pages, which a warm run keeps; `Uncalibrated` with its
+    reason where it could not be measured); None where there is no such daemon or its
+    /proc is unreadable."""
     daemon = find_daemon(dataset.root, pid=int(tier["pid"]) if tier and tier.get("pid")
                          else None)
     if daemon is None:
