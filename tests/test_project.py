@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -343,6 +344,35 @@ def test_the_loader_pipeline_known_answers() -> None:
         < pipeline_wall(slow_later, 0.1, 64, 0.1, 0.1, 2)
     with pytest.raises(ConfigError, match="workers"):
         pipeline_wall((0.4,), 0.5, 6, 0.1, 0.1, 0)
+
+
+def _pipeline_step_by_step(cycles: tuple[float, ...], first_s: float, steps: int,
+                           floor_s: float, compute_s: float, workers: int, prefetch: int) -> float:
+    """The loader's recurrence (docs/projection.md, "Per epoch") batch by batch, no jumps."""
+    parts, ready, taken = len(cycles), [0.0] * steps, [0.0] * steps
+    for i in range(steps):
+        lo = i * parts // steps
+        span = cycles[lo:max(lo + 1, (i + 1) * parts // steps)]
+        asked = taken[i - workers * prefetch] if i >= workers * prefetch else 0.0
+        ready[i] = first_s if i < workers else (max(ready[i - workers], asked)
+                                                + sum(span) / len(span))
+        taken[i] = first_s if i == 0 else max(taken[i - 1] + floor_s, ready[i])
+    return taken[-1] + compute_s
+
+
+def test_the_pipelines_jump_over_a_parts_repeating_steps_is_exact() -> None:
+    """Inside a part the recurrence repeats every W batches; jumping over the repeats gives
+    the step-by-step answer (random epochs, parts, workers and in-flight counts)."""
+    rng = random.Random(7)
+    for _ in range(300):
+        parts, workers = rng.choice([1, 4, 16]), rng.choice([1, 2, 3, 8])
+        cycles = tuple(rng.uniform(0.0, 0.5) for _ in range(parts))
+        floor_s = rng.uniform(0.0, 0.2)
+        args = (cycles, rng.uniform(0.0, 1.0), rng.choice([1, 3, 17, 640, 3001]), floor_s,
+                rng.uniform(0.0, floor_s), workers)
+        prefetch = rng.choice([1, 2, 3])
+        assert pipeline_wall(*args, prefetch=prefetch) == pytest.approx(
+            _pipeline_step_by_step(*args, prefetch), rel=1e-12), args
 
 
 def test_a_short_front_loaded_epoch_reads_its_first_batches_at_once() -> None:

@@ -417,22 +417,53 @@ def pipeline_wall(cycles: tuple[float, ...], first_s: float, steps: int, step_fl
     are ready at the first batch (every reader starts at once); batch i is asked for when
     batch i - W x prefetch is taken (that many in flight); the step takes batch i at the
     later of the previous step's end (`step_floor_s` after it: compute and the rank's own
-    work) and its being ready; the epoch ends with the last step's compute."""
+    work) and its being ready; the epoch ends with the last step's compute.
+
+    Inside a part every batch takes the same cycle, so the recurrence soon repeats itself
+    every W batches, later by a fixed time; it then jumps to the part's end (every value it
+    looks back at moves by that time a period): exact, and a part of thousands of steps
+    costs a few dozen."""
     if workers < 1 or steps < 1 or not cycles:
         raise ConfigError(f"a loader pipeline needs workers ({workers}), steps ({steps}) "
                           f"and part cycles ({len(cycles)}) >= 1")
     parts, ahead = len(cycles), workers * prefetch
-    ready, taken = [0.0] * steps, [0.0] * steps
-    for i in range(steps):
+    back = max(ahead, workers) + workers  # how far the recurrence and the jump look back
+    ready: list[float] = []
+    taken: list[float] = []
+    i = 0
+    while i < steps:
         if i < workers:
-            ready[i] = first_s
+            ready.append(first_s)
         else:
             lo = i * parts // steps
             span = cycles[lo:max(lo + 1, (i + 1) * parts // steps)]
-            asked = taken[i - ahead] if i >= ahead else 0.0
-            ready[i] = max(ready[i - workers], asked) + sum(span) / len(span)
-        taken[i] = first_s if i == 0 else max(taken[i - 1] + step_floor_s, ready[i])
+            asked = taken[-ahead] if i >= ahead else 0.0
+            ready.append(max(ready[-workers], asked) + sum(span) / len(span))
+        taken.append(first_s if i == 0 else max(taken[-1] + step_floor_s, ready[-1]))
+        i += 1
+        # jump while the last W batches and the next ones are of one part (one cycle)
+        part = i * parts // steps
+        same = i >= back and (i - workers) * parts // steps == part
+        part_end = -(-(part + 1) * steps // parts)  # the next part's first batch
+        periods = (min(part_end, steps) - i) // workers if same else 0
+        if periods > 0 and (shift := _period_shift(ready, taken, workers, back)) is not None:
+            ready = [x + periods * shift for x in ready[-back:]]
+            taken = [x + periods * shift for x in taken[-back:]]
+            i += periods * workers
     return taken[-1] + compute_s
+
+
+def _period_shift(ready: list[float], taken: list[float], workers: int, back: int
+                  ) -> float | None:
+    """The time by which the last `back` values of both sequences repeat those `workers`
+    before them, if they all do (to 1e-12 s and a part in 10^9); else None."""
+    shift = taken[-1] - taken[-1 - workers]
+    tol = 1e-12 + 1e-9 * abs(shift)
+    for seq in (ready, taken):
+        if len(seq) < back + workers or any(
+                abs(seq[-j] - seq[-j - workers] - shift) > tol for j in range(1, back + 1)):
+            return None
+    return shift
 
 
 class ReadModel:
