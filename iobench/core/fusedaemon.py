@@ -145,11 +145,15 @@ def _round(daemon: FuseDaemon, reads: list[tuple[int, int]]) -> tuple[int, int, 
             b["daemon_reply_bytes"] - a["daemon_reply_bytes"], got)
 
 
+def _page_counts(sizes: list[int]) -> list[int]:
+    """Pages each file holds at least two apart (a file under two pages: 1, an empty one 0)."""
+    return [max(1, size // (2 * PAGE)) if size > 0 else 0 for size in sizes]
+
+
 def _places(sizes: list[int], want: int) -> list[tuple[int, int]]:
-    """`want` (file index, offset) pages spread evenly over all the pages the files hold at
-    least two apart (a file under two pages: its offset 0, an empty one none); found per
-    page by bisection over the files' running counts, never listing them all."""
-    counts = [max(1, size // (2 * PAGE)) if size > 0 else 0 for size in sizes]
+    """`want` (file index, offset) pages spread evenly over all those pages (`_page_counts`),
+    found per page by bisection over the files' running counts, never listing them all."""
+    counts = _page_counts(sizes)
     ends = list(accumulate(counts))
     total = ends[-1] if ends else 0
     out = []
@@ -182,7 +186,7 @@ def calibrate(daemon: FuseDaemon, files: Sequence[str | os.PathLike[str]]
 def _calibrate(daemon: FuseDaemon, files: list[Path]) -> ReadCost | Uncalibrated:
     n = CALIBRATION_READS
     sizes = [f.stat().st_size for f in files]
-    total = sum(max(1, size // (2 * PAGE)) for size in sizes if size > 0)
+    total = sum(_page_counts(sizes))
     rounds = min(CALIBRATION_ROUNDS, total // n)
     if rounds < 2:
         return Uncalibrated(TOO_SMALL, f"the {len(files)} data file(s) read hold {total} pages "

@@ -466,6 +466,16 @@ def _period_shift(ready: list[float], taken: list[float], workers: int, back: in
     return shift
 
 
+def _mean_step(parts: list[tuple[float, Solution]]) -> float:
+    """The mean of the epoch's parts' step times (s)."""
+    return sum(step for step, _ in parts) / len(parts)
+
+
+def _cycles(parts: list[tuple[float, Solution]]) -> tuple[float, ...]:
+    """A reader's cycle (s) in each of the epoch's parts."""
+    return tuple(sol.cycle_s for _, sol in parts)
+
+
 class ReadModel:
     """The read side at any N, after fitting the latency to the measured node."""
 
@@ -506,7 +516,7 @@ class ReadModel:
         """Mean step time (s) over the epoch's parts at `nodes` nodes, and the first part's
         solution (the epoch's start, where the first batch is read)."""
         parts = self._parts(nodes, latency_s)
-        return sum(step for step, _ in parts) / len(parts), parts[0][1]
+        return _mean_step(parts), parts[0][1]
 
     def _wall(self, nodes: int, cycles: tuple[float, ...], step_s: float,
               first_s: float) -> float:
@@ -544,8 +554,7 @@ class ReadModel:
 
         def wall(latency_s: float) -> float:
             parts = self._parts(n.nodes, latency_s)
-            return self._wall(n.nodes, tuple(sol.cycle_s for _, sol in parts),
-                              sum(step for step, _ in parts) / len(parts), n.first_batch_s)
+            return self._wall(n.nodes, _cycles(parts), _mean_step(parts), n.first_batch_s)
 
         alone = wall(0.0)
         if alone > measured * (1 + 1e-9) or (alone >= measured and not kept_up):
@@ -590,7 +599,7 @@ class ReadModel:
             raise ConfigError(f"node count {nodes} must be >= 1")
         n = self.node
         parts = self._parts(nodes, self.latency_s)
-        step, sol = sum(s for s, _ in parts) / len(parts), parts[0][1]
+        step, sol = _mean_step(parts), parts[0][1]
         batches_per_s = nodes * n.ranks_per_node / step
         util = {s.name: batches_per_s * s.demand_s / s.copies
                 for s in read_network(n, self.tier, nodes, self.latency_s, 0.0,
@@ -600,7 +609,7 @@ class ReadModel:
             top = LATENCY
         return Operating(nodes=nodes, step_s=step, au=min(1.0, n.compute_s / step),
                          solution=sol, utilization=util, bottleneck=top,
-                         cycles=tuple(s.cycle_s for _, s in parts))
+                         cycles=_cycles(parts))
 
     def steps_per_epoch(self, nodes: int) -> int:
         n = self.node
